@@ -1,0 +1,33 @@
+# make demo   set up .venv (if missing) and run the main job on the embedded defaults (CPU)
+# make test   set up .venv (if missing) and run the default (fast, CPU) test suite
+# make test-slow   the slow tests too
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench-figures lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/numdev-demo
+
+bench-figures: $(STAMP)
+	for e in fig3 fig4 fig5 fig6 fa3_table3; do $(BIN)/numdev-bench experiment=$$e || exit 1; done
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m "not gpu" -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts kernels
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,1 @@
+"""Hydra configs of numdev (installed as the package numdev.conf)."""

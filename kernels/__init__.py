@@ -1,0 +1,1 @@
+"""The project's own GPU kernels (Triton), installed as numdev.kernels."""

@@ -1,0 +1,30 @@
+"""Attention backends behind one registry (see registry.py for the calling convention)."""
+
+from numdev.attention.baseline import Baseline
+from numdev.attention.flash_attn_backend import FlashAttn
+from numdev.attention.flash_emulated import FlashEmulated
+from numdev.attention.golden import golden_attention
+from numdev.attention.registry import (
+    AttentionBackend,
+    BackendUnavailable,
+    available_backends,
+    backend_names,
+    build_backend,
+)
+from numdev.attention.sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
+
+__all__ = [
+    "AttentionBackend",
+    "BackendUnavailable",
+    "Baseline",
+    "FlashAttn",
+    "FlashEmulated",
+    "SdpaCudnn",
+    "SdpaEfficient",
+    "SdpaFlash",
+    "SdpaMath",
+    "available_backends",
+    "backend_names",
+    "build_backend",
+    "golden_attention",
+]

@@ -1,0 +1,88 @@
+"""One registry of attention backends, found by name, all called the same way.
+
+Every backend computes softmax(Q K^T * scale [+ causal mask]) V for q of shape (batch, heads,
+n_q, dim) and k, v of shape (batch, heads, n_k, dim), and returns a tensor of q's dtype.
+Causal masking is top-left aligned, as in torch SDPA: query i sees keys 0..i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from numdev.attention.checks import check_qkv
+
+_BACKENDS: dict[str, type[AttentionBackend]] = {}
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this device / dtype / install."""
+
+
+class AttentionBackend:
+    name: str = "?"
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, causal: bool = False
+    ) -> torch.Tensor:
+        check_qkv(q, k, v)
+        reason = self.unsupported_reason(q)
+        if reason is not None:
+            raise BackendUnavailable(
+                f"attention backend {self.name!r} cannot run here: {reason}. "
+                f"Backends that can run on {q.device.type} with {str(q.dtype).removeprefix('torch.')}: "
+                f"{', '.join(available_backends(q.device, q.dtype)) or 'none'}"
+            )
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        return self.forward(q, k, v, float(scale), bool(causal))
+
+    def forward(self, q, k, v, scale: float, causal: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def unsupported_reason(self, q: torch.Tensor) -> str | None:
+        """None when this backend can run on q's device, dtype and head dim; else why not."""
+        return None
+
+    def describe(self) -> dict:
+        """The knobs of this backend, JSON-ready, for result records."""
+        return {"backend": self.name}
+
+
+def register(name: str):
+    def add(cls):
+        cls.name = name
+        _BACKENDS[name] = cls
+        return cls
+
+    return add
+
+
+def backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def backend_class(name: str) -> type[AttentionBackend]:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}: use one of {', '.join(backend_names())}")
+    return _BACKENDS[name]
+
+
+def build_backend(name: str, **options) -> AttentionBackend:
+    """The backend registered under `name`, constructed with `options`."""
+    return backend_class(name)(**options)
+
+
+def available_backends(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[str]:
+    """Names of the backends (with default options) that run on this device and dtype."""
+    probe = torch.zeros(1, 1, 2, 16, device=device, dtype=dtype)
+    names = []
+    for name in backend_names():
+        try:
+            backend = build_backend(name)
+        except Exception:  # a backend whose defaults cannot even be built is not available
+            continue
+        if backend.unsupported_reason(probe) is None:
+            names.append(name)
+    return names

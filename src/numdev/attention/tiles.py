@@ -1,0 +1,61 @@
+"""Tile shapes (B_r x B_c) for the flash emulator.
+
+Sources, in order of precedence: explicit block sizes; an SRAM size M as in FlashAttention-1
+(B_c = ceil(M / 4d), B_r = min(B_c, d)); PyTorch's CPU flash kernel rule (query block 32 / 64 / 256
+for query length < 192 / < 768 / >= 768, key/value block 512); else 128 x 128 (FA2's forward tile
+for d=64). Tiles longer than the sequence are clamped to it, as real kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+DEFAULT_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_r: int  # query rows per tile, after clamping
+    block_c: int  # key/value rows per tile, after clamping
+    requested_r: int
+    requested_c: int
+    source: str  # "explicit", "sram", "cpu_sdpa" or "default"
+
+    @property
+    def clamped(self) -> bool:
+        return (self.block_r, self.block_c) != (self.requested_r, self.requested_c)
+
+    def describe(self) -> dict:
+        return {**asdict(self), "clamped": self.clamped}
+
+
+def resolve_tiles(
+    n_q: int,
+    n_k: int,
+    head_dim: int,
+    block_r: int | None = None,
+    block_c: int | None = None,
+    sram: int | None = None,
+    cpu_sdpa_rule: bool = False,
+) -> Tiles:
+    for name, value in (("block_r", block_r), ("block_c", block_c), ("sram", sram)):
+        if value is not None and (not float(value).is_integer() or value <= 0):
+            raise ValueError(f"tile size {name}={value} must be a positive integer")
+    if block_r is not None or block_c is not None:
+        source = "explicit"
+        r = block_r if block_r is not None else DEFAULT_BLOCK
+        c = block_c if block_c is not None else DEFAULT_BLOCK
+    elif sram is not None:
+        source = "sram"
+        c = math.ceil(sram / (4 * head_dim))
+        r = min(c, head_dim)
+    elif cpu_sdpa_rule:
+        source = "cpu_sdpa"
+        r = 32 if n_q < 192 else 64 if n_q < 768 else 256
+        c = 512
+    else:
+        source = "default"
+        r = c = DEFAULT_BLOCK
+    r, c = int(r), int(c)
+    return Tiles(block_r=min(r, n_q), block_c=min(c, n_k), requested_r=r, requested_c=c, source=source)

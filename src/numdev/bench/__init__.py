@@ -1,0 +1,1 @@
+"""Phase 1: the attention-numerics microbenchmark."""

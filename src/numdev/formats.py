@@ -1,0 +1,219 @@
+"""Floating-point formats and correct round-to-nearest-even into them.
+
+A format is a number of exponent and mantissa bits plus what its top exponent means:
+IEEE-like formats keep it for inf and NaN; the OCP "fn" formats (fp8_e4m3) use it for finite
+numbers, keep only the all-ones mantissa for NaN, and have no inf (overflow becomes NaN).
+
+`round_to(x, fmt)` returns a tensor of x's dtype holding the values of x rounded, once, to fmt:
+ties to even, gradual underflow into subnormals, overflow to inf (or NaN for fn formats),
+NaN kept. Under autograd the rounding is a straight-through identity.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    has_inf: bool = True
+
+    def __post_init__(self):
+        if not 2 <= self.exponent_bits <= 11 or not 0 <= self.mantissa_bits <= 52:
+            raise ValueError(
+                f"format {self.name!r}: need 2 <= exponent bits <= 11 and 0 <= mantissa bits <= 52, "
+                f"got e{self.exponent_bits}m{self.mantissa_bits}"
+            )
+
+    @property
+    def bias(self) -> int:
+        return 2 ** (self.exponent_bits - 1) - 1
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal binade (subnormals share its quantum)."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        # fn formats use the top exponent field for finite numbers too.
+        return self.bias if self.has_inf else self.bias + 1
+
+    @property
+    def max_finite(self) -> float:
+        top_mantissa = 2 - 2.0 ** -self.mantissa_bits
+        if not self.has_inf:  # the all-ones mantissa of the top binade is NaN
+            top_mantissa = 2 - 2.0 ** -(self.mantissa_bits - 1)
+        return top_mantissa * 2.0**self.emax
+
+    @property
+    def overflow_threshold(self) -> float:
+        """Magnitudes above this round past max_finite (to inf, or NaN for fn formats)."""
+        return self.max_finite + 2.0 ** (self.emax - self.mantissa_bits - 1)
+
+    @property
+    def smallest_subnormal(self) -> float:
+        return 2.0 ** (self.emin - self.mantissa_bits)
+
+    @property
+    def eps(self) -> float:
+        """Unit roundoff: half the distance from 1 to the next number."""
+        return 2.0 ** -(self.mantissa_bits + 1)
+
+    def fits_in(self, dtype: torch.dtype) -> bool:
+        """Whether every value of this format is exactly representable in `dtype`."""
+        wide = {torch.float32: (8, 23), torch.float64: (11, 52)}.get(dtype)
+        if wide is None:
+            return False
+        return self.exponent_bits <= wide[0] and self.mantissa_bits <= wide[1]
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        """The torch dtype with exactly these values, if there is one."""
+        return _TORCH_DTYPES.get(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+FORMATS: dict[str, FloatFormat] = {
+    f.name: f
+    for f in (
+        FloatFormat("fp64", 11, 52),
+        FloatFormat("fp32", 8, 23),
+        FloatFormat("tf32", 8, 10),
+        FloatFormat("bf16", 8, 7),
+        FloatFormat("fp16", 5, 10),
+        FloatFormat("fp8_e4m3", 4, 3, has_inf=False),
+        FloatFormat("fp8_e5m2", 5, 2),
+    )
+}
+
+_TORCH_DTYPES = {
+    "fp64": torch.float64,
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+_CUSTOM = re.compile(r"^e(\d+)m(\d+)$")
+
+
+def parse_format(spec) -> FloatFormat:
+    """A format from a name ('bf16'), an 'e5m10' string, or an (exponent, mantissa) pair."""
+    if isinstance(spec, FloatFormat):
+        return spec
+    if isinstance(spec, str):
+        if spec in FORMATS:
+            return FORMATS[spec]
+        match = _CUSTOM.match(spec)
+        if match:
+            return _custom(int(match[1]), int(match[2]))
+    elif _is_pair(spec):
+        return _custom(int(spec[0]), int(spec[1]))
+    raise ValueError(
+        f"unknown float format {spec!r}: use one of {', '.join(FORMATS)}, "
+        "a custom 'e<exponent bits>m<mantissa bits>' such as e5m10, or an [exponent, mantissa] pair"
+    )
+
+
+def _is_pair(spec) -> bool:
+    try:
+        return len(spec) == 2 and all(float(s) == int(s) for s in spec)
+    except (TypeError, ValueError):
+        return False
+
+
+def _custom(exponent_bits: int, mantissa_bits: int) -> FloatFormat:
+    for known in FORMATS.values():
+        if known.has_inf and (known.exponent_bits, known.mantissa_bits) == (exponent_bits, mantissa_bits):
+            return known
+    return FloatFormat(f"e{exponent_bits}m{mantissa_bits}", exponent_bits, mantissa_bits)
+
+
+def round_to(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
+    """x rounded to nearest even in `fmt`, as a tensor of x's dtype (float32 or float64)."""
+    fmt = parse_format(fmt)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"round_to works in float32 or float64, got {x.dtype}; upcast first")
+    if fmt.exponent_bits >= _WIDTH[x.dtype][0] and fmt.mantissa_bits >= _WIDTH[x.dtype][1]:
+        return x  # every value of x is already in fmt
+    if x.requires_grad:
+        return _StraightThrough.apply(x, fmt)
+    return _round(x, fmt)
+
+
+_WIDTH = {torch.float32: (8, 23), torch.float64: (11, 52)}
+
+
+def _round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    native = fmt.torch_dtype
+    # An ATen conversion is one correct rounding from float32 (and from float64 to float32);
+    # from float64 to narrower dtypes ATen goes through float32, a double rounding.
+    if native is not None and (x.dtype == torch.float32 or native == torch.float32):
+        rounded = x.to(native).to(x.dtype)
+        if not fmt.has_inf:  # ATen saturates fn formats; the format (and ml_dtypes) says NaN
+            rounded.masked_fill_(x.abs() > fmt.overflow_threshold, float("nan"))
+        return rounded
+    if fmt.has_inf and fmt.exponent_bits == _WIDTH[x.dtype][0]:
+        return _round_mantissa(x, fmt.mantissa_bits)
+    return _round_generic(x, fmt)
+
+
+def _round_mantissa(x: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
+    """Ties-to-even on the bit pattern, for a format with x's own exponent range.
+
+    Adding half an ulp (minus one, plus the kept lsb) carries into the exponent exactly when the
+    value rounds up a binade or overflows to inf; subnormals round with the same quantum.
+    """
+    int_dtype = torch.int32 if x.dtype == torch.float32 else torch.int64
+    dropped = _WIDTH[x.dtype][1] - mantissa_bits
+    bits = x.view(int_dtype)
+    kept_lsb = (bits >> dropped) & 1
+    rounded = ((bits + kept_lsb + ((1 << (dropped - 1)) - 1)) & -(1 << dropped)).view(x.dtype)
+    return torch.where(torch.isnan(x), x, rounded)
+
+
+def _round_generic(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    _, exponent = torch.frexp(x)  # x = m * 2**exponent with 0.5 <= |m| < 1
+    # log2 of the spacing of fmt's numbers around x; subnormals share the smallest normal's.
+    quantum = exponent.sub_(1 + fmt.mantissa_bits).clamp_(min=fmt.emin - fmt.mantissa_bits)
+    # Scaling by powers of two is exact, and torch.round breaks ties to even.
+    rounded = _times_pow2(_times_pow2(x, quantum.neg()).round_(), quantum)
+    overflow = x.abs() > fmt.overflow_threshold
+    if fmt.has_inf:
+        return torch.where(overflow, torch.copysign(torch.tensor(float("inf"), dtype=x.dtype), x), rounded)
+    return rounded.masked_fill_(overflow, float("nan"))
+
+
+def _times_pow2(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """x * 2**n, exactly, with n split in two so each factor is a normal number."""
+    half = n >> 1
+    return (x * _pow2(half, x.dtype)).mul_(_pow2(n - half, x.dtype))
+
+
+def _pow2(n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2**n built from its exponent bits (n within the dtype's normal range)."""
+    if dtype == torch.float64:
+        return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
+    return ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Rounding in the forward pass, identity in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x, fmt):
+        return _round(x, fmt)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None

@@ -1,0 +1,126 @@
+"""Stage formats: which float format every stage of an attention computation is rounded to.
+
+For a query block Q_i and key/value blocks (K_j, V_j):
+
+  input    Q, K, V
+  score    S = Q_i K_j^T * scale
+  stats    the running row max m and row sum l (the baseline: the softmax's exp values and row sum)
+  prob     P = exp(S - m), the operand of P.V
+  rescale  alpha = exp(m_old - m_new) (flash only)
+  accum    the output accumulator O after each key/value block (the baseline: the P.V product)
+  output   the final O
+
+Every stage is computed in a working precision (float32 when every format fits in it, else
+float64) and then rounded, once, to its format. So a matmul is modelled as an accumulation in the
+working precision rounded to the stage's format, as tensor cores accumulate in FP32.
+
+Presets name the common combinations for a run precision p:
+  paper     every stage in p: the setting that gives the paper's ~10x at BF16
+  fa2       FP32 score/stats/rescale/accum, input/prob/output in p: FlashAttention-2 and
+            PyTorch's own kernels
+  cpu_sdpa  fa2, plus PyTorch's CPU flash tile rule for the emulator's tiles
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from numdev.formats import FloatFormat, parse_format, round_to
+
+STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
+PRESETS = ("paper", "fa2", "cpu_sdpa")
+INPUT_SCALINGS = ("none", "tensor")
+_HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
+
+
+@dataclass(frozen=True)
+class StageFormats:
+    input: FloatFormat
+    score: FloatFormat
+    stats: FloatFormat
+    prob: FloatFormat
+    rescale: FloatFormat
+    accum: FloatFormat
+    output: FloatFormat
+    preset: str = "custom"
+    precision: str = "custom"
+    # "tensor": inputs are divided by a per-tensor scale amax / max_finite before rounding, as
+    # FP8 kernels do, so the format's range is used fully; the scale is multiplied back after.
+    input_scaling: str = "none"
+
+    def __post_init__(self):
+        if self.input_scaling not in INPUT_SCALINGS:
+            raise ValueError(
+                f"unknown input_scaling {self.input_scaling!r}: use one of {', '.join(INPUT_SCALINGS)}"
+            )
+
+    @property
+    def working_dtype(self) -> torch.dtype:
+        """float32 when every stage's format fits in it, else float64."""
+        if all(getattr(self, s).fits_in(torch.float32) for s in STAGES):
+            return torch.float32
+        return torch.float64
+
+    def describe(self) -> dict:
+        """A flat, JSON-ready description for result records."""
+        out = {s: getattr(self, s).name for s in STAGES}
+        out.update(preset=self.preset, precision=self.precision, input_scaling=self.input_scaling)
+        return out
+
+
+def stage_formats(
+    preset: str = "paper",
+    precision: str = "bf16",
+    input_scaling: str = "none",
+    **overrides,
+) -> StageFormats:
+    """Formats from a preset and a run precision; any stage given in `overrides` (not None) wins.
+
+    This is the Hydra target of the `numerics` config group.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown numerics preset {preset!r}: use one of {', '.join(PRESETS)}")
+    unknown = set(overrides) - set(STAGES)
+    if unknown:
+        raise ValueError(
+            f"unknown stage(s) {', '.join(sorted(unknown))}: the stages are {', '.join(STAGES)}"
+        )
+    run = parse_format(precision)
+    chosen = {s: run for s in STAGES}
+    if preset in ("fa2", "cpu_sdpa"):
+        chosen.update({s: parse_format("fp32") for s in _HIGH_PRECISION_STAGES})
+        # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
+        if run.exponent_bits > 8 or run.mantissa_bits > 23:
+            chosen.update({s: run for s in _HIGH_PRECISION_STAGES})
+    for stage, spec in overrides.items():
+        if spec is not None:
+            chosen[stage] = parse_format(spec)
+    is_custom = any(overrides.get(s) is not None for s in STAGES)
+    return StageFormats(
+        **chosen,
+        preset=f"{preset}+custom" if is_custom else preset,
+        precision=run.name,
+        input_scaling=input_scaling,
+    )
+
+
+def round_input(x: torch.Tensor, formats: StageFormats) -> torch.Tensor:
+    """Round an attention input to the input format (with per-tensor scaling if configured)."""
+    if formats.input_scaling == "none":
+        return round_to(x, formats.input)
+    amax = x.detach().abs().amax()
+    scale = torch.where(amax > 0, amax / formats.input.max_finite, torch.ones_like(amax))
+    return round_to(x / scale, formats.input) * scale
+
+
+
+def working_input(x: torch.Tensor, formats: StageFormats) -> torch.Tensor:
+    """x rounded to the input format, then held in the working precision.
+
+    Rounding happens in x's own precision first, so float64 inputs are rounded once, not twice.
+    """
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()  # bf16/fp16/fp8 values are exact in float32
+    return round_input(x, formats).to(formats.working_dtype)
