@@ -188,7 +188,7 @@ def _round_generic(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     quantum = exponent.sub_(1 + fmt.mantissa_bits).clamp_(min=fmt.emin - fmt.mantissa_bits)
     # Scaling by powers of two is exact, and torch.round breaks ties to even.
     rounded = _times_pow2(_times_pow2(x, quantum.neg()).round_(), quantum)
-    overflow = x.abs() > fmt.overflow_threshold
+    overflow = rounded.abs() > fmt.max_finite
     if fmt.has_inf:
         return torch.where(overflow, torch.copysign(torch.tensor(float("inf"), dtype=x.dtype), x), rounded)
     return rounded.masked_fill_(overflow, float("nan"))
