@@ -1,0 +1,1 @@
+"""Phase 2 analysis: weight distances between sibling runs, growth fits, the study report."""
