@@ -1,0 +1,1 @@
+"""numdev-report: a self-contained HTML page of the regenerated figures."""

@@ -1,0 +1,116 @@
+"""numdev-report: turn microbenchmark sweeps and/or a study directory into one HTML page.
+
+    numdev-report                         # the latest sweep of every figure under outputs/
+    numdev-report --bench outputs/bench/fig4/multirun_... --study outputs/study/... -o my_report
+
+Each paper figure is shown next to the paper's claim and our measured numbers, with the
+configuration that produced it and the command that reruns it. The page embeds its figures (it is
+self-contained) and the PNGs are copied beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from numdev.atomic import write_text
+from numdev.report.claims import BENCH_CLAIMS
+from numdev.report.html import Section, render
+
+BENCH_ORDER = ("fig3", "fig4", "fig5", "fig6", "fa3_table3")
+
+
+def latest_bench_sweeps(output_root: Path) -> list[Path]:
+    """The newest finished sweep (one with its figure summary) of every bench figure."""
+    sweeps = []
+    for name in BENCH_ORDER:
+        done = sorted(p.parent for p in (output_root / "bench" / name).glob(f"multirun_*/{name}.json"))
+        if done:
+            sweeps.append(done[-1])
+    return sweeps
+
+
+def bench_section(sweep: Path) -> Section:
+    summaries = sorted(sweep.glob("*.json"))
+    summaries = [p for p in summaries if p.stem in BENCH_CLAIMS]
+    if not summaries:
+        raise FileNotFoundError(f"{sweep} has no figure summary (fig3.json, ...): run the sweep through an experiment config")
+    summary = json.loads(summaries[0].read_text())
+    name = summary["figure"]
+    title, claim = BENCH_CLAIMS[name]
+    overrides = _task_overrides(sweep / "multirun.yaml")
+    config = (sweep / "0" / ".hydra" / "config.yaml")
+    return Section(
+        title=title,
+        claim=claim,
+        measured=summary["caption"],
+        figure=sweep / f"{name}.png",
+        command="numdev-bench " + " ".join(overrides),
+        config=config.read_text() if config.exists() else "",
+        table_markdown=summary.get("table", ""),
+        holds=summary.get("claim_holds"),
+        verdict=summary.get("verdict", ""),
+    )
+
+
+def _task_overrides(multirun_yaml: Path) -> list[str]:
+    if not multirun_yaml.exists():
+        return []
+    hydra_cfg = yaml.safe_load(multirun_yaml.read_text()).get("hydra", {})
+    return list(hydra_cfg.get("overrides", {}).get("task", []))
+
+
+def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path) -> Path:
+    sections = [bench_section(sweep) for sweep in bench_sweeps]
+    if study_dir is not None:
+        from numdev.report.study import study_sections
+
+        sections += study_sections(study_dir)
+    if not sections:
+        raise FileNotFoundError("nothing to report: no finished bench sweep or study found (run `make demo` first)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for section in sections:
+        if section.figure is not None and section.figure.exists():
+            shutil.copyfile(section.figure, out_dir / section.figure.name)
+    page = render(
+        "numdev report",
+        f"generated {datetime.datetime.now():%Y-%m-%d %H:%M} — does FlashAttention's numeric deviation matter?",
+        sections,
+        intro="Each section regenerates a figure of 'Is Flash Attention Stable?' (Golden et al., 2024) or its "
+        "neighbours on this machine, beside the paper's claim.",
+    )
+    index = out_dir / "index.html"
+    write_text(index, page)
+    return index
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="numdev-report", description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--outputs", default="outputs", help="where runs landed (default: outputs)")
+    parser.add_argument("--bench", nargs="*", help="bench sweep directories (default: the latest of each figure)")
+    parser.add_argument("--study", help="a study directory (default: the latest under OUTPUTS/study)")
+    parser.add_argument("-o", "--out", help="report directory (default: OUTPUTS/report)")
+    args = parser.parse_args(argv)
+    root = Path(args.outputs)
+    bench = [Path(p) for p in args.bench] if args.bench is not None else latest_bench_sweeps(root)
+    study = Path(args.study) if args.study else _latest_study(root)
+    try:
+        index = build_report(bench, study, Path(args.out) if args.out else root / "report")
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"numdev-report: error: {error}")
+    print(f"report: {index.resolve()}")
+
+
+def _latest_study(root: Path) -> Path | None:
+    done = sorted(p.parent for p in (root / "study").glob("*/*/summary.json"))
+    return done[-1] if done else None
+
+
+if __name__ == "__main__":
+    main()
