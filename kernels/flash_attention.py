@@ -13,20 +13,23 @@ FA2 kernel and costs nothing):
                     dtype after every update (P.V is then not fused into the accumulator)
   variant           "fa2" (default): O unnormalised, scaled by 1/l once at the end;
                     "fa1": O renormalised at every key/value block (FlashAttention-1)
-  exp2              True (default): exp2 with the scale folded in (x * scale * log2(e)), as FA2;
-                    False: exp(x * scale), the emulator's formula
+  exp2              True (default), FA2's formula: scores and row max stay raw Q.K^T and
+                    P = exp2(s * c - m * c), c = scale * log2(e) (one FMA per element);
+                    False, the emulator's: S = Q.K^T * scale, P = exp(S - m)
 P is always rounded to the input dtype before P.V, and score, rescale factor and the final 1/l are
 fp32 (or stats), as in FA2. The operation order of each update is that of
-numdev.attention.flash_emulated, so with exp2=False the two agree to the last few fp32 ulps.
+numdev.attention.flash_emulated, so with exp2=False the two agree to a few fp32 ulps.
 
 The backward is FA2's (P recomputed from the saved log-sum-exp, dQ in a separate pass so it is
 deterministic, fp32 accumulators); the knobs reach it only through the forward's O and LSE.
 
-Running on CPU: Triton's `@triton.jit` reads TRITON_INTERPRET when the decorator runs (at import
-of this module), not at launch; it then returns an InterpretedFunction instead of a JITFunction,
-and a kernel can only call helpers of its own kind. So `kernels(interpret)` loads a private copy of
-this file with the interpreter switched on (or off) for the duration of the load only: callers
-choose per call, and the process environment is left as it was.
+Running on CPU: Triton's `@triton.jit` reads TRITON_INTERPRET when the decorator runs, not at
+launch, and returns an InterpretedFunction instead of a JITFunction; a kernel can call only jit
+functions of its own kind. That holds for triton.language's own jit functions too (tl.max,
+tl.sum, tl.zeros, tl.cdiv, ...: decorated once, when triton is first imported), so the kernels
+here use builtins only. `kernels(interpret)` loads a private copy of this file with the
+interpreter switched on (or off) for the duration of the load: callers choose per call, and the
+process environment is left as it was.
 """
 
 from __future__ import annotations
@@ -98,11 +101,17 @@ def _exp(x, USE_EXP2: tl.constexpr):
 
 
 @triton.jit
-def _log(x, USE_EXP2: tl.constexpr):
+def _exp_shifted(s, shift, s_scale, USE_EXP2: tl.constexpr):
+    """exp(s - shift) for scores s and a row max `shift` held in the same units.
+
+    USE_EXP2 (FA2): s and shift are raw Q.K^T, the scale is folded into exp2's argument,
+    exp2(s * c - shift * c) with c = scale * log2(e), one FMA per element.
+    Otherwise (the emulator): s and shift are already scaled, exp(s - shift).
+    """
     if USE_EXP2:
-        y = tl.log2(x)
+        y = tl.exp2(s * s_scale - shift * s_scale)
     else:
-        y = tl.log(x)
+        y = tl.exp(s - shift)
     return y
 
 
@@ -127,7 +136,9 @@ def _fwd_blocks(
             k = tl.load(k_ptrs, mask=cols[:, None] < n_k, other=0.0)
         else:
             k = tl.load(k_ptrs)
-        s = tl.dot(q, tl.trans(k)) * s_scale  # (BM, BN) fp32; log2 units when USE_EXP2
+        s = tl.dot(q, tl.trans(k))  # (BM, BN) fp32
+        if not USE_EXP2:
+            s = s * s_scale  # the emulator's S = Q K^T * scale (FA2 scales inside exp2 instead)
         if MASK:
             visible = cols[None, :] < n_k
             if CAUSAL:
@@ -143,12 +154,12 @@ def _fwd_blocks(
             m_blk = _round(_row_max(s), STATS_LOW, q.dtype)
             # A row that sees no key of this block (causal, B_c < B_r) has m_blk = -inf.
             m_blk_safe = tl.where(m_blk == float("-inf"), 0.0, m_blk)
-            p = _exp(s - m_blk_safe[:, None], USE_EXP2).to(q.dtype)
+            p = _exp_shifted(s, m_blk_safe[:, None], s_scale, USE_EXP2).to(q.dtype)
             l_blk = _round(_row_sum(p.to(tl.float32)), STATS_LOW, q.dtype)
             m_new = tl.maximum(m_i, m_blk)
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha_old = _exp(m_i - shift, USE_EXP2)
-            alpha_blk = _exp(m_blk - shift, USE_EXP2)
+            alpha_old = _exp_shifted(m_i, shift, s_scale, USE_EXP2)
+            alpha_blk = _exp_shifted(m_blk, shift, s_scale, USE_EXP2)
             l_new = _round(
                 _round(alpha_old * l_i, STATS_LOW, q.dtype) + _round(alpha_blk * l_blk, STATS_LOW, q.dtype),
                 STATS_LOW,
@@ -165,8 +176,8 @@ def _fwd_blocks(
             # FlashAttention-2: O stays unnormalised. Key 0 lies in the first block every query
             # tile processes and every row sees it, so m_new is finite from the first block on.
             m_new = _round(tl.maximum(m_i, _row_max(s)), STATS_LOW, q.dtype)
-            alpha = _exp(m_i - m_new, USE_EXP2)
-            p = _round(_exp(s - m_new[:, None], USE_EXP2), STATS_LOW, q.dtype)
+            alpha = _exp_shifted(m_i, m_new, s_scale, USE_EXP2)
+            p = _round(_exp_shifted(s, m_new[:, None], s_scale, USE_EXP2), STATS_LOW, q.dtype)
             l_i = _round(_round(l_i * alpha, STATS_LOW, q.dtype) + _row_sum(p), STATS_LOW, q.dtype)
             if ACC_LOW:
                 acc = _round(acc * alpha[:, None], ACC_LOW, q.dtype)
@@ -225,7 +236,10 @@ def _fwd_kernel(
         # Deferred normalisation: one reciprocal per row (in the stats format), then a multiply.
         acc = acc * _round(1.0 / l_i, STATS_LOW, q.dtype)[:, None]
     # The log-sum-exp (in the units of the exp used) lets the backward recompute P.
-    lse = m_i + _log(l_i, USE_EXP2)
+    if USE_EXP2:
+        lse = m_i * s_scale + tl.log2(l_i)  # log2 units, so the backward's exp2 needs one FMA
+    else:
+        lse = m_i + tl.log(l_i)
     tl.store(LSE + off_hz * n_q + offs_m, lse, mask=offs_m < n_q)
     tl.store(Out + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(Out.dtype.element_ty), mask=offs_m[:, None] < n_q)
 
