@@ -199,8 +199,9 @@ def _fwd_kernel(
 ):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    off_z = off_hz // n_heads
-    off_h = off_hz % n_heads
+    # int64: batch * batch-stride can pass 2**31 elements even when every stride fits in int32.
+    off_z = (off_hz // n_heads).to(tl.int64)
+    off_h = (off_hz % n_heads).to(tl.int64)
     Q += off_z * stride_qz + off_h * stride_qh
     K += off_z * stride_kz + off_h * stride_kh
     V += off_z * stride_vz + off_h * stride_vh
@@ -290,8 +291,9 @@ def _bwd_dkdv_kernel(
 ):
     start_n = tl.program_id(0) * BLOCK_N
     off_hz = tl.program_id(1)
-    off_z = off_hz // n_heads
-    off_h = off_hz % n_heads
+    # int64: batch * batch-stride can pass 2**31 elements even when every stride fits in int32.
+    off_z = (off_hz // n_heads).to(tl.int64)
+    off_h = (off_hz % n_heads).to(tl.int64)
     Q += off_z * stride_qz + off_h * stride_qh
     K += off_z * stride_kz + off_h * stride_kh
     V += off_z * stride_vz + off_h * stride_vh
@@ -376,8 +378,9 @@ def _bwd_dq_kernel(
 ):
     row0 = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
-    off_z = off_hz // n_heads
-    off_h = off_hz % n_heads
+    # int64: batch * batch-stride can pass 2**31 elements even when every stride fits in int32.
+    off_z = (off_hz // n_heads).to(tl.int64)
+    off_h = (off_hz % n_heads).to(tl.int64)
     Q += off_z * stride_qz + off_h * stride_qh
     K += off_z * stride_kz + off_h * stride_kh
     V += off_z * stride_vz + off_h * stride_vh
