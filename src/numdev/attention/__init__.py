@@ -12,6 +12,7 @@ from numdev.attention.registry import (
     build_backend,
 )
 from numdev.attention.sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
+from numdev.attention.triton_backend import TritonFlash
 
 __all__ = [
     "AttentionBackend",
@@ -23,6 +24,7 @@ __all__ = [
     "SdpaEfficient",
     "SdpaFlash",
     "SdpaMath",
+    "TritonFlash",
     "available_backends",
     "backend_names",
     "build_backend",
