@@ -99,3 +99,35 @@ def test_pretrained_text_tower_errors_are_one_line(spec, message):
 def test_dit_rejects_bad_sizes():
     with pytest.raises(ValueError, match="not a multiple of the patch size"):
         DiT(Baseline(), text={"width": 32, "heads": 2, "layers": 1, "context_length": 8, "output_dim": 32}, image_size=30, patch=4, hidden=32, depth=1, heads=2)
+
+
+VIT_B_32_TEXT = {"width": 512, "heads": 8, "layers": 12, "context_length": 77, "output_dim": 512}
+
+
+def test_pretrained_loads_an_open_clip_text_tower_by_name(monkeypatch):
+    """The download is replaced by a randomly initialised ViT-B-32 (no network here); the
+    tower must then reproduce that CLIP's own text encoder."""
+    torch.manual_seed(0)
+    clip = open_clip.create_model("ViT-B-32", pretrained=None)
+    calls = []
+
+    def fake_create_model(name, pretrained=None, device="cpu"):
+        calls.append((name, pretrained))
+        return clip
+
+    monkeypatch.setattr(open_clip, "create_model", fake_create_model)
+    tower = TextTower(Baseline(), pretrained="ViT-B-32/openai", **VIT_B_32_TEXT)
+    assert calls == [("ViT-B-32", "openai")]
+    tokens = tower.tokenize(["a large red circle at the top left"])
+    with torch.no_grad():
+        torch.testing.assert_close(tower(tokens).pooled, clip.encode_text(tokens), rtol=1e-4, atol=1e-4)
+
+
+def test_pretrained_offline_is_a_one_line_error(monkeypatch):
+    def offline(*args, **kwargs):
+        raise RuntimeError("Failed to download weights for tag 'openai': Name or service not known\nmore")
+
+    monkeypatch.setattr(open_clip, "create_model", offline)
+    with pytest.raises(ValueError, match="needs the network or a warm cache; set model.text.pretrained=null") as error:
+        TextTower(Baseline(), pretrained="ViT-B-32/openai", **VIT_B_32_TEXT)
+    assert "\n" not in str(error.value)

@@ -76,6 +76,17 @@ def test_the_same_config_twice_gives_bit_identical_snapshots(backend_runs, tmp_p
     assert _hashes(tmp_path / "again") == _hashes(first)
 
 
+def test_sampling_during_training_leaves_the_trajectory_alone(backend_runs, tmp_path):
+    record = train(compose_train("attention=baseline", "callbacks.samples.every_n_steps=1", run_dir=tmp_path))
+    assert record["eval"]["step"] == 4
+    assert _hashes(tmp_path) == _hashes(backend_runs["baseline"][0])
+
+
+def test_fast_dev_run_works(tmp_path):
+    record = train(compose_train("trainer.fast_dev_run=true", run_dir=tmp_path))
+    assert record["status"] == "finished" and record["final_step"] == 1
+
+
 def test_a_different_init_seed_changes_the_weights(backend_runs, tmp_path):
     train(compose_train("attention=baseline", "seed.init=1", run_dir=tmp_path / "seed1"))
     assert _hashes(tmp_path / "seed1")[0] != _hashes(backend_runs["baseline"][0])[0]
