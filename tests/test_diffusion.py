@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from numdev.diffusion import NoiseSchedule, Sampler, draw_noise, epsilon_loss, guided_epsilon, guided_model
+from numdev.diffusion import (
+    NoiseSchedule,
+    Sampler,
+    diffusion_loss,
+    draw_noise,
+    guided_epsilon,
+    guided_model,
+    to_epsilon,
+    training_target,
+)
+from numdev.diffusion.parametrization import check_prediction
 from numdev.models import TextFeatures
 
 
@@ -35,8 +45,8 @@ def test_noise_draws_come_from_the_generator_only():
 
 def test_loss_is_computed_in_at_least_float32():
     predicted = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
-    assert epsilon_loss(predicted, torch.zeros(2)).dtype == torch.float32
-    assert epsilon_loss(predicted.double(), torch.zeros(2)).dtype == torch.float64
+    assert diffusion_loss(predicted, torch.zeros(2)).dtype == torch.float32
+    assert diffusion_loss(predicted.double(), torch.zeros(2)).dtype == torch.float64
 
 
 @pytest.mark.parametrize(("kind", "eta"), [("ddim", 0.0), ("ddim", 1.0), ("ddpm", 0.0)])
@@ -82,3 +92,18 @@ def test_guidance_batches_conditional_and_unconditional_halves():
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(expected[:, 0, 0, 0], torch.tensor([5.0, 9.0]))
     assert torch.equal(guided_model(model, text, null, 1.0)(x, t), model(x, t, text))
+
+
+@pytest.mark.parametrize("prediction", ["epsilon", "v"])
+def test_an_exact_prediction_gives_back_the_noise(prediction):
+    schedule = NoiseSchedule(1000)
+    x0, noise = torch.rand(3, 3, 4, 4) * 2 - 1, torch.randn(3, 3, 4, 4)
+    t = torch.tensor([0, 500, 999])
+    x_t = schedule.add_noise(x0, noise, t)
+    target = training_target(schedule, prediction, x0, noise, t)
+    torch.testing.assert_close(to_epsilon(schedule, prediction, target, x_t, t), noise, rtol=1e-4, atol=1e-4)
+    if prediction == "v":
+        a, s = schedule.signal_noise(t, torch.float32)
+        torch.testing.assert_close(target, a * noise - s * x0)
+    with pytest.raises(ValueError, match="diffusion.prediction='x0'"):
+        check_prediction("x0")

@@ -1,4 +1,5 @@
-"""The DDPM training objective: predict the noise (epsilon) added at a random timestep.
+"""The DDPM training objective: noise an image at a uniformly drawn timestep, predict the noise
+(epsilon) or the velocity v (parametrization.py), mean squared error.
 
 All randomness (timesteps, noise, which captions are dropped for classifier-free guidance) is
 drawn from one explicit CPU generator, the run's diffusion-noise stream (seed.noise), then moved
@@ -31,7 +32,7 @@ def draw_noise(shape: tuple[int, ...], schedule: NoiseSchedule, p_uncond: float,
     return NoiseDraw(t=t, noise=noise, drop_caption=drop)
 
 
-def epsilon_loss(predicted: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def diffusion_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error, computed in at least float32 (bf16/fp16 predictions are upcast)."""
     dtype = torch.promote_types(predicted.dtype, torch.float32)
-    return F.mse_loss(predicted.to(dtype), noise.to(dtype))
+    return F.mse_loss(predicted.to(dtype), target.to(dtype))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import lightning.pytorch as pl
 import torch
 
-from numdev.diffusion import EMPTY_CAPTION, NoiseSchedule, Sampler, draw_noise, epsilon_loss, training_target
+from numdev.diffusion import EMPTY_CAPTION, NoiseSchedule, Sampler, diffusion_loss, draw_noise, training_target
 from numdev.diffusion.parametrization import check_prediction
 
 CHECKPOINT_KEY = "numdev"
@@ -56,7 +56,7 @@ class DiffusionModule(pl.LightningModule):
         noise = draw.noise.to(self.device, images.dtype)
         x_t = self.schedule.add_noise(images, noise, t)
         predicted = self.model(x_t, t, self.model.encode_text(tokens))
-        loss = epsilon_loss(predicted, training_target(self.schedule, self.prediction, images, noise, t))
+        loss = diffusion_loss(predicted, training_target(self.schedule, self.prediction, images, noise, t))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(captions))
         return loss
 
