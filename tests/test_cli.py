@@ -13,7 +13,9 @@ SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num
 
 
 def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "numdev.train.app", *args]
+    script = Path(sys.executable).with_name("numdev-train")  # the installed console script
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command += args
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 

@@ -76,6 +76,11 @@ def test_the_same_config_twice_gives_bit_identical_snapshots(backend_runs, tmp_p
     assert _hashes(tmp_path / "again") == _hashes(first)
 
 
+def test_loader_workers_leave_the_snapshots_alone(backend_runs, tmp_path):
+    train(compose_train("attention=baseline", "data.num_workers=2", run_dir=tmp_path))
+    assert _hashes(tmp_path) == _hashes(backend_runs["baseline"][0])
+
+
 def test_sampling_during_training_leaves_the_trajectory_alone(backend_runs, tmp_path):
     record = train(compose_train("attention=baseline", "callbacks.samples.every_n_steps=1", run_dir=tmp_path))
     assert record["eval"]["step"] == 4
@@ -197,3 +202,16 @@ def test_unknown_config_options_name_the_choices():
     with pytest.raises(MissingConfigException) as error:
         compose_train("attention=nope")
     assert "attention/nope" in str(error.value) and "sdpa_flash" in str(error.value)
+
+
+def test_a_run_on_a_folder_of_captioned_images(tmp_path):
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(6):
+        Image.new("RGB", (40, 30), (40 * i, 100, 200)).save(images / f"{i}.png")
+        (images / f"{i}.txt").write_text(f"picture number {i}")
+    record = train(compose_train("data=folder", f"data.root={images}", run_dir=tmp_path / "run"))
+    assert record["status"] == "finished" and list_snapshots(tmp_path / "run") == [0, 2, 4]
+    assert record["eval"]["scored"] == 0  # not shapes captions: sampled and shown, not scored

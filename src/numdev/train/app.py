@@ -22,7 +22,7 @@ from numdev.train.run import train
 def main(cfg: DictConfig) -> None:
     run = train(cfg)
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
-    if run.get("eval"):
+    if run.get("eval", {}).get("scored"):
         e = run["eval"]
         summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
     print(summary)

@@ -102,32 +102,34 @@ class SampleGrid(pl.Callback):
         self.every_n_steps = _positive("callbacks.samples.every_n_steps", every_n_steps)
         self.num_samples = _positive("callbacks.samples.num_samples", num_samples)
         self.seed, self.columns = seed, columns
-        self.last_step: int | None = None
+        self.last: dict | None = None  # the latest evaluation: step, images, captions, summary
         self.final: dict | None = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step % self.every_n_steps == 0:
-            self.sample(trainer, pl_module)
+            self.evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.final = self.sample(trainer, pl_module, final=True)
+        last = self.evaluate(trainer, pl_module)  # reused if training ended on a sampling step
+        if last is None:
+            return
+        fig = self.figure(last)
+        save_figure(fig, self.run_dir / "samples.png")
+        plt.close(fig)
+        write_json(self.run_dir / "eval.json", last["summary"])
+        self.final = last["summary"]
 
-    def sample(self, trainer, pl_module, final: bool = False) -> dict | None:
+    def evaluate(self, trainer, pl_module) -> dict | None:
+        """Sample, score and log at the current step (once per step; rank zero only)."""
         step = trainer.global_step
-        if not trainer.is_global_zero or (step == self.last_step and not final):
+        if not trainer.is_global_zero:
             return None
-        self.last_step = step
+        if self.last is not None and self.last["step"] == step:
+            return self.last
         captions = trainer.datamodule.preview_captions(self.num_samples)
         start = time.perf_counter()
         images = self.generate(trainer, pl_module, captions)
         scores = score_shapes(images, captions)
-        title = f"step {step}"
-        if scores["scored"]:
-            title += (
-                f": colour {scores['colour_accuracy']:.0%}, shape {scores['shape_accuracy']:.0%}, "
-                f"position {scores['position_accuracy']:.0%} of {scores['scored']} match their captions"
-            )
-        fig = sample_figure(images, captions, title, scores["samples"], self.columns)
         summary = {
             "step": step,
             "sampler": pl_module.sampler.describe(),
@@ -135,17 +137,24 @@ class SampleGrid(pl.Callback):
             "seconds": time.perf_counter() - start,
             **scores,
         }
+        self.last = {"step": step, "images": images, "captions": captions, "summary": summary}
         experiment = getattr(trainer.logger, "experiment", None) if trainer.logger else None
         if experiment is not None and hasattr(experiment, "add_figure"):
-            experiment.add_figure("samples", fig, global_step=step, close=False)
+            experiment.add_figure("samples", self.figure(self.last), global_step=step, close=True)
         if trainer.logger and scores["scored"]:
             metrics = {f"eval/{k}": scores[k] for k in ("colour_accuracy", "shape_accuracy", "position_accuracy")}
             trainer.logger.log_metrics(metrics, step=step)
-        if final:
-            save_figure(fig, self.run_dir / "samples.png")
-            write_json(self.run_dir / "eval.json", summary)
-        plt.close(fig)
-        return summary
+        return self.last
+
+    def figure(self, evaluation: dict):
+        summary = evaluation["summary"]
+        title = f"step {summary['step']}"
+        if summary["scored"]:
+            title += (
+                f": colour {summary['colour_accuracy']:.0%}, shape {summary['shape_accuracy']:.0%}, "
+                f"position {summary['position_accuracy']:.0%} of {summary['scored']} match their captions"
+            )
+        return sample_figure(evaluation["images"], evaluation["captions"], title, summary["samples"], self.columns)
 
     def generate(self, trainer, pl_module, captions: list[str]) -> torch.Tensor:
         model = pl_module.model
