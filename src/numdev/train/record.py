@@ -60,7 +60,6 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
     path = run_dir / RUN
     previous = json.loads(path.read_text(encoding="utf-8")) if resumed_from is not None and path.is_file() else {}
     record = {
-        **previous,
         "numdev_version": numdev.__version__,
         "app": "train",
         "name": cfg.name,
