@@ -1,12 +1,13 @@
 # make demo   set up .venv (if missing) and run the main job on the embedded defaults (CPU)
 # make test   set up .venv (if missing) and run the default (fast, CPU) test suite
+# make train  set up .venv (if missing) and train dit_tiny on the embedded defaults (CPU, ~5 min)
 # make test-slow   the slow tests too
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench-figures lint clean
+.PHONY: demo train test test-slow bench-figures lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +17,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/numdev-demo
+
+train: $(STAMP)
+	$(BIN)/numdev-train
 
 bench-figures: $(STAMP)
 	for e in fig3 fig4 fig5 fig6 fa3_table3; do $(BIN)/numdev-bench experiment=$$e || exit 1; done

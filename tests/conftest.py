@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import os
 import subprocess
 import sys
@@ -5,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import compose_train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,3 +27,9 @@ def run_cli(module: str, *args: str, cwd: Path, check: bool = True, timeout: int
     if check and result.returncode != 0:
         raise AssertionError(f"{module} {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+@pytest.fixture
+def train_config():
+    """compose_train(*overrides, run_dir=None): the numdev-train config with the smoke settings."""
+    return compose_train

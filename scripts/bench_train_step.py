@@ -1,0 +1,171 @@
+"""Training-step time per attention backend, and what a weight snapshot costs. Prints JSON.
+
+    python scripts/bench_train_step.py                      dit_tiny on CPU (+ dit_base on a GPU, if any)
+    python scripts/bench_train_step.py --steps 30 --gpu-backends sdpa_flash,baseline
+
+A step is what the LightningModule does per batch - noise draw, text tower, DiT forward, loss,
+backward, gradient clipping, AdamW - on the run's own config (conf/train.yaml + overrides), timed
+outside Lightning's loop so only the model's work is measured (median of --steps after
+--warmup). The snapshot cost is one full WeightSnapshots write (float32 copy, safetensors,
+sha256, atomic file + index writes) divided by the training time between two snapshots at the
+default interval (snapshot.every_n_steps x the baseline's step time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from numdev.train.module import DiffusionModule
+from numdev.train.run import build_model
+from numdev.train.snapshots import SnapshotWriter, parameter_state
+
+
+def config(overrides: list[str]):
+    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+        return compose(config_name="train", overrides=["run_dir=unused", *overrides])
+
+
+def setup(overrides: list[str], device: torch.device):
+    cfg = config(overrides)
+    backend = instantiate(cfg.attention)
+    model = build_model(cfg, backend)
+    plugin = instantiate(cfg.precision.plugin)
+    module = DiffusionModule(
+        model=model,
+        schedule=instantiate(cfg.diffusion.schedule),
+        sampler=instantiate(cfg.diffusion.sampler),
+        optimizer=instantiate(cfg.optim.optimizer),
+        prediction=cfg.diffusion.prediction,
+    )
+    module = plugin.convert_module(module).to(device)
+    module.log = lambda *args, **kwargs: None  # no trainer attached
+    optimizer = module.configure_optimizers()["optimizer"]
+    batch = next(iter(instantiate(cfg.data).train_dataloader()))
+    batch = {"image": plugin.convert_input(batch["image"]).to(device), "caption": batch["caption"]}
+    return cfg, module, optimizer, plugin, batch
+
+
+def time_steps(module, optimizer, plugin, batch, steps: int, warmup: int, device: torch.device) -> list[float]:
+    scaler = getattr(plugin, "scaler", None)
+
+    def step():
+        with plugin.forward_context():
+            loss = module.training_step(batch, 0)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.model.parameters(), 1.0)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    times = []
+    for i in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def bench(model: str, backends: list[str], precision: str, extra: list[str], steps: int, warmup: int, device: torch.device) -> list[dict]:
+    rows = []
+    for backend in backends:
+        overrides = [f"model={model}", f"attention={backend}", f"precision={precision}", *extra]
+        cfg, module, optimizer, plugin, batch = setup(overrides, device)
+        times = time_steps(module, optimizer, plugin, batch, steps, warmup, device)
+        rows.append({
+            "model": model,
+            "backend": backend,
+            "precision": precision,
+            "device": device.type,
+            "batch": cfg.data.batch_size,
+            "resolution": cfg.data.resolution,
+            "image_tokens": (cfg.data.resolution // cfg.model.patch) ** 2,
+            "parameters": sum(p.numel() for p in module.model.parameters()),
+            "step_seconds_median": statistics.median(times),
+            "step_seconds_min": min(times),
+            "steps_timed": len(times),
+        })
+        del module, optimizer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    reference = rows[0]["step_seconds_median"]
+    for row in rows:
+        row["relative_to_" + rows[0]["backend"]] = row["step_seconds_median"] / reference
+    return rows
+
+
+def snapshot_cost(model: str, step_seconds: float, repeats: int = 3) -> dict:
+    cfg = config([f"model={model}"])
+    net = build_model(cfg, instantiate(cfg.attention))
+    named = list(net.named_parameters())
+    seconds = []
+    with tempfile.TemporaryDirectory() as run_dir:
+        writer = SnapshotWriter(run_dir, cfg.model.name, {n: list(p.shape) for n, p in named})
+        for step in range(repeats):
+            start = time.perf_counter()
+            writer.write(step, parameter_state(named))
+            seconds.append(time.perf_counter() - start)
+    every = cfg.snapshot.every_n_steps
+    write = statistics.median(seconds)
+    return {
+        "model": model,
+        "every_n_steps": every,
+        "write_seconds_median": write,
+        "file_megabytes": sum(p.numel() for _, p in named) * 4 / 1e6,
+        "interval_seconds": every * step_seconds,
+        "fraction_of_training_time": write / (every * step_seconds),
+        "under_5_percent": write / (every * step_seconds) < 0.05,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--cpu-backends", default="baseline,sdpa_flash,flash_emulated")
+    parser.add_argument("--gpu-backends", default="baseline,sdpa_flash,flash_emulated")
+    parser.add_argument("--gpu-precision", default="bf16-mixed")
+    parser.add_argument("--gpu-resolution", type=int, default=32, help="dit_base has patch 2: 32 -> 256 image tokens")
+    parser.add_argument("--gpu-batch", type=int, default=32)
+    parser.add_argument("--no-gpu", action="store_true")
+    args = parser.parse_args()
+
+    cpu = torch.device("cpu")
+    report = {
+        "host": {"machine": platform.machine(), "processor": platform.processor(), "threads": torch.get_num_threads()},
+        "torch": torch.__version__,
+        "cpu": bench("dit_tiny", args.cpu_backends.split(","), "fp32", [], args.steps, args.warmup, cpu),
+    }
+    report["snapshot"] = snapshot_cost("dit_tiny", report["cpu"][0]["step_seconds_median"])
+    if torch.cuda.is_available() and not args.no_gpu:
+        gpu = torch.device("cuda")
+        report["gpu_name"] = torch.cuda.get_device_name(0)
+        extra = ["trainer=gpu", f"data.resolution={args.gpu_resolution}", f"data.batch_size={args.gpu_batch}"]
+        report["gpu"] = bench("dit_base", args.gpu_backends.split(","), args.gpu_precision, extra, args.steps, args.warmup, gpu)
+    else:
+        report["gpu"] = None
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Training glue: the LightningModule, callbacks, weight snapshots, and the numdev-train app."""

@@ -1,0 +1,32 @@
+"""numdev-train: the Hydra app of the training study (phase 2). One run = one run directory.
+
+    numdev-train                                            dit_tiny on 32x32 shapes, CPU, minutes
+    numdev-train attention=sdpa_flash precision=bf16-mixed
+    numdev-train -m attention=baseline,sdpa_flash seed.init=0,1
+    numdev-train hydra.run.dir=<run dir> resume=true        continue a run from checkpoints/last.ckpt
+
+See docs/training.md and docs/run_layout.md.
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from numdev.errors import user_facing
+from numdev.train.run import train
+
+
+@hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
+@user_facing("numdev-train")
+def main(cfg: DictConfig) -> None:
+    run = train(cfg)
+    summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
+    if run.get("eval", {}).get("scored"):
+        e = run["eval"]
+        summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
+    print(summary)
+
+
+if __name__ == "__main__":
+    main()

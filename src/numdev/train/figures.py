@@ -1,0 +1,42 @@
+"""A figure of generated samples, each above its caption (and, for shapes captions, what was seen)."""
+
+from __future__ import annotations
+
+import io
+import math
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from numdev.atomic import write_bytes  # noqa: E402
+
+
+def sample_figure(images: torch.Tensor, captions: list[str], title: str, seen: list[dict] | None = None, columns: int = 6):
+    """images (B, 3, H, W) in [-1, 1]; `seen` (optional) per image: {"colour", "shape", ...} found in it."""
+    n = len(captions)
+    rows = math.ceil(n / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(columns * 1.9, rows * 2.3), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i >= n:
+            continue
+        ax.imshow(((images[i].detach().float().cpu().clamp(-1, 1) + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest")
+        label = "\n".join(textwrap.wrap(captions[i], 22))
+        if seen is not None and seen[i] is not None:
+            found = seen[i]
+            label += f"\n[{found.get('colour') or '-'} {found.get('shape') or '-'}]"
+        ax.set_title(label, fontsize=6.5)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig, path: str | Path) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
+    write_bytes(path, buffer.getvalue())

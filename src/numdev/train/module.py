@@ -1,0 +1,85 @@
+"""The LightningModule: DDPM training of a text-conditioned model (the glue, not the model).
+
+One training step: draw timesteps, noise and caption dropout from the run's noise generator,
+noise the images, predict the noise from the (possibly emptied) captions, MSE. The generator is
+the diffusion-noise stream (seed.noise); its state goes into every Lightning checkpoint so a
+resumed run continues the exact stream. Nothing in a step draws from the global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import lightning.pytorch as pl
+import torch
+
+from numdev.diffusion import EMPTY_CAPTION, NoiseSchedule, Sampler, diffusion_loss, draw_noise, training_target
+from numdev.diffusion.parametrization import check_prediction
+
+CHECKPOINT_KEY = "numdev"
+
+
+class DiffusionModule(pl.LightningModule):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        schedule: NoiseSchedule,
+        sampler: Sampler,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        warmup_steps: int = 0,
+        p_uncond: float = 0.1,
+        noise_seed: int = 0,
+        prediction: str = "epsilon",
+    ):
+        super().__init__()
+        if not 0.0 <= p_uncond < 1.0:
+            raise ValueError(f"diffusion.p_uncond={p_uncond} must be in [0, 1)")
+        if warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0")
+        self.model = model
+        self.schedule, self.sampler = schedule, sampler
+        self.optimizer_factory = optimizer
+        self.warmup_steps, self.p_uncond = warmup_steps, p_uncond
+        self.prediction = check_prediction(prediction)
+        self.noise = torch.Generator().manual_seed(int(noise_seed))  # CPU: the same draws on every device
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        images = batch["image"].to(self.param_dtype)  # (B, C, H, W): float32, or the true-precision dtype
+        draw = draw_noise(tuple(images.shape), self.schedule, self.p_uncond, self.noise)
+        captions = [EMPTY_CAPTION if drop else c for c, drop in zip(batch["caption"], draw.drop_caption.tolist())]
+        tokens = self.model.tokenize(captions).to(self.device)  # (B, L)
+        t = draw.t.to(self.device)
+        noise = draw.noise.to(self.device, images.dtype)
+        x_t = self.schedule.add_noise(images, noise, t)
+        predicted = self.model(x_t, t, self.model.encode_text(tokens))
+        loss = diffusion_loss(predicted, training_target(self.schedule, self.prediction, images, noise, t))
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(captions))
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Called after the gradient scaler (fp16-mixed) has unscaled and before clipping.
+        if self.trainer.global_step % max(1, self.trainer.log_every_n_steps):
+            return
+        norms = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
+        if norms:
+            self.log("train/grad_norm", torch.stack(norms).norm(), batch_size=1)
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.model.parameters())
+        warmup = self.warmup_steps
+        # Linear warmup, then constant (as DiT): the schedule does not depend on max_steps, so a
+        # finished run can be resumed with a larger max_steps and continue on the same curve.
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = {"noise_generator": self.noise.get_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if CHECKPOINT_KEY not in checkpoint:
+            raise ValueError("the checkpoint has no numdev noise-generator state: it was not written by numdev-train")
+        self.noise.set_state(checkpoint[CHECKPOINT_KEY]["noise_generator"])

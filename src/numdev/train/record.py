@@ -1,0 +1,92 @@
+"""The run's own records: config.yaml (the resolved config) and run.json (what ran, and how it ended)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning
+import torch
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+import numdev
+from numdev.atomic import write_json, write_text
+
+CONFIG = "config.yaml"
+RUN = "run.json"
+# Keys a resumed run may change: they do not touch the weights' trajectory.
+RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
+
+
+def resolved(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def write_config(run_dir: Path, cfg: DictConfig) -> None:
+    write_text(run_dir / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
+    """The run's saved config must equal this one, except for RESUMABLE_CHANGES."""
+    path = run_dir / CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"resume=true but {path} does not exist: point hydra.run.dir at the run to resume")
+    saved = _flatten(yaml.safe_load(path.read_text(encoding="utf-8")))
+    now = _flatten(resolved(cfg))
+    differ = sorted(
+        k for k in set(saved) | set(now)
+        if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c) for c in RESUMABLE_CHANGES)
+    )
+    if differ:
+        shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:3])
+        raise ValueError(
+            f"resume=true: the config differs from the run's {CONFIG} at {shown}"
+            f"{' and more' if len(differ) > 3 else ''}: pass the original run's overrides"
+        )
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None) -> dict:
+    path = run_dir / RUN
+    previous = json.loads(path.read_text(encoding="utf-8")) if resumed_from is not None and path.is_file() else {}
+    record = {
+        "numdev_version": numdev.__version__,
+        "app": "train",
+        "name": cfg.name,
+        "status": "running",
+        "model": cfg.model.name,
+        "backend": backend.name,
+        "attention": backend.describe(),
+        "precision": cfg.precision.name,
+        "seeds": {k: int(v) for k, v in cfg.seed.items()},
+        "max_steps": int(cfg.trainer.max_steps),
+        "device": cfg.trainer.accelerator,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "started": previous.get("started", _now()),
+    }
+    if resumed_from is not None:
+        record["resumes"] = [*previous.get("resumes", []), {"from_step": resumed_from, "at": _now()}]
+    write_json(path, record)
+    return record
+
+
+def finish_record(run_dir: Path, record: dict, status: str, **fields) -> dict:
+    record = {**record, **fields, "status": status, "finished": _now()}
+    write_json(run_dir / RUN, record)
+    return record
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,129 @@
+"""One training run from a composed config: build the parts, check them, fit, record.
+
+Kept apart from the Hydra entry point (app.py) so tests and scripts can call `train(cfg)` with a
+config composed in-process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from omegaconf import DictConfig
+
+from numdev.train import record
+from numdev.train.callbacks import SampleGrid, WeightSnapshots
+from numdev.train.checks import check_accelerator, check_backend, compute_dtype
+from numdev.train.module import DiffusionModule
+
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+
+def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
+    """The model, initialised from seed.init alone: the global RNG is forked, seeded, restored.
+
+    Nothing else touches the initialisation, so runs that differ only in backend, precision,
+    data or noise seed start from bit-identical weights.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_seed(cfg, "init"))
+        return instantiate(cfg.model, attention=backend, _convert_="all")
+
+
+def _seed(cfg: DictConfig, name: str) -> int:
+    value = cfg.seed.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"seed.{name}={value!r} must be a non-negative integer")
+    return value
+
+
+def _check_config(cfg: DictConfig) -> None:
+    steps = cfg.trainer.get("max_steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")
+    for name in ("init", "data", "noise"):
+        _seed(cfg, name)
+    if cfg.get("threads") is not None and (not isinstance(cfg.threads, int) or cfg.threads <= 0):
+        raise ValueError(f"threads={cfg.threads!r} must be a positive integer or null")
+
+
+def check_backend_for(cfg: DictConfig, backend) -> None:
+    """The configured backend runs with the configured precision on the configured device."""
+    device = check_accelerator(cfg.trainer.accelerator)
+    text = cfg.model.text
+    calls = [(cfg.model.heads, cfg.model.hidden // cfg.model.heads), (text.heads, text.width // text.heads)]
+    check_backend(backend, cfg.precision.name, compute_dtype(cfg.precision.compute), device, calls)
+
+
+def build_trainer(cfg: DictConfig):
+    callbacks = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
+    logger = instantiate(cfg.logger) if cfg.get("logger") else None
+    if logger is None:  # nothing to log learning rates to
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    trainer = instantiate(
+        cfg.trainer, plugins=[instantiate(cfg.precision.plugin)], callbacks=callbacks, logger=logger or False
+    )
+    return trainer, logger
+
+
+def train(cfg: DictConfig) -> dict:
+    """Train as `cfg` says; returns the run record (also in <run_dir>/run.json)."""
+    _check_config(cfg)
+    run_dir = Path(cfg.run_dir)
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(cfg.threads)
+    backend = instantiate(cfg.attention)
+    check_backend_for(cfg, backend)
+    model = build_model(cfg, backend)
+    datamodule = instantiate(cfg.data)
+    module = DiffusionModule(
+        model=model,
+        schedule=instantiate(cfg.diffusion.schedule),
+        sampler=instantiate(cfg.diffusion.sampler),
+        optimizer=instantiate(cfg.optim.optimizer),
+        warmup_steps=cfg.optim.warmup_steps,
+        p_uncond=cfg.diffusion.p_uncond,
+        noise_seed=_seed(cfg, "noise"),
+        prediction=cfg.diffusion.prediction,
+    )
+    trainer, logger = build_trainer(cfg)
+
+    ckpt_path, resumed_from = None, None
+    if cfg.resume:
+        ckpt_path = run_dir / CHECKPOINT
+        if not ckpt_path.is_file():
+            raise FileNotFoundError(
+                f"resume=true but {ckpt_path} does not exist: point hydra.run.dir at the run to resume"
+            )
+        record.check_resumable(run_dir, cfg)
+        resumed_from = int(torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
+    elif (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists():
+        raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record.write_config(run_dir, cfg)
+    run = record.start_record(run_dir, cfg, backend, resumed_from)
+    if logger is not None:
+        logger.log_hyperparams(record.resolved(cfg))
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except BaseException as error:
+        record.finish_record(run_dir, run, "failed", error=f"{type(error).__name__}: {error}"[:500])
+        raise
+    return record.finish_record(run_dir, run, "finished", final_step=int(trainer.global_step), **_results(trainer))
+
+
+def _results(trainer) -> dict:
+    out = {}
+    loss = trainer.callback_metrics.get("train/loss")
+    if loss is not None:
+        out["final_loss"] = float(loss)
+    for callback in trainer.callbacks:
+        if isinstance(callback, WeightSnapshots) and callback.seconds:
+            out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
+        if isinstance(callback, SampleGrid) and callback.final is not None:
+            final = callback.final
+            out["eval"] = {k: final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}
+    return out

@@ -1,0 +1,57 @@
+"""numdev-train through the real command line: a multirun sweep and the one-line error format."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2"]
+
+
+def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("numdev-train")  # the installed console script
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command += args
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_multirun_over_backends_and_init_seeds(tmp_path):
+    result = numdev_train(
+        "-m", "attention=baseline,sdpa_flash", "seed.init=0,1", *SMOKE, f"output_root={tmp_path}", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    sweeps = list((tmp_path / "train" / "train_smoke").glob("multirun_*"))
+    assert len(sweeps) == 1
+    jobs = sorted(p for p in sweeps[0].iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1", "2", "3"]
+    initial = {}
+    for job in jobs:
+        run = json.loads((job / "run.json").read_text())
+        assert run["status"] == "finished" and run["final_step"] == 2
+        index = json.loads((job / "weights" / "index.json").read_text())
+        initial[(run["backend"], run["seeds"]["init"])] = index["snapshots"][0]["sha256"]
+    assert set(initial) == {(b, s) for b in ("baseline", "sdpa_flash") for s in (0, 1)}
+    # Same init seed: the same initial weights whatever the backend; another seed: other weights.
+    assert initial[("baseline", 0)] == initial[("sdpa_flash", 0)]
+    assert initial[("baseline", 1)] == initial[("sdpa_flash", 1)]
+    assert initial[("baseline", 0)] != initial[("baseline", 1)]
+
+
+def test_a_combination_that_cannot_run_is_one_line_on_stderr(tmp_path):
+    result = numdev_train(*SMOKE, "attention=flash_attn", f"output_root={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("numdev-train: error: attention=flash_attn with precision=fp32 on cpu")
+    assert "Backends that can run on cpu with float32: baseline, flash_emulated, sdpa_flash, sdpa_math" in errors[0]
+
+
+@pytest.mark.parametrize(("override", "expected"), [("attention=nope", "sdpa_flash"), ("trainer.nope=1", "nope")])
+def test_unknown_config_values_are_hydra_errors_naming_them(tmp_path, override, expected):
+    result = numdev_train(override, f"output_root={tmp_path}", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert expected in result.stderr
