@@ -1,0 +1,115 @@
+"""Offline comparison of two runs' weight snapshots: the same curves the sibling callback logs,
+from the saved safetensors files, on any machine, whatever launched the runs.
+
+    numdev-compare RUN_A RUN_B [-o OUT_DIR] [--strict]
+
+Writes distances.csv (one row per step and tensor, plus `__model__` for the whole model) and
+distances.png (max |Δ| and Wasserstein-1 over training) into OUT_DIR (default: RUN_A/compare_<B>).
+Steps that only one run has are reported and skipped; --strict makes them an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+from pathlib import Path
+
+from numdev.analysis.distances import weight_distances
+from numdev.atomic import write_bytes, write_text
+from numdev.train.snapshots import list_snapshots, load_snapshot
+
+MODEL = "__model__"
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
+    """Rows {step, tensor, max_abs, wasserstein} for every snapshot step both runs have."""
+    steps_a, steps_b = set(list_snapshots(run_a)), set(list_snapshots(run_b))
+    common = sorted(steps_a & steps_b)
+    only_a, only_b = sorted(steps_a - steps_b), sorted(steps_b - steps_a)
+    if only_a or only_b:
+        message = f"snapshot steps only in {run_a}: {only_a}; only in {run_b}: {only_b}"
+        if strict:
+            raise ValueError(message + " (drop --strict to compare the common steps)")
+        log(f"warning: {message}; comparing the {len(common)} common steps")
+    if not common:
+        raise ValueError(f"{run_a} and {run_b} share no snapshot step: steps {sorted(steps_a)} vs {sorted(steps_b)}")
+    rows = []
+    for step in common:
+        try:
+            distances = weight_distances(load_snapshot(run_a, step), load_snapshot(run_b, step))
+        except ValueError as error:
+            raise ValueError(f"step {step}: {error}") from None
+        rows.append({"step": step, "tensor": MODEL, **distances["model"]})
+        rows.extend({"step": step, "tensor": name, **m} for name, m in distances["per_tensor"].items())
+    return rows
+
+
+def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
+    model_rows = [r for r in rows if r["tensor"] == MODEL]
+    return [int(r["step"]) for r in model_rows], [float(r[metric]) for r in model_rows]
+
+
+def rows_to_csv(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=["step", "tensor", "max_abs", "wasserstein"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return [
+            {"step": int(r["step"]), "tensor": r["tensor"], "max_abs": float(r["max_abs"]), "wasserstein": float(r["wasserstein"])}
+            for r in csv.DictReader(handle)
+        ]
+
+
+def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:
+    """One panel per metric; one line per named comparison (rows as compare_runs returns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, metric, label in ((axes[0], "max_abs", "max |Δ|"), (axes[1], "wasserstein", "Wasserstein-1")):
+        for name, rows in curves.items():
+            steps, values = model_curve(rows, metric)
+            ax.plot(steps, values, "o-", ms=3, label=name)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"{label} (whole model)")
+        ax.set_yscale("symlog", linthresh=1e-12)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    write_bytes(path, buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="numdev-compare", description=__doc__.strip().splitlines()[0])
+    parser.add_argument("run_a")
+    parser.add_argument("run_b")
+    parser.add_argument("-o", "--out", help="output directory (default: RUN_A/compare_<name of RUN_B>)")
+    parser.add_argument("--strict", action="store_true", help="steps missing from either run are an error")
+    args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else Path(args.run_a) / f"compare_{Path(args.run_b).name}"
+    try:
+        rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=lambda m: print(m, file=sys.stderr))
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"numdev-compare: error: {error}")
+    write_text(out / "distances.csv", rows_to_csv(rows))
+    plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
+    steps, w1 = model_curve(rows, "wasserstein")
+    _, max_abs = model_curve(rows, "max_abs")
+    print(f"{len(steps)} steps compared; at step {steps[-1]}: max |Δ| {max_abs[-1]:.3e}, W1 {w1[-1]:.3e}")
+    print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}")
+
+
+if __name__ == "__main__":
+    main()
