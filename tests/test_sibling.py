@@ -1,0 +1,173 @@
+"""Sibling-run weight distances: the live callback, the offline numdev-compare, and their errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import run_cli
+from helpers import compose_train
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from numdev.analysis.compare import MODEL, compare_runs, read_csv
+from numdev.train.run import train
+from numdev.train.sibling import SiblingDistance, SiblingError
+from numdev.train.snapshots import SnapshotError, SnapshotWriter
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """reference; an identical rerun; a flash run and a different-init run, all comparing with the reference."""
+    root = tmp_path_factory.mktemp("siblings")
+    train(compose_train(run_dir=root / "reference"))
+    for name, overrides in {
+        "same": [],
+        "flash": ["attention=sdpa_flash", "precision=bf16-mixed"],
+        "init": ["seed.init=1"],
+    }.items():
+        train(compose_train(*overrides, f"sibling.reference={root / 'reference'}", "sibling.label=ref", run_dir=root / name))
+    return root
+
+
+def _model_rows(path):
+    return [r for r in read_csv(path) if r["tensor"] == MODEL]
+
+
+def test_identical_runs_read_exactly_zero(runs):
+    rows = read_csv(runs / "same" / "sibling" / "ref.csv")
+    assert sorted({r["step"] for r in rows}) == [0, 2, 4]
+    assert len(rows) > 3 * 40  # every tensor, every step
+    assert all(r["max_abs"] == 0.0 and r["wasserstein"] == 0.0 for r in rows)
+
+
+def test_perturbed_siblings_read_more_than_zero(runs):
+    flash = _model_rows(runs / "flash" / "sibling" / "ref.csv")
+    assert flash[0]["max_abs"] == 0.0  # same initialisation whatever the backend and precision
+    assert flash[-1]["max_abs"] > 0 and flash[-1]["wasserstein"] > 0
+    init = _model_rows(runs / "init" / "sibling" / "ref.csv")
+    assert init[0]["max_abs"] > 0.01  # another random start
+    assert init[-1]["max_abs"] > flash[-1]["max_abs"]
+
+
+def test_offline_compare_agrees_with_the_callback_and_tensorboard(runs):
+    live = read_csv(runs / "flash" / "sibling" / "ref.csv")
+    offline = compare_runs(runs / "flash", runs / "reference")
+    key = lambda r: (r["step"], r["tensor"])  # noqa: E731
+    assert sorted(live, key=key) == sorted(offline, key=key)
+    events = EventAccumulator(str(runs / "flash" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("sibling/ref/wasserstein")}
+    for row in (r for r in offline if r["tensor"] == MODEL):
+        assert logged[row["step"]] == pytest.approx(row["wasserstein"], rel=1e-6, abs=1e-12)
+    assert "sibling_diff/ref/model" in events.Tags()["histograms"]
+    assert "sibling_tensors/ref/blocks.0.attn.in_proj_weight/max_abs" in events.Tags()["scalars"]
+
+
+def test_numdev_compare_cli_writes_csv_and_figure(runs, tmp_path):
+    result = run_cli("numdev.analysis.compare", str(runs / "init"), str(runs / "reference"), "-o", str(tmp_path / "cmp"), cwd=tmp_path)
+    assert "3 steps compared" in result.stdout
+    rows = read_csv(tmp_path / "cmp" / "distances.csv")
+    assert rows == read_csv(runs / "init" / "sibling" / "ref.csv")  # the same rows as the live callback
+    assert (tmp_path / "cmp" / "distances.png").stat().st_size > 10_000
+
+
+def _snapshot_dir(tmp_path, name, shapes=None, steps=(0,)):
+    shapes = shapes or {"w": [4, 3]}
+    writer = SnapshotWriter(tmp_path / name, "m", shapes)
+    for step in steps:
+        writer.write(step, {k: torch.full(v, float(step)) for k, v in shapes.items()})
+    return tmp_path / name
+
+
+def _callback(reference, tmp_path, timeout_s=0.0):
+    callback = SiblingDistance(str(tmp_path / "me"), str(reference), every_n_steps=2, timeout_s=timeout_s, poll_s=0.05)
+    return callback
+
+
+def test_the_callback_waits_for_a_snapshot_written_later_by_another_process(tmp_path):
+    reference = _snapshot_dir(tmp_path, "sibling", steps=(0,))
+    writer_code = (
+        "import sys, time, torch\n"
+        "from numdev.train.snapshots import SnapshotWriter\n"
+        "time.sleep(1.5)\n"
+        "SnapshotWriter(sys.argv[1], 'm', {'w': [4, 3]}).write(2, {'w': torch.full((4, 3), 2.0)})\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", writer_code, str(reference)])
+    try:
+        start = time.monotonic()
+        state = _callback(reference, tmp_path, timeout_s=60).wait_for(2)
+        waited = time.monotonic() - start
+    finally:
+        process.wait(timeout=60)
+    assert waited > 1.0
+    assert torch.equal(state["w"], torch.full((4, 3), 2.0))
+
+
+def test_waiting_ends_with_a_clear_error(tmp_path):
+    reference = _snapshot_dir(tmp_path, "sibling", steps=(0,))
+    with pytest.raises(SiblingError, match=r"no snapshot at step 2 after waiting 0.2 s \(its latest snapshot is step 0\)"):
+        _callback(reference, tmp_path, timeout_s=0.2).wait_for(2)
+
+
+def test_a_finished_sibling_with_another_step_grid_is_an_error(tmp_path):
+    reference = _snapshot_dir(tmp_path, "sibling", steps=(0, 3, 6))
+    (reference / "run.json").write_text(json.dumps({"status": "finished"}))
+    with pytest.raises(SiblingError, match=r"has no snapshot at step 2; it has steps \[0, 3, 6\]: the runs must share"):
+        _callback(reference, tmp_path, timeout_s=60).wait_for(2)
+
+
+def test_a_corrupt_sibling_snapshot_names_the_file(tmp_path):
+    reference = _snapshot_dir(tmp_path, "sibling", steps=(0, 2))
+    path = reference / "weights" / "step_00000002.safetensors"
+    path.write_bytes(path.read_bytes()[:-4] + b"\x00\x00\x00\x01")
+    with pytest.raises(SnapshotError, match=r"step_00000002.safetensors: sha256 does not match"):
+        _callback(reference, tmp_path).wait_for(2)
+
+
+def test_a_missing_reference_fails_at_setup(tmp_path, train_config):
+    cfg = train_config(f"sibling.reference={tmp_path / 'nowhere' / 'run'}", run_dir=tmp_path / "run")
+    with pytest.raises(SiblingError, match=r"does not exist \(nor does its parent directory\): give the directory of a numdev-train run"):
+        train(cfg)
+
+
+def test_a_directory_that_is_not_a_run_is_an_error(tmp_path, train_config):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "run.json").write_text(json.dumps({"status": "finished"}))
+    cfg = train_config(f"sibling.reference={tmp_path / 'empty'}", run_dir=tmp_path / "run")
+    with pytest.raises(SiblingError, match=r"is a run without snapshots"):
+        train(cfg)
+
+
+def test_a_sibling_with_another_architecture_names_the_tensor(runs, tmp_path, train_config):
+    cfg = train_config("model.hidden=48", f"sibling.reference={runs / 'reference'}", run_dir=tmp_path / "wide")
+    with pytest.raises(ValueError, match=r"at step 0: tensor '\S+' has shape \(\d+.*\) in one run and \(\d+.*\) in the other"):
+        train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("make_b", "message"),
+    [
+        (lambda tmp: tmp / "missing", "is not a training run directory with snapshots"),
+        (lambda tmp: _snapshot_dir(tmp, "other", shapes={"v": [2]}, steps=(0, 2)), "different architectures: tensors only in the first"),
+    ],
+)
+def test_numdev_compare_errors_are_one_line(tmp_path, make_b, message):
+    a = _snapshot_dir(tmp_path, "a", steps=(0, 2))
+    result = run_cli("numdev.analysis.compare", str(a), str(make_b(tmp_path)), cwd=tmp_path, check=False)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+
+
+def test_numdev_compare_reports_missing_steps_and_compares_the_rest(tmp_path):
+    a = _snapshot_dir(tmp_path, "a", steps=(0, 2, 4))
+    b = _snapshot_dir(tmp_path, "b", steps=(0, 4))
+    result = run_cli("numdev.analysis.compare", str(a), str(b), cwd=tmp_path)
+    assert "snapshot steps only in" in result.stderr and "[2]" in result.stderr
+    assert "2 steps compared" in result.stdout
+    strict = run_cli("numdev.analysis.compare", str(a), str(b), "--strict", cwd=tmp_path, check=False)
+    assert strict.returncode != 0 and "drop --strict" in strict.stderr
