@@ -44,6 +44,7 @@ class Attention(nn.Module):
         self.causal = causal
         self.backend = backend  # a plain callable, not a module: no parameters, no state_dict entry
         self.layer_name = ""
+        self.probe = None  # optional observer of every call: probe(module, q, k, v, out) (numdev.models.shadow)
         if kv_dim is None:  # self-attention: one packed (3*dim, dim) projection, as nn.MultiheadAttention
             self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         else:  # keys and values from another width (cross-attention)
@@ -94,7 +95,10 @@ class Attention(nn.Module):
         tensors to bf16 and their stage formats would no longer be what the config says.
         """
         with torch.autocast(q.device.type, enabled=False):
-            return self.backend(q, k, v, causal=self.causal)
+            out = self.backend(q, k, v, causal=self.causal)
+            if self.probe is not None:
+                self.probe(self, q, k, v, out)
+        return out
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         """(B, H, N, D) -> (B, N, dim)."""

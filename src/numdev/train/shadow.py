@@ -1,0 +1,94 @@
+"""Per-call attention deviation during training: a shadow backend beside the training backend.
+
+Every `every_n_steps` steps, each attention call of that step's forward is also computed by the
+shadow backend (numdev.models.shadow), and with `backward` its gradients dQ, dK, dV too. Logged
+per layer to TensorBoard (`shadow/<layer>/<out|dq|dk|dv>_max_abs`, `..._mean_abs`) and as the
+maximum over layers (`shadow/all/...`), and kept in <run_dir>/shadow.csv. Gradients are divided
+by the loss scale under fp16-mixed, so they are in the units of the true gradients.
+
+Select the shadow with the `shadow` config group's options, which are the attention configs:
+`numdev-train attention=sdpa_flash attention@shadow=baseline`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from numdev.atomic import write_text
+from numdev.models.shadow import AttentionShadow
+
+COLUMNS = ["step", "layer", "quantity", "max_abs", "mean_abs", "ref_max_abs"]
+
+
+class ShadowDeviation(pl.Callback):
+    def __init__(self, run_dir: str, backend=None, every_n_steps: int = 10, backward: bool = True):
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps <= 0:
+            raise ValueError(f"callbacks.shadow.every_n_steps={every_n_steps!r} must be a positive integer")
+        self.run_dir = Path(run_dir)
+        self.backend, self.every_n_steps, self.backward = backend, every_n_steps, backward
+        self.shadow: AttentionShadow | None = None
+        self.rows: list[dict] = []
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.backend is not None and self.shadow is None:
+            self.shadow = AttentionShadow(self.backend, backward=self.backward).attach(pl_module.model)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self.shadow is not None:
+            self.shadow.detach()
+            self.shadow = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.shadow is not None:
+            self.shadow.recording = trainer.global_step % self.every_n_steps == 0
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if self.shadow is None or not self.shadow.recording:
+            return
+        self.shadow.recording = False  # nothing else this step (sampling, ...) is shadowed
+        self.shadow.backward_deviation()
+        scale = _loss_scale(trainer)
+        step = trainer.global_step
+        rows = []
+        for row in self.shadow.collect():
+            if row["quantity"] != "out":
+                row = {**row, **{k: row[k] / scale for k in ("max_abs", "mean_abs", "ref_max_abs")}}
+            rows.append({"step": step, **row})
+        if not rows or not trainer.is_global_zero:
+            return
+        self.rows.extend(rows)
+        write_text(self.run_dir / "shadow.csv", _to_csv(self.rows))
+        if trainer.logger:
+            metrics = {}
+            for row in rows:
+                for stat in ("max_abs", "mean_abs"):
+                    metrics[f"shadow/{row['layer']}/{row['quantity']}_{stat}"] = row[stat]
+                    key = f"shadow/all/{row['quantity']}_{stat}"
+                    metrics[key] = max(metrics.get(key, 0.0), row[stat])
+            trainer.logger.log_metrics(metrics, step=step)
+
+
+def _loss_scale(trainer) -> float:
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+
+
+def _to_csv(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def read_shadow_csv(path: str | Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return [
+            {"step": int(r["step"]), "layer": r["layer"], "quantity": r["quantity"],
+             **{k: float(r[k]) for k in ("max_abs", "mean_abs", "ref_max_abs")}}
+            for r in csv.DictReader(handle)
+        ]
