@@ -1,7 +1,7 @@
 """numdev-report: turn microbenchmark sweeps and/or a study directory into one HTML page.
 
     numdev-report                         # the latest sweep of every figure under outputs/
-    numdev-report --bench outputs/bench/fig4/multirun_... --study outputs/study/... -o my_report
+    numdev-report --bench outputs/bench/fig4/multirun_... --study outputs/train/flash_stability/multirun_... -o my_report
 
 Each paper figure is shown next to the paper's claim and our measured numbers, with the
 configuration that produced it and the command that reruns it. The page embeds its figures (it is
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-report", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default="outputs", help="where runs landed (default: outputs)")
     parser.add_argument("--bench", nargs="*", help="bench sweep directories (default: the latest of each figure)")
-    parser.add_argument("--study", help="a study directory (default: the latest under OUTPUTS/study)")
+    parser.add_argument("--study", help="a study directory (default: the latest under OUTPUTS/train/*/multirun_*)")
     parser.add_argument("-o", "--out", help="report directory (default: OUTPUTS/report)")
     args = parser.parse_args(argv)
     root = Path(args.outputs)
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _latest_study(root: Path) -> Path | None:
-    done = sorted(p.parent for p in (root / "study").glob("*/*/summary.json"))
+    """The newest analysed study (numdev-train experiment=flash_stability) under root/train."""
+    done = sorted((p.parent for p in (root / "train").glob("*/multirun_*/summary.json")), key=lambda p: p.name)
     return done[-1] if done else None
 
 
