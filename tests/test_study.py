@@ -79,3 +79,22 @@ def test_a_directory_that_is_not_a_study_is_a_one_line_error(tmp_path):
     result = run_cli("numdev.analysis.study", str(tmp_path), cwd=tmp_path, check=False)
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0 and "is not a finished study" in result.stderr
+
+
+def test_the_report_renders_in_a_real_browser(study, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")):
+        pytest.skip("no headless Chromium on this machine (apt install chromium)")
+    index = build_report([], study[0], tmp_path / "report")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "screenshot_report.py"), str(index)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    shot = json.loads(result.stdout)
+    assert shot["sections_in_dom"] == 2 and shot["images_in_dom"] == 2
+    assert shot["non_background_fraction"] > 0.05  # text and figures, not a blank page

@@ -1,11 +1,18 @@
-"""numdev-demo: the main job on the embedded defaults (CPU).
+"""numdev-demo: the main job on the embedded defaults (CPU), both phases and the report.
 
-Runs the microbenchmark figures (Figs. 3-6 and FA3's Table 3) through the real command line,
-one sweep after another, and prints each figure's caption and where it landed.
+1. the microbenchmark figures (Figs. 3-6 and FA3's Table 3), one sweep after another;
+2. the training study (numdev-train experiment=flash_stability: four sibling runs of dit_tiny,
+   Figs. 7-8 and the growth-rate ratios), with Lightning's progress bar for each run;
+3. numdev-report over both, then where the report is and how to open TensorBoard.
+
+Everything goes through the real command lines, so each step can be rerun by hand:
+
+    numdev-demo [--outputs DIR] [--skip-bench] [--skip-study]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -25,7 +32,7 @@ def latest_sweep(output_root: Path, app: str, name: str) -> Path:
 def run_bench_figures(output_root: Path) -> dict[str, Path]:
     figures = {}
     for i, experiment in enumerate(BENCH_EXPERIMENTS, start=1):
-        print(f"[{i}/{len(BENCH_EXPERIMENTS)}] numdev-bench experiment={experiment}", flush=True)
+        print(f"[bench {i}/{len(BENCH_EXPERIMENTS)}] numdev-bench experiment={experiment}", flush=True)
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}"],
@@ -39,9 +46,41 @@ def run_bench_figures(output_root: Path) -> dict[str, Path]:
     return figures
 
 
-def main() -> None:
-    output_root = Path("outputs")
-    run_bench_figures(output_root)
+def run_study(output_root: Path) -> Path:
+    print("[study] numdev-train experiment=flash_stability (4 sibling runs: reference, flash, init, fp32)", flush=True)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "numdev.train.app", "experiment=flash_stability", f"output_root={output_root}",
+         "trainer.enable_model_summary=false"],
+        check=True,
+    )
+    study = latest_sweep(output_root, "train", "flash_stability")
+    print(f"[study] {time.perf_counter() - start:.0f} s -> {study}", flush=True)
+    return study
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="numdev-demo", description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--outputs", default="outputs", help="where runs land (default: outputs)")
+    parser.add_argument("--skip-bench", action="store_true", help="reuse the latest bench sweeps")
+    parser.add_argument("--skip-study", action="store_true", help="reuse the latest study")
+    args = parser.parse_args(argv)
+    output_root = Path(args.outputs)
+    start = time.perf_counter()
+    try:
+        if not args.skip_bench:
+            run_bench_figures(output_root)
+        study = None if args.skip_study else run_study(output_root)
+    except subprocess.CalledProcessError as error:
+        sys.exit(f"numdev-demo: error: {' '.join(error.cmd[2:])} failed with exit status {error.returncode} (its message is above)")
+    from numdev.report.app import build_report, latest_bench_sweeps, latest_study
+
+    study = study or latest_study(output_root)
+    index = build_report(latest_bench_sweeps(output_root), study, output_root / "report")
+    minutes = (time.perf_counter() - start) / 60
+    print(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
+    if study is not None:
+        print(f"TensorBoard: tensorboard --logdir {study}   then http://localhost:6006")
 
 
 if __name__ == "__main__":

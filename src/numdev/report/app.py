@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     root = Path(args.outputs)
     bench = [Path(p) for p in args.bench] if args.bench is not None else latest_bench_sweeps(root)
-    study = Path(args.study) if args.study else _latest_study(root)
+    study = Path(args.study) if args.study else latest_study(root)
     try:
         index = build_report(bench, study, Path(args.out) if args.out else root / "report")
     except (FileNotFoundError, ValueError) as error:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"report: {index.resolve()}")
 
 
-def _latest_study(root: Path) -> Path | None:
+def latest_study(root: Path) -> Path | None:
     """The newest analysed study (numdev-train experiment=flash_stability) under root/train."""
     done = sorted((p.parent for p in (root / "train").glob("*/multirun_*/summary.json")), key=lambda p: p.name)
     return done[-1] if done else None

@@ -1,0 +1,78 @@
+"""Open a numdev report in headless Chromium and save a screenshot: the page as a reader sees it.
+
+    python scripts/screenshot_report.py [outputs/report/index.html] [-o screenshot.png]
+
+Prints JSON: the browser used, the screenshot's size, and how much of it is not background (a
+blank or broken page reads near 0), and how many of the page's images the browser decoded.
+Needs chromium (or google-chrome) on PATH: `apt install chromium` on Debian/Ubuntu.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_browser() -> str | None:
+    return next((path for name in BROWSERS if (path := shutil.which(name))), None)
+
+
+def screenshot(page: Path, out: Path, width: int = 1200, height: int = 4000) -> dict:
+    browser = find_browser()
+    if browser is None:
+        raise FileNotFoundError(f"no headless browser found (tried {', '.join(BROWSERS)}): install chromium")
+    if not page.is_file():
+        raise FileNotFoundError(f"{page} does not exist: run numdev-report first")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as profile:
+        command = [
+            browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={profile}", f"--window-size={width},{height}", f"--screenshot={out}",
+            page.resolve().as_uri(),
+        ]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        # The DOM after rendering: how many <img> the browser actually decoded.
+        dom = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+             "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+            check=True, capture_output=True, text=True, timeout=120,
+        ).stdout
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(out)[..., :3]  # (H, W, 3) in [0, 1]
+    background = pixels[0, 0]
+    not_background = float((abs(pixels - background).sum(axis=-1) > 0.05).mean())
+    return {
+        "browser": browser,
+        "page": str(page),
+        "screenshot": str(out),
+        "width": int(pixels.shape[1]),
+        "height": int(pixels.shape[0]),
+        "non_background_fraction": not_background,
+        "images_in_dom": dom.count("<img"),
+        "sections_in_dom": dom.count("<section"),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("page", nargs="?", default="outputs/report/index.html")
+    parser.add_argument("-o", "--out", help="PNG path (default: beside the page, screenshot.png)")
+    args = parser.parse_args(argv)
+    page = Path(args.page)
+    try:
+        result = screenshot(page, Path(args.out) if args.out else page.parent / "screenshot.png")
+    except (FileNotFoundError, subprocess.SubprocessError) as error:
+        sys.exit(f"screenshot_report: error: {error}")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
