@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 
 import pytest
-import tomllib
-from conftest import REPO, run_cli
+from conftest import run_cli
 
-SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+SCRIPTS = {e.name: e.value for e in entry_points(group="console_scripts") if e.name.startswith("numdev-")}
 HYDRA_APPS = {"numdev-bench": ("numerics", "inputs", "methods", "experiment"), "numdev-train": ("attention", "precision", "model", "study")}
+
+
+def test_every_command_of_the_package_is_covered():
+    assert {"numdev-demo", "numdev-bench", "numdev-train", "numdev-compare", "numdev-study", "numdev-report"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("command", sorted(set(SCRIPTS) - set(HYDRA_APPS)))
