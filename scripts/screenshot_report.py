@@ -24,7 +24,7 @@ def find_browser() -> str | None:
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
 
-def screenshot(page: Path, out: Path, width: int = 1200, height: int = 4000) -> dict:
+def screenshot(page: Path, out: Path, width: int = 1200, height: int = 9000) -> dict:
     browser = find_browser()
     if browser is None:
         raise FileNotFoundError(f"no headless browser found (tried {', '.join(BROWSERS)}): install chromium")
