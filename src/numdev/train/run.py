@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
+from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.module import DiffusionModule
 
@@ -63,7 +64,10 @@ def build_trainer(cfg: DictConfig):
     if logger is None:  # nothing to log learning rates to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(
-        cfg.trainer, plugins=[instantiate(cfg.precision.plugin)], callbacks=callbacks, logger=logger or False
+        cfg.trainer,
+        plugins=[instantiate(cfg.precision.plugin), SafeCheckpointIO()],  # atomic writes, weights_only reads
+        callbacks=callbacks,
+        logger=logger or False,
     )
     return trainer, logger
 
@@ -98,7 +102,7 @@ def train(cfg: DictConfig) -> dict:
                 f"resume=true but {ckpt_path} does not exist: point hydra.run.dir at the run to resume"
             )
         record.check_resumable(run_dir, cfg)
-        resumed_from = int(torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
+        resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
     elif (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists():
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +112,7 @@ def train(cfg: DictConfig) -> dict:
         logger.log_hyperparams(record.resolved(cfg))
 
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException as error:
         record.finish_record(run_dir, run, "failed", error=f"{type(error).__name__}: {error}"[:500])
         raise
