@@ -17,6 +17,7 @@ from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
+from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -116,7 +117,9 @@ def train(cfg: DictConfig) -> dict:
     except BaseException as error:
         record.finish_record(run_dir, run, "failed", error=f"{type(error).__name__}: {error}"[:500])
         raise
-    return record.finish_record(run_dir, run, "finished", final_step=int(trainer.global_step), **_results(trainer))
+    results = _results(trainer)
+    status = "stopped" if "stop_reason" in results else "finished"
+    return record.finish_record(run_dir, run, status, final_step=int(trainer.global_step), **results)
 
 
 def _results(trainer) -> dict:
@@ -127,6 +130,8 @@ def _results(trainer) -> dict:
     for callback in trainer.callbacks:
         if isinstance(callback, WeightSnapshots) and callback.seconds:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
+        if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
+            out["stop_reason"] = callback.stop_reason
         if isinstance(callback, SampleGrid) and callback.final is not None:
             final = callback.final
             out["eval"] = {k: final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}
