@@ -21,10 +21,14 @@ from numdev.train.run import train
 @user_facing("numdev-train")
 def main(cfg: DictConfig) -> None:
     run = train(cfg)
+    if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
+        return
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
         summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
+    if run.get("stop_reason"):
+        summary += f"  (stopped: {run['stop_reason']})"
     print(summary)
 
 

@@ -59,6 +59,20 @@ def check_backend_for(cfg: DictConfig, backend) -> None:
     check_backend(backend, cfg.precision.name, compute_dtype(cfg.precision.compute), device, calls)
 
 
+def precision_plugin(cfg: DictConfig):
+    """The precision config's plugin; under FSDP, FSDPPrecision with the same precision (FSDP needs its own)."""
+    plugin = instantiate(cfg.precision.plugin)
+    strategy = cfg.trainer.get("strategy")
+    target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy or "")
+    if "fsdp" not in target.lower():
+        return plugin
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    if plugin.precision not in ("32-true", "16-mixed", "bf16-mixed", "bf16-true"):
+        raise ValueError(f"precision={cfg.precision.name} does not run under FSDP: use fp32, bf16-mixed, fp16-mixed or bf16-true")
+    return FSDPPrecision(plugin.precision)  # 16-mixed gets its ShardedGradScaler from Lightning
+
+
 def build_trainer(cfg: DictConfig):
     callbacks = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
     logger = instantiate(cfg.logger) if cfg.get("logger") else None
@@ -66,7 +80,7 @@ def build_trainer(cfg: DictConfig):
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(
         cfg.trainer,
-        plugins=[instantiate(cfg.precision.plugin), SafeCheckpointIO()],  # atomic writes, weights_only reads
+        plugins=[precision_plugin(cfg), SafeCheckpointIO()],  # atomic writes, weights_only reads
         callbacks=callbacks,
         logger=logger or False,
     )
@@ -94,6 +108,8 @@ def train(cfg: DictConfig) -> dict:
         prediction=cfg.diffusion.prediction,
     )
     trainer, logger = build_trainer(cfg)
+    check_launch(trainer)
+    rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
 
     ckpt_path, resumed_from = None, None
     if cfg.resume:
@@ -104,26 +120,64 @@ def train(cfg: DictConfig) -> dict:
             )
         record.check_resumable(run_dir, cfg)
         resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
-    elif (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists():
+    elif rank_zero and ((run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists()):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
-    record.write_config(run_dir, cfg)
-    run = record.start_record(run_dir, cfg, backend, resumed_from)
+    if rank_zero:
+        record.write_config(run_dir, cfg)
+        run = record.start_record(run_dir, cfg, backend, resumed_from)
+    else:
+        run = {"status": "running", "global_rank": trainer.global_rank}
     if logger is not None:
         logger.log_hyperparams(record.resolved(cfg))
+
+    def finish(status: str, **fields) -> dict:
+        if not rank_zero:
+            return {**run, **fields, "status": status}
+        return record.finish_record(run_dir, run, status, **fields)
 
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException as error:
-        record.finish_record(run_dir, run, "failed", error=f"{type(error).__name__}: {error}"[:500])
+        finish("failed", error=f"{type(error).__name__}: {error}"[:500])
         raise
     results = _results(trainer)
     status = "stopped" if "stop_reason" in results else "finished"
-    return record.finish_record(run_dir, run, status, final_step=int(trainer.global_step), **results)
+    return finish(status, final_step=int(trainer.global_step), **results)
+
+
+def check_launch(trainer) -> None:
+    """Refuse the DDP launches that cannot work, before anything is written.
+
+    With several devices and no cluster launcher (SLURM, torchrun), Lightning starts the other
+    ranks by running the same command line again (with hydra.run.dir pinned to this run). In a
+    Hydra multirun (-m) that would re-run the whole sweep in every rank, and without Hydra (train()
+    called from Python) it would re-run whatever script called it.
+    """
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if not isinstance(launcher, _SubprocessScriptLauncher) or launcher.num_processes < 2:
+        return
+    if launcher.cluster_environment.creates_processes_externally:  # a spawned rank, or SLURM / torchrun
+        return
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        raise ValueError(
+            f"trainer.strategy with {trainer.num_devices} devices starts its processes by re-running the command line: "
+            "run it through numdev-train (or torchrun / SLURM), not train() from Python"
+        )
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ValueError(
+            f"a -m sweep with trainer.devices={trainer.num_devices}: Lightning's DDP launcher would re-run the whole sweep "
+            "in every process; use hydra/launcher=submitit_slurm (one task per device) or run each job without -m"
+        )
 
 
 def _results(trainer) -> dict:
-    out = {}
+    out = {"world_size": int(trainer.world_size)}
     loss = trainer.callback_metrics.get("train/loss")
     if loss is not None:
         out["final_loss"] = float(loss)
