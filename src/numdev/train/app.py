@@ -10,11 +10,18 @@ See docs/training.md and docs/run_layout.md.
 
 from __future__ import annotations
 
+import warnings
+
 import hydra
 from omegaconf import DictConfig
 
 from numdev.errors import user_facing
 from numdev.train.run import train
+
+# conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
+# names the launcher plugins register; Hydra validates them against the plugins' schemas and warns
+# that matching a schema by name is deprecated. The validation is wanted, the warning is noise.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 
 
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
