@@ -27,6 +27,18 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way (SIGKILL, power loss) left in `directory`.
+
+    Only call this when no other process is writing there (e.g. when a run resumes).
+    """
+    directory = Path(directory)
+    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 

@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig
 
+from numdev.atomic import remove_temporaries
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
@@ -112,7 +113,11 @@ def train(cfg: DictConfig) -> dict:
     rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
 
     ckpt_path, resumed_from = None, None
-    if cfg.resume:
+    resume = _resume_mode(cfg, run_dir)
+    if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
+        record.check_resumable(run_dir, cfg)
+        resumed_from = 0
+    elif resume:
         ckpt_path = run_dir / CHECKPOINT
         if not ckpt_path.is_file():
             raise FileNotFoundError(
@@ -120,9 +125,12 @@ def train(cfg: DictConfig) -> dict:
             )
         record.check_resumable(run_dir, cfg)
         resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
-    elif rank_zero and ((run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists()):
+    elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
+    if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
+        for sub in ("weights", "checkpoints", "."):
+            remove_temporaries(run_dir / sub)
     if rank_zero:
         record.write_config(run_dir, cfg)
         run = record.start_record(run_dir, cfg, backend, resumed_from)
@@ -144,6 +152,23 @@ def train(cfg: DictConfig) -> dict:
     results = _results(trainer)
     status = "stopped" if "stop_reason" in results else "finished"
     return finish(status, final_step=int(trainer.global_step), **results)
+
+
+def _holds_run(run_dir: Path) -> bool:
+    return (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists()
+
+
+def _resume_mode(cfg: DictConfig, run_dir: Path):
+    """resume: true / false as given; auto: true if the run has a checkpoint, "restart" if it holds an
+    unfinished run without one (killed before its first checkpoint), false for a new directory."""
+    value = cfg.get("resume")
+    if isinstance(value, bool):
+        return value
+    if value != "auto":
+        raise ValueError(f"resume={value!r}: use true, false or auto")
+    if (run_dir / CHECKPOINT).is_file():
+        return True
+    return "restart" if _holds_run(run_dir) else False
 
 
 def check_launch(trainer) -> None:
