@@ -23,12 +23,21 @@ class Payload:
         return (os.mkdir, (self.marker,))
 
 
-@pytest.fixture
-def short_run(tmp_path):
-    """A 2-step smoke run (resume needs the run's own directory: config.yaml names it)."""
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def _run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ckpt") / "run"
     train(compose_train("trainer.max_steps=2", run_dir=run_dir))
     return run_dir
+
+
+@pytest.fixture
+def short_run(_run):
+    """A 2-step smoke run, its checkpoint restored after each test (resume needs the run's own
+    directory: its config.yaml names it, so it cannot be copied elsewhere)."""
+    path = _run / "checkpoints" / "last.ckpt"
+    saved = path.read_bytes()
+    yield _run
+    path.write_bytes(saved)
 
 
 def _resume_error(capsys, run_dir) -> str:

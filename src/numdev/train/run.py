@@ -17,7 +17,8 @@ from numdev.atomic import remove_temporaries
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
-from numdev.train.checks import check_accelerator, check_backend, compute_dtype
+from numdev.train.checks import check_accelerator, check_backend, check_types, compute_dtype
+from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
 
@@ -43,6 +44,7 @@ def _seed(cfg: DictConfig, name: str) -> int:
 
 
 def _check_config(cfg: DictConfig) -> None:
+    check_types(cfg)
     steps = cfg.trainer.get("max_steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")
@@ -58,20 +60,6 @@ def check_backend_for(cfg: DictConfig, backend) -> None:
     text = cfg.model.text
     calls = [(cfg.model.heads, cfg.model.hidden // cfg.model.heads), (text.heads, text.width // text.heads)]
     check_backend(backend, cfg.precision.name, compute_dtype(cfg.precision.compute), device, calls)
-
-
-def precision_plugin(cfg: DictConfig):
-    """The precision config's plugin; under FSDP, FSDPPrecision with the same precision (FSDP needs its own)."""
-    plugin = instantiate(cfg.precision.plugin)
-    strategy = cfg.trainer.get("strategy")
-    target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy or "")
-    if "fsdp" not in target.lower():
-        return plugin
-    from lightning.pytorch.plugins.precision import FSDPPrecision
-
-    if plugin.precision not in ("32-true", "16-mixed", "bf16-mixed", "bf16-true"):
-        raise ValueError(f"precision={cfg.precision.name} does not run under FSDP: use fp32, bf16-mixed, fp16-mixed or bf16-true")
-    return FSDPPrecision(plugin.precision)  # 16-mixed gets its ShardedGradScaler from Lightning
 
 
 def build_trainer(cfg: DictConfig):
@@ -127,6 +115,7 @@ def train(cfg: DictConfig) -> dict:
         resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
     elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
+    datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
         for sub in ("weights", "checkpoints", "."):
@@ -147,7 +136,10 @@ def train(cfg: DictConfig) -> dict:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException as error:
-        finish("failed", error=f"{type(error).__name__}: {error}"[:500])
+        try:
+            finish("failed", error=f"{type(error).__name__}: {error}"[:500])
+        except OSError:  # e.g. the disk is full: the original error is the one to report
+            pass
         raise
     results = _results(trainer)
     status = "stopped" if "stop_reason" in results else "finished"
@@ -169,36 +161,6 @@ def _resume_mode(cfg: DictConfig, run_dir: Path):
     if (run_dir / CHECKPOINT).is_file():
         return True
     return "restart" if _holds_run(run_dir) else False
-
-
-def check_launch(trainer) -> None:
-    """Refuse the DDP launches that cannot work, before anything is written.
-
-    With several devices and no cluster launcher (SLURM, torchrun), Lightning starts the other
-    ranks by running the same command line again (with hydra.run.dir pinned to this run). In a
-    Hydra multirun (-m) that would re-run the whole sweep in every rank, and without Hydra (train()
-    called from Python) it would re-run whatever script called it.
-    """
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if not isinstance(launcher, _SubprocessScriptLauncher) or launcher.num_processes < 2:
-        return
-    if launcher.cluster_environment.creates_processes_externally:  # a spawned rank, or SLURM / torchrun
-        return
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        raise ValueError(
-            f"trainer.strategy with {trainer.num_devices} devices starts its processes by re-running the command line: "
-            "run it through numdev-train (or torchrun / SLURM), not train() from Python"
-        )
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
-        raise ValueError(
-            f"a -m sweep with trainer.devices={trainer.num_devices}: Lightning's DDP launcher would re-run the whole sweep "
-            "in every process; use hydra/launcher=submitit_slurm (one task per device) or run each job without -m"
-        )
 
 
 def _results(trainer) -> dict:
