@@ -79,3 +79,21 @@ def test_ddp_from_python_is_refused_before_anything_is_written(tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("numdev-train: error: trainer.strategy with 2 devices starts its processes by re-running")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_ddp_run_resumes_from_its_checkpoint_to_the_same_snapshots(tmp_path):
+    """DDP resume (checkpoint written by rank 0 through SafeCheckpointIO, read with weights_only by
+    both ranks), with the skip policy on so its per-step decision is reduced over ranks."""
+    common = [*SMOKE, "trainer=ddp_cpu", "data.batch_size=2", "callbacks.instability.policy=skip"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert numdev_train(*common, f"hydra.run.dir={whole}", cwd=tmp_path).returncode == 0
+    first = numdev_train(*common, "trainer.max_steps=2", f"hydra.run.dir={split}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = numdev_train(*common, "trainer.max_steps=4", "resume=true", f"hydra.run.dir={split}", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    hashes = {d: {e["step"]: e["sha256"] for e in json.loads((d / "weights" / "index.json").read_text())["snapshots"]}
+              for d in (whole, split)}
+    assert hashes[split] == hashes[whole] and sorted(hashes[whole]) == [0, 1, 2, 3, 4]
+    run = json.loads((split / "run.json").read_text())
+    assert run["resumes"][0]["from_step"] == 2 and run["world_size"] == 2
