@@ -9,8 +9,9 @@
   when that is not finite are the parameters checked one by one to name them
   (`nonfinite_gradient`);
 - the output of every `numdev.models.Attention` (a forward hook per layer that queues one
-  `isfinite().all()` flag on the device; `nonfinite_attention` names the layers in call order,
-  the first being where it started).
+  flag on the device: whether the output's float32 sum is finite, which is one reduction and no
+  boolean copy; `nonfinite_attention` names the layers in call order, the first being where it
+  started).
 
 All flags of a step are read back with a single host sync, in `on_before_optimizer_step`.
 
@@ -133,7 +134,10 @@ class InstabilityMonitor(pl.Callback):
 
     def _attention_hook(self, module, inputs, output) -> None:
         if module.training and torch.is_grad_enabled():  # training forward passes only, not sampling
-            self._attention.append((module.layer_name, torch.isfinite(output.detach()).all()))
+            # One reduction, no boolean copy: a sum is NaN/Inf exactly when an element is (or when
+            # it overflows float32, i.e. values near 1e38: an instability too).
+            total = output.detach().sum(dtype=torch.float64 if output.dtype == torch.float64 else torch.float32)
+            self._attention.append((module.layer_name, torch.isfinite(total)))
 
     def on_train_start(self, trainer, pl_module) -> None:
         path = self.run_dir / FILE
