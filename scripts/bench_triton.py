@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from numdev.atomic import write_text
+
 PERTURBED = {
     "triton": {},
     "triton[stats=input]": {"stats": "input"},
@@ -97,8 +99,7 @@ def main(argv=None) -> int:
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_text(args.out, text + "\n")  # atomic: never a half-written report
     return 0
 
 

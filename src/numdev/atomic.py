@@ -1,7 +1,9 @@
 """Atomic file writes: a reader sees the old file or the new one, never a half-written one.
 
 Each write goes to a temporary file in the same directory, is flushed and fsynced, then renamed
-over the target (rename is atomic within a file system).
+over the target (rename is atomic within a file system). A write that fails (disk full, quota,
+read-only or permission) removes its temporary file, leaves the target as it was, and raises
+`WriteError`, an OSError whose message is one line naming the file.
 """
 
 from __future__ import annotations
@@ -12,19 +14,50 @@ import tempfile
 from pathlib import Path
 
 
+class WriteError(OSError):
+    """Writing `path` failed; the file is unchanged (or absent) and no temporary file is left."""
+
+    def __init__(self, path: Path, error: OSError):
+        super().__init__(error.errno, error.strerror or str(error))
+        self.path = path
+        self.message = (
+            f"could not write {path}: {error.strerror or error}; nothing was changed there: "
+            "free some space (or fix the permissions), or write somewhere else"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as error:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, WriteError):
+            raise WriteError(path, error) from error
         raise
+
+
+def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way (SIGKILL, power loss) left in `directory`.
+
+    Only call this when no other process is writing there (e.g. when a run resumes).
+    """
+    directory = Path(directory)
+    stale = sorted(directory.glob(".*.tmp")) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -46,14 +79,34 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Records of a JSON-lines file; a corrupt line is an error naming the file and line."""
+    """Records (JSON objects) of a JSON-lines file; a corrupt, torn or non-object line is a ValueError
+    naming the file and line. Every record ends with a newline, so a last line without one was torn."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): the file is corrupt") from None
+    lines = text.split("\n")
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); the file is corrupt") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if number == len(lines):  # after the last newline
+            raise ValueError(f"{path}, line {number}: incomplete record (no newline at the end): the file was truncated")
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); the file is corrupt") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {number}: a {type(record).__name__}, not a JSON object; the file is corrupt")
+        records.append(record)
     return records
+
+
+def read_json(path: str | os.PathLike, what: str = "file"):
+    """A JSON file's content; unreadable or invalid JSON is a ValueError naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        reason = error.msg if isinstance(error, json.JSONDecodeError) else "not UTF-8"
+        raise ValueError(f"{path}: not valid JSON ({reason}): the {what} is corrupt or truncated") from None

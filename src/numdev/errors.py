@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+import re
 import sys
 
 from hydra.errors import InstantiationException
 
+from numdev.atomic import WriteError
 from numdev.attention.registry import BackendUnavailable
 
-USER_ERRORS = (ValueError, FileNotFoundError, BackendUnavailable)
+USER_ERRORS = (ValueError, FileNotFoundError, BackendUnavailable, WriteError)
 
 
 def user_facing(program: str):
@@ -22,6 +24,10 @@ def user_facing(program: str):
                 return task(*args, **kwargs)
             except InstantiationException as error:
                 cause = error.__cause__ or error
+                if isinstance(cause, TypeError):  # a config value of the wrong type reached a constructor
+                    found = re.search(r"full_key: (\S+)", str(error))
+                    key = found.group(1) if found else "the config"
+                    _exit(program, f"{key}: {cause}: a value under {key} has the wrong type")
                 if not isinstance(cause, USER_ERRORS):
                     raise
                 _exit(program, cause)
@@ -33,6 +39,12 @@ def user_facing(program: str):
     return decorate
 
 
-def _exit(program: str, error: BaseException):
-    print(f"{program}: error: {error}", file=sys.stderr)
+def fail(program: str, error: BaseException | str):
+    """Print `program: error: <error>` (one line) on stderr and exit 2: for the argparse commands."""
+    _exit(program, error)
+
+
+def _exit(program: str, error: BaseException | str):
+    message = " ".join(str(error).split("\n")).strip()  # one line, whatever the exception's text
+    print(f"{program}: error: {message}", file=sys.stderr)
     sys.exit(2)

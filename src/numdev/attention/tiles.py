@@ -40,8 +40,8 @@ def resolve_tiles(
     cpu_sdpa_rule: bool = False,
 ) -> Tiles:
     for name, value in (("block_r", block_r), ("block_c", block_c), ("sram", sram)):
-        if value is not None and (not float(value).is_integer() or value <= 0):
-            raise ValueError(f"tile size {name}={value} must be a positive integer")
+        if value is not None and (isinstance(value, (bool, str)) or not float(value).is_integer() or value <= 0):
+            raise ValueError(f"tile size {name}={value!r} must be a positive integer")
     if block_r is not None or block_c is not None:
         source = "explicit"
         r = block_r if block_r is not None else DEFAULT_BLOCK

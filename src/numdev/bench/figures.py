@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
@@ -21,8 +20,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from hydra.experimental.callback import Callback  # noqa: E402
 
-from numdev.atomic import write_bytes, write_json, write_text  # noqa: E402
+from numdev.atomic import WriteError, write_bytes, write_json, write_text  # noqa: E402
 from numdev.bench.gather import gather, to_csv  # noqa: E402
+from numdev.errors import fail  # noqa: E402
 from numdev.formats import parse_format  # noqa: E402
 
 PAIR = "flash-baseline"
@@ -336,8 +336,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         summary = make_figure(args.figure, args.sweep_dir)
-    except (FileNotFoundError, ValueError, KeyError) as error:
-        sys.exit(f"numdev-figure: error: {error}")
+    except KeyError as error:
+        fail("numdev-figure", f"{args.sweep_dir}: the records lack the field {error}: is it a sweep of the {args.figure} experiment?")
+    except (FileNotFoundError, ValueError, WriteError) as error:
+        fail("numdev-figure", error)
     print(summary["caption"])
 
 

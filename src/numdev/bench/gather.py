@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import sys
 from pathlib import Path
 
-from numdev.atomic import read_jsonl, write_text
+from numdev.atomic import WriteError, read_jsonl, write_text
 
 
 def flatten(record: dict, prefix: str = "") -> dict:
@@ -64,8 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         out = write_table(args.directory, args.out)
-    except (FileNotFoundError, ValueError) as error:
-        sys.exit(f"numdev-gather: error: {error}")
+    except (FileNotFoundError, ValueError, WriteError) as error:
+        from numdev.errors import fail  # imported here: it pulls in hydra and torch
+
+        fail("numdev-gather", error)
     print(out)
 
 

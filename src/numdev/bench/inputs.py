@@ -25,11 +25,13 @@ class Shape:
     dim: int = 64
 
     def __post_init__(self):
-        for name in ("batch", "heads", "seq_q", "dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"shape.{name}={getattr(self, name)} must be a positive integer")
-        if self.seq_k is not None and self.seq_k <= 0:
-            raise ValueError(f"shape.seq_k={self.seq_k} must be a positive integer or null")
+        for name in ("batch", "heads", "seq_q", "dim", "seq_k"):
+            value = getattr(self, name)
+            if value is None and name == "seq_k":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                extra = " or null" if name == "seq_k" else ""
+                raise ValueError(f"shape.{name}={value!r} must be a positive integer{extra}")
 
     @property
     def n_k(self) -> int:

@@ -32,10 +32,10 @@ class CaptionDataModule(pl.LightningDataModule):
 
     def __init__(self, batch_size: int, num_workers: int = 0, seed: int = 0):
         super().__init__()
-        if batch_size is None or batch_size <= 0:
-            raise ValueError(f"data.batch_size={batch_size} must be a positive integer")
-        if num_workers is None or num_workers < 0:
-            raise ValueError(f"data.num_workers={num_workers} must be 0 or more")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"data.batch_size={batch_size!r} must be a positive integer")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"data.num_workers={num_workers!r} must be an integer, 0 or more")
         self.batch_size, self.num_workers, self.seed = batch_size, num_workers, seed
         self.dataset: Dataset | None = None
 

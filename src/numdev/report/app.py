@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import shutil
-import sys
 from pathlib import Path
 
 import yaml
 
-from numdev.atomic import write_text
+from numdev.atomic import WriteError, read_json, write_bytes, write_text
+from numdev.errors import fail
 from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
 
@@ -41,7 +39,7 @@ def bench_section(sweep: Path) -> Section:
     summaries = [p for p in summaries if p.stem in BENCH_CLAIMS]
     if not summaries:
         raise FileNotFoundError(f"{sweep} has no figure summary (fig3.json, ...): run the sweep through an experiment config")
-    summary = json.loads(summaries[0].read_text())
+    summary = read_json(summaries[0], "figure summary")
     name = summary["figure"]
     title, claim = BENCH_CLAIMS[name]
     overrides = _task_overrides(sweep / "multirun.yaml")
@@ -62,7 +60,10 @@ def bench_section(sweep: Path) -> Section:
 def _task_overrides(multirun_yaml: Path) -> list[str]:
     if not multirun_yaml.exists():
         return []
-    hydra_cfg = yaml.safe_load(multirun_yaml.read_text()).get("hydra", {})
+    try:
+        hydra_cfg = (yaml.safe_load(multirun_yaml.read_text()) or {}).get("hydra", {})
+    except (yaml.YAMLError, AttributeError) as error:
+        raise ValueError(f"{multirun_yaml}: not a Hydra multirun.yaml ({type(error).__name__}): the file is corrupt") from None
     return list(hydra_cfg.get("overrides", {}).get("task", []))
 
 
@@ -77,7 +78,7 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
     out_dir.mkdir(parents=True, exist_ok=True)
     for section in sections:
         if section.figure is not None and section.figure.exists():
-            shutil.copyfile(section.figure, out_dir / section.figure.name)
+            write_bytes(out_dir / section.figure.name, section.figure.read_bytes())  # atomic copy
     page = render(
         "numdev report",
         f"generated {datetime.datetime.now():%Y-%m-%d %H:%M} — does FlashAttention's numeric deviation matter?",
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     study = Path(args.study) if args.study else latest_study(root)
     try:
         index = build_report(bench, study, Path(args.out) if args.out else root / "report")
-    except (FileNotFoundError, ValueError) as error:
-        sys.exit(f"numdev-report: error: {error}")
+    except (FileNotFoundError, ValueError, WriteError) as error:
+        fail("numdev-report", error)
     print(f"report: {index.resolve()}")
 
 

@@ -10,21 +10,32 @@ See docs/training.md and docs/run_layout.md.
 
 from __future__ import annotations
 
+import warnings
+
 import hydra
 from omegaconf import DictConfig
 
 from numdev.errors import user_facing
 from numdev.train.run import train
 
+# conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
+# names the launcher plugins register; Hydra validates them against the plugins' schemas and warns
+# that matching a schema by name is deprecated. The validation is wanted, the warning is noise.
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
+
 
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
 def main(cfg: DictConfig) -> None:
     run = train(cfg)
+    if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
+        return
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
         summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
+    if run.get("stop_reason"):
+        summary += f"  (stopped: {run['stop_reason']})"
     print(summary)
 
 

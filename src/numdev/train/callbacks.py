@@ -122,10 +122,11 @@ class SampleGrid(pl.Callback):
     def evaluate(self, trainer, pl_module) -> dict | None:
         """Sample, score and log at the current step (once per step; rank zero only)."""
         step = trainer.global_step
-        if not trainer.is_global_zero:
+        sharded = "FSDP" in type(trainer.strategy).__name__  # under FSDP a forward pass is a collective: all ranks sample
+        if not trainer.is_global_zero and not sharded:
             return None
         if self.last is not None and self.last["step"] == step:
-            return self.last
+            return self.last if trainer.is_global_zero else None
         captions = trainer.datamodule.preview_captions(self.num_samples)
         start = time.perf_counter()
         images = self.generate(trainer, pl_module, captions)
@@ -138,6 +139,8 @@ class SampleGrid(pl.Callback):
             **scores,
         }
         self.last = {"step": step, "images": images, "captions": captions, "summary": summary}
+        if not trainer.is_global_zero:
+            return None
         experiment = getattr(trainer.logger, "experiment", None) if trainer.logger else None
         if experiment is not None and hasattr(experiment, "add_figure"):
             experiment.add_figure("samples", self.figure(self.last), global_step=step, close=True)

@@ -49,7 +49,7 @@ class DiffusionModule(pl.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         images = batch["image"].to(self.param_dtype)  # (B, C, H, W): float32, or the true-precision dtype
-        draw = draw_noise(tuple(images.shape), self.schedule, self.p_uncond, self.noise)
+        draw = self.draw(tuple(images.shape))
         captions = [EMPTY_CAPTION if drop else c for c, drop in zip(batch["caption"], draw.drop_caption.tolist())]
         tokens = self.model.tokenize(captions).to(self.device)  # (B, L)
         t = draw.t.to(self.device)
@@ -57,8 +57,28 @@ class DiffusionModule(pl.LightningModule):
         x_t = self.schedule.add_noise(images, noise, t)
         predicted = self.model(x_t, t, self.model.encode_text(tokens))
         loss = diffusion_loss(predicted, training_target(self.schedule, self.prediction, images, noise, t))
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(captions))
+        distributed = self._world()[1] > 1
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(captions), sync_dist=distributed)
         return loss
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self._trainer  # None outside a Trainer
+        return (int(trainer.global_rank), int(trainer.world_size)) if trainer is not None else (0, 1)
+
+    def draw(self, shape: tuple[int, ...]):
+        """This rank's rows of the global batch's noise draw.
+
+        Every rank draws for the whole global batch (batch x world size, as the data sampler
+        splits it) and keeps its own slice, so a DDP run sees exactly the timesteps, noise and
+        caption dropout of a one-process run with the same global batch, and the generator state
+        stays the same on every rank. With one process this is the plain draw.
+        """
+        rank, world = self._world()
+        if world == 1:
+            return draw_noise(shape, self.schedule, self.p_uncond, self.noise)
+        full = draw_noise((shape[0] * world, *shape[1:]), self.schedule, self.p_uncond, self.noise)
+        rows = slice(rank * shape[0], (rank + 1) * shape[0])
+        return type(full)(t=full.t[rows], noise=full.noise[rows], drop_caption=full.drop_caption[rows])
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Called after the gradient scaler (fp16-mixed) has unscaled and before clipping.

@@ -13,9 +13,13 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig
 
+from numdev.atomic import remove_temporaries
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
-from numdev.train.checks import check_accelerator, check_backend, compute_dtype
+from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
+from numdev.train.checks import check_accelerator, check_backend, check_types, compute_dtype
+from numdev.train.distributed import check_launch, precision_plugin
+from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
 
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -40,6 +44,7 @@ def _seed(cfg: DictConfig, name: str) -> int:
 
 
 def _check_config(cfg: DictConfig) -> None:
+    check_types(cfg)
     steps = cfg.trainer.get("max_steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")
@@ -63,7 +68,10 @@ def build_trainer(cfg: DictConfig):
     if logger is None:  # nothing to log learning rates to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer = instantiate(
-        cfg.trainer, plugins=[instantiate(cfg.precision.plugin)], callbacks=callbacks, logger=logger or False
+        cfg.trainer,
+        plugins=[precision_plugin(cfg), SafeCheckpointIO()],  # atomic writes, weights_only reads
+        callbacks=callbacks,
+        logger=logger or False,
     )
     return trainer, logger
 
@@ -89,40 +97,82 @@ def train(cfg: DictConfig) -> dict:
         prediction=cfg.diffusion.prediction,
     )
     trainer, logger = build_trainer(cfg)
+    check_launch(trainer)
+    rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
 
     ckpt_path, resumed_from = None, None
-    if cfg.resume:
+    resume = _resume_mode(cfg, run_dir)
+    if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
+        record.check_resumable(run_dir, cfg)
+        resumed_from = 0
+    elif resume:
         ckpt_path = run_dir / CHECKPOINT
         if not ckpt_path.is_file():
             raise FileNotFoundError(
                 f"resume=true but {ckpt_path} does not exist: point hydra.run.dir at the run to resume"
             )
         record.check_resumable(run_dir, cfg)
-        resumed_from = int(torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)["global_step"])
-    elif (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists():
+        resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
+    elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
+    datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
-    record.write_config(run_dir, cfg)
-    run = record.start_record(run_dir, cfg, backend, resumed_from)
+    if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
+        for sub in ("weights", "checkpoints", "."):
+            remove_temporaries(run_dir / sub)
+    if rank_zero:
+        record.write_config(run_dir, cfg)
+        run = record.start_record(run_dir, cfg, backend, resumed_from)
+    else:
+        run = {"status": "running", "global_rank": trainer.global_rank}
     if logger is not None:
         logger.log_hyperparams(record.resolved(cfg))
 
+    def finish(status: str, **fields) -> dict:
+        if not rank_zero:
+            return {**run, **fields, "status": status}
+        return record.finish_record(run_dir, run, status, **fields)
+
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException as error:
-        record.finish_record(run_dir, run, "failed", error=f"{type(error).__name__}: {error}"[:500])
+        try:
+            finish("failed", error=f"{type(error).__name__}: {error}"[:500])
+        except OSError:  # e.g. the disk is full: the original error is the one to report
+            pass
         raise
-    return record.finish_record(run_dir, run, "finished", final_step=int(trainer.global_step), **_results(trainer))
+    results = _results(trainer)
+    status = "stopped" if "stop_reason" in results else "finished"
+    return finish(status, final_step=int(trainer.global_step), **results)
+
+
+def _holds_run(run_dir: Path) -> bool:
+    return (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists()
+
+
+def _resume_mode(cfg: DictConfig, run_dir: Path):
+    """resume: true / false as given; auto: true if the run has a checkpoint, "restart" if it holds an
+    unfinished run without one (killed before its first checkpoint), false for a new directory."""
+    value = cfg.get("resume")
+    if isinstance(value, bool):
+        return value
+    if value != "auto":
+        raise ValueError(f"resume={value!r}: use true, false or auto")
+    if (run_dir / CHECKPOINT).is_file():
+        return True
+    return "restart" if _holds_run(run_dir) else False
 
 
 def _results(trainer) -> dict:
-    out = {}
+    out = {"world_size": int(trainer.world_size)}
     loss = trainer.callback_metrics.get("train/loss")
     if loss is not None:
         out["final_loss"] = float(loss)
     for callback in trainer.callbacks:
         if isinstance(callback, WeightSnapshots) and callback.seconds:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
+        if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
+            out["stop_reason"] = callback.stop_reason
         if isinstance(callback, SampleGrid) and callback.final is not None:
             final = callback.final
             out["eval"] = {k: final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}

@@ -1,0 +1,108 @@
+"""Lightning checkpoints: written atomically, read with weights_only=True, bad ones are one-line errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from helpers import compose_train
+
+from numdev.errors import user_facing
+from numdev.train.checkpoint_io import CheckpointError, SafeCheckpointIO, load_checkpoint
+from numdev.train.run import train
+
+
+class Payload:
+    """Unpickling this would create a directory: the proof that pickled code ran."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+@pytest.fixture(scope="module")
+def _run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ckpt") / "run"
+    train(compose_train("trainer.max_steps=2", run_dir=run_dir))
+    return run_dir
+
+
+@pytest.fixture
+def short_run(_run):
+    """A 2-step smoke run, its checkpoint restored after each test (resume needs the run's own
+    directory: its config.yaml names it, so it cannot be copied elsewhere)."""
+    path = _run / "checkpoints" / "last.ckpt"
+    saved = path.read_bytes()
+    yield _run
+    path.write_bytes(saved)
+
+
+def _resume_error(capsys, run_dir) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        user_facing("numdev-train")(train)(compose_train("trainer.max_steps=4", "resume=true", run_dir=run_dir))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("numdev-train: error:")]
+    assert len(lines) == 1 and "Traceback" not in err
+    return lines[0]
+
+
+def test_checkpoints_load_with_weights_only(short_run):
+    checkpoint = load_checkpoint(short_run / "checkpoints" / "last.ckpt")
+    assert checkpoint["global_step"] == 2 and "numdev" in checkpoint
+    assert isinstance(checkpoint["numdev"]["noise_generator"], torch.Tensor)
+
+
+def test_a_checkpoint_with_pickled_code_is_refused_and_the_code_never_runs(short_run, tmp_path, capsys):
+    run_dir = short_run
+    path = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    marker = tmp_path / "pwned"
+    checkpoint["numdev"]["extra"] = Payload(str(marker))
+    torch.save(checkpoint, path)
+    line = _resume_error(capsys, run_dir)
+    assert str(path) in line and "refused to load" in line and "weights_only=True" in line
+    assert "mkdir" in line  # names what it refused
+    assert not marker.exists()
+    with pytest.raises(CheckpointError):  # Lightning's own loading path goes through the same reader
+        SafeCheckpointIO().load_checkpoint(path, weights_only=False)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not_lightning"])
+def test_a_damaged_checkpoint_is_a_one_line_error_naming_the_file(short_run, tmp_path, capsys, damage):
+    run_dir = short_run
+    path = run_dir / "checkpoints" / "last.ckpt"
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00garbage" * 100)
+    else:
+        torch.save({"weights": torch.zeros(2)}, path)
+    line = _resume_error(capsys, run_dir)
+    assert str(path) in line
+    expected = "is not a Lightning checkpoint" if damage == "not_lightning" else "truncated or corrupt"
+    assert expected in line
+
+
+def test_a_failing_checkpoint_write_leaves_the_previous_one_intact(short_run, tmp_path, monkeypatch):
+    import errno
+
+    import numdev.atomic
+
+    run_dir = short_run
+    path = run_dir / "checkpoints" / "last.ckpt"
+    before = path.read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(numdev.atomic.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        SafeCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}}, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left

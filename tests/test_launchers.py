@@ -1,0 +1,70 @@
+"""Hydra launcher plugins through the real numdev-train command: parallel jobs with joblib (and
+submitit's local executor, slow), each job a complete run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2", "threads=1"]
+
+
+def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("numdev-train")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, timeout=500)
+
+
+def _check_sweep(tmp_path: Path, result: subprocess.CompletedProcess) -> list[dict]:
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "train" / "train_smoke").glob("multirun_*")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [p.name for p in jobs] == ["0", "1"]
+    runs = []
+    for job in jobs:
+        run = json.loads((job / "run.json").read_text())
+        assert run["status"] == "finished" and run["final_step"] == 2
+        index = json.loads((job / "weights" / "index.json").read_text())
+        assert [e["step"] for e in index["snapshots"]] == [0, 2]
+        runs.append({**run, "initial": index["snapshots"][0]["sha256"]})
+    assert {r["backend"] for r in runs} == {"baseline", "sdpa_flash"}
+    assert runs[0]["initial"] == runs[1]["initial"]  # same init seed: same initial weights in any process
+    return runs
+
+
+def test_a_sweep_runs_its_jobs_in_parallel_with_the_joblib_launcher(tmp_path):
+    result = numdev_train(
+        "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attention=baseline,sdpa_flash", *SMOKE,
+        f"output_root={tmp_path}", cwd=tmp_path,
+    )
+    runs = _check_sweep(tmp_path, result)
+    # In parallel: the second job started before the first one finished (time stamps in seconds;
+    # a job takes several seconds, one after the other would give max(started) >= min(finished)).
+    assert max(r["started"] for r in runs) < min(r["finished"] for r in runs)
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_with_the_submitit_local_launcher(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    result = numdev_train(
+        "-m", "hydra/launcher=submitit_local", "attention=baseline,sdpa_flash", *SMOKE,
+        f"output_root={tmp_path}", cwd=tmp_path,
+    )
+    _check_sweep(tmp_path, result)
+    (sweep,) = (tmp_path / "train" / "train_smoke").glob("multirun_*")
+    assert (sweep / ".submitit").is_dir()  # it really went through submitit
+
+
+def test_the_launcher_configs_are_valid_against_the_plugins_schemas():
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+        for name in ("joblib", "submitit_local", "submitit_slurm"):
+            if name.startswith("submitit"):
+                pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+            cfg = compose(config_name="train", overrides=[f"hydra/launcher={name}"], return_hydra_config=True)
+            assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
