@@ -42,7 +42,7 @@ import numdev.atomic
 @dataclass
 class Case:
     id: str
-    program: str  # numdev-train, numdev-bench, numdev-gather, numdev-figure, numdev-report
+    program: str  # numdev-train, numdev-bench, numdev-gather, numdev-figure, numdev-report, numdev-compare, numdev-study
     args: list[str]  # "{tmp}" is the test's temporary directory
     expect: str  # the error line contains this ("{tmp}" substituted)
     setup: Callable[[Path], None] | None = None
@@ -116,6 +116,29 @@ def _report_sweep(tmp: Path, summary: str | None = None) -> None:
     (sweep / "fig3.json").write_text(summary if summary is not None else json.dumps({"figure": "fig3", "caption": "measured"}))
     (tmp / "report").mkdir(exist_ok=True)
     (tmp / "report" / "index.html").write_text("<html>the previous report</html>")
+
+
+def _snapshots(tmp: Path, name: str, shapes: dict | None = None, steps=(0, 2)) -> None:
+    from numdev.train.snapshots import SnapshotWriter
+
+    shapes = shapes or {"w": [3, 2]}
+    writer = SnapshotWriter(tmp / name, "m", shapes)
+    for step in steps:
+        writer.write(step, {k: torch.full(v, float(step)) for k, v in shapes.items()})
+
+
+def _corrupt_snapshot(tmp: Path) -> None:
+    _snapshots(tmp, "a")
+    _snapshots(tmp, "b")
+    path = tmp / "b" / "weights" / "step_00000002.safetensors"
+    path.write_bytes(path.read_bytes()[:-1] + b"\x01")
+
+
+def _compare_pair(tmp: Path) -> None:
+    _snapshots(tmp, "a")
+    _snapshots(tmp, "b")
+    (tmp / "cmp").mkdir()
+    (tmp / "cmp" / "distances.csv").write_text("the,previous\n")
 
 
 # -- the catalogue ---------------------------------------------------------------------------------
@@ -222,6 +245,27 @@ CATALOGUE = [
          "{tmp}/sweep/multirun.yaml: not a Hydra multirun.yaml",
          setup=lambda tmp: _report_sweep(tmp) or (tmp / "sweep/multirun.yaml").write_text("hydra: [unclosed\n"),
          intact=("report/index.html",)),
+    # sibling runs: numdev-train with a reference, numdev-compare, numdev-study
+    Case("train-sibling-missing", "numdev-train", [*TRAIN, "sibling.reference={tmp}/nowhere/run"],
+         "{tmp}/nowhere/run does not exist (nor does its parent directory)", refused_before_start=False,
+         extra={"absent": ("run/weights/step_00000002.safetensors",)}),
+    Case("train-sibling-other-architecture", "numdev-train",
+         ["experiment=train_smoke", "hydra.run.dir={tmp}/wide", "model.hidden=48", "sibling.reference={tmp}/run"],
+         "has shape (", setup=_trained_run, intact=("run/weights/index.json",), refused_before_start=False),
+    Case("compare-missing-run", "numdev-compare", ["{tmp}/a", "{tmp}/nowhere"], "is not a training run directory with snapshots",
+         setup=lambda tmp: _snapshots(tmp, "a")),
+    Case("compare-not-a-run", "numdev-compare", ["{tmp}/a", "{tmp}"], "{tmp}/weights/index.json does not exist",
+         setup=lambda tmp: _snapshots(tmp, "a")),
+    Case("compare-corrupt-snapshot", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "step_00000002.safetensors: sha256 does not match",
+         setup=_corrupt_snapshot),
+    Case("compare-different-models", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "the runs have different architectures",
+         setup=lambda tmp: _snapshots(tmp, "a") or _snapshots(tmp, "b", shapes={"v": [5]})),
+    Case("compare-no-common-step", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "share no snapshot step",
+         setup=lambda tmp: _snapshots(tmp, "a", steps=(1,)) or _snapshots(tmp, "b", steps=(2,))),
+    Case("compare-disk-full", "numdev-compare", ["{tmp}/a", "{tmp}/b", "-o", "{tmp}/cmp"],
+         "could not write {tmp}/cmp/distances.csv: No space left", setup=_compare_pair, fault="distances.csv",
+         intact=("cmp/distances.csv",)),
+    Case("study-not-a-study", "numdev-study", ["{tmp}"], "is not a finished study"),
     Case("report-disk-full", "numdev-report", ["--bench", "{tmp}/sweep", "-o", "{tmp}/report"],
          "could not write {tmp}/report/index.html: No space left", setup=_report_sweep, fault="index.html",
          intact=("report/index.html",)),
@@ -241,6 +285,10 @@ def _main(program: str):
         from numdev.bench.figures import main
     elif program == "numdev-report":
         from numdev.report.app import main
+    elif program == "numdev-compare":
+        from numdev.analysis.compare import main
+    elif program == "numdev-study":
+        from numdev.analysis.study import main
     else:
         raise AssertionError(f"unknown program {program}")
     return main

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from numdev.errors import fail
+
 BENCH_EXPERIMENTS = ("fig3", "fig4", "fig5", "fig6", "fa3_table3")
 
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             run_bench_figures(output_root)
         study = None if args.skip_study else run_study(output_root)
     except subprocess.CalledProcessError as error:
-        sys.exit(f"numdev-demo: error: {' '.join(error.cmd[2:])} failed with exit status {error.returncode} (its message is above)")
+        fail("numdev-demo", f"{' '.join(error.cmd[2:])} failed with exit status {error.returncode} (its message is above)")
     from numdev.report.app import build_report, latest_bench_sweeps, latest_study
 
     study = study or latest_study(output_root)

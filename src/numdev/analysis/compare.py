@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from numdev.analysis.distances import weight_distances
-from numdev.atomic import write_bytes, write_text
+from numdev.atomic import WriteError, write_bytes, write_text
+from numdev.errors import fail
 from numdev.train.snapshots import list_snapshots, load_snapshot
 
 MODEL = "__model__"
@@ -28,13 +29,13 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
     steps_a, steps_b = set(list_snapshots(run_a)), set(list_snapshots(run_b))
     common = sorted(steps_a & steps_b)
     only_a, only_b = sorted(steps_a - steps_b), sorted(steps_b - steps_a)
+    if not common:
+        raise ValueError(f"{run_a} and {run_b} share no snapshot step: steps {sorted(steps_a)} vs {sorted(steps_b)}")
     if only_a or only_b:
         message = f"snapshot steps only in {run_a}: {only_a}; only in {run_b}: {only_b}"
         if strict:
             raise ValueError(message + " (drop --strict to compare the common steps)")
         log(f"warning: {message}; comparing the {len(common)} common steps")
-    if not common:
-        raise ValueError(f"{run_a} and {run_b} share no snapshot step: steps {sorted(steps_a)} vs {sorted(steps_b)}")
     rows = []
     for step in common:
         try:
@@ -101,10 +102,10 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) if args.out else Path(args.run_a) / f"compare_{Path(args.run_b).name}"
     try:
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=lambda m: print(m, file=sys.stderr))
-    except (FileNotFoundError, ValueError) as error:
-        sys.exit(f"numdev-compare: error: {error}")
-    write_text(out / "distances.csv", rows_to_csv(rows))
-    plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
+        write_text(out / "distances.csv", rows_to_csv(rows))
+        plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
+    except (FileNotFoundError, ValueError, WriteError) as error:
+        fail("numdev-compare", error)
     steps, w1 = model_curve(rows, "wasserstein")
     _, max_abs = model_curve(rows, "max_abs")
     print(f"{len(steps)} steps compared; at step {steps[-1]}: max |Δ| {max_abs[-1]:.3e}, W1 {w1[-1]:.3e}")

@@ -31,7 +31,8 @@ from hydra.experimental.callback import Callback
 from numdev.analysis.compare import compare_runs, model_curve, read_csv
 from numdev.analysis.growth import __doc__ as GROWTH_DOC
 from numdev.analysis.growth import fit_growth, slope_ratio
-from numdev.atomic import write_bytes, write_json
+from numdev.atomic import WriteError, write_bytes, write_json
+from numdev.errors import fail
 from numdev.train.snapshots import list_snapshots
 
 ROLES = ("reference", "flash", "init", "fp32")
@@ -239,7 +240,7 @@ class StudyAnalysis(Callback):
         study_dir = Path(config.hydra.sweep.dir)
         try:
             analyse(study_dir)
-        except (FileNotFoundError, ValueError) as error:
+        except (FileNotFoundError, ValueError, WriteError) as error:
             print(f"numdev-study: the analysis did not run: {error}", file=sys.stderr)
             return
         print(f"TensorBoard: tensorboard --logdir {study_dir}")
@@ -251,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         analyse(args.study_dir, log=lambda m: print(m, file=sys.stderr) if m.startswith(("[", "warning")) else print(m))
-    except (FileNotFoundError, ValueError) as error:
-        sys.exit(f"numdev-study: error: {error}")
+    except (FileNotFoundError, ValueError, WriteError) as error:
+        fail("numdev-study", error)
 
 
 if __name__ == "__main__":
