@@ -157,7 +157,7 @@ CATALOGUE = [
     Case("train-type-hidden", "numdev-train", [*TRAIN, "model.hidden=abc"], "model.hidden='abc' must be an integer"),
     Case("train-type-lr", "numdev-train", [*TRAIN, "optim.optimizer.lr=abc"], "optim.optimizer.lr='abc' must be a number"),
     Case("train-type-seed", "numdev-train", [*TRAIN, "seed.init=abc"], "seed.init='abc' must be a non-negative integer"),
-    Case("train-type-devices", "numdev-train", [*TRAIN, "trainer.devices=abc"], "trainer: "),
+    Case("train-type-devices", "numdev-train", [*TRAIN, "trainer.devices=abc"], "trainer: `devices` selected with `CPUAccelerator` should be an int > 0.: a value under trainer has the wrong type"),
     Case("train-type-spike-factor", "numdev-train", [*TRAIN, "callbacks.instability.spike_factor=abc"],
          "callbacks.instability.spike_factor='abc' must be a number > 1"),
     # numdev-train: impossible sizes and combinations

@@ -106,3 +106,22 @@ def test_a_failing_checkpoint_write_leaves_the_previous_one_intact(short_run, tm
         SafeCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}}, path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_a_run_made_before_the_new_config_keys_still_resumes(short_run):
+    """config.yaml of a run from before trainer.strategy/num_nodes and callbacks.instability existed."""
+    import yaml
+
+    path = short_run / "config.yaml"
+    saved = path.read_text()
+    config = yaml.safe_load(saved)
+    del config["trainer"]["strategy"], config["trainer"]["num_nodes"], config["callbacks"]["instability"]
+    path.write_text(yaml.safe_dump(config))
+    try:
+        from numdev.train.record import check_resumable
+
+        check_resumable(short_run, compose_train("trainer.max_steps=4", "resume=true", run_dir=short_run))
+        with pytest.raises(ValueError, match="trainer.strategy"):  # but not another strategy
+            check_resumable(short_run, compose_train("trainer.strategy=ddp", "resume=true", run_dir=short_run))
+    finally:
+        path.write_text(saved)

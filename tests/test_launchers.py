@@ -30,7 +30,9 @@ def _check_sweep(tmp_path: Path, result: subprocess.CompletedProcess) -> list[di
         assert run["status"] == "finished" and run["final_step"] == 2
         index = json.loads((job / "weights" / "index.json").read_text())
         assert [e["step"] for e in index["snapshots"]] == [0, 2]
-        runs.append({**run, "initial": index["snapshots"][0]["sha256"]})
+        # config.yaml is written when training starts, run.json last when it ends (ns mtimes).
+        span = ((job / "config.yaml").stat().st_mtime_ns, (job / "run.json").stat().st_mtime_ns)
+        runs.append({**run, "initial": index["snapshots"][0]["sha256"], "span": span})
     assert {r["backend"] for r in runs} == {"baseline", "sdpa_flash"}
     assert runs[0]["initial"] == runs[1]["initial"]  # same init seed: same initial weights in any process
     return runs
@@ -42,9 +44,9 @@ def test_a_sweep_runs_its_jobs_in_parallel_with_the_joblib_launcher(tmp_path):
         f"output_root={tmp_path}", cwd=tmp_path,
     )
     runs = _check_sweep(tmp_path, result)
-    # In parallel: the second job started before the first one finished (time stamps in seconds;
-    # a job takes several seconds, one after the other would give max(started) >= min(finished)).
-    assert max(r["started"] for r in runs) < min(r["finished"] for r in runs)
+    # In parallel: each job started training before the other one finished (one after the other
+    # would give max(start) > min(end)).
+    assert max(r["span"][0] for r in runs) < min(r["span"][1] for r in runs), [r["span"] for r in runs]
 
 
 @pytest.mark.slow

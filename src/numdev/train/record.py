@@ -18,6 +18,9 @@ CONFIG = "config.yaml"
 RUN = "run.json"
 # Keys a resumed run may change: they do not touch the weights' trajectory.
 RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
+# Keys added after runs were made: a saved config without them matches when they hold these values
+# (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
+ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None}
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -38,6 +41,7 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     differ = sorted(
         k for k in set(saved) | set(now)
         if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c) for c in RESUMABLE_CHANGES)
+        and not (k not in saved and _added_key(k, now.get(k)))
     )
     if differ:
         shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:3])
@@ -45,6 +49,15 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
             f"resume=true: the config differs from the run's {CONFIG} at {shown}"
             f"{' and more' if len(differ) > 3 else ''}: pass the original run's overrides"
         )
+
+
+def _added_key(key: str, value) -> bool:
+    for name, default in ADDED_KEYS.items():
+        if key == name and value == default:
+            return True
+        if name.endswith(".") and key.startswith(name):  # the instability monitor: record-only by default
+            return True
+    return False
 
 
 def _flatten(tree, prefix: str = "") -> dict:
