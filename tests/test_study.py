@@ -7,6 +7,7 @@ import json
 import pytest
 from conftest import run_cli
 
+from numdev.analysis.compare import read_csv
 from numdev.analysis.study import analyse
 from numdev.report.app import build_report
 
@@ -98,3 +99,18 @@ def test_the_report_renders_in_a_real_browser(study, tmp_path):
     shot = json.loads(result.stdout)
     assert shot["sections_in_dom"] == 2 and shot["images_in_dom"] == 2
     assert shot["non_background_fraction"] > 0.05  # text and figures, not a blank page
+
+
+def test_the_study_runs_in_parallel_under_the_joblib_launcher(tmp_path):
+    """Siblings launched side by side: the comparing runs wait for the reference's snapshots."""
+    study_dir = tmp_path / "parallel"
+    run_cli("numdev.train.app", "experiment=flash_stability", "hydra/launcher=joblib", f"hydra.sweep.dir={study_dir}",
+            "threads=1", *MICRO, cwd=tmp_path)
+    # flash started before the reference had written its last snapshot: they ran at the same time
+    flash_started = (study_dir / "flash" / "config.yaml").stat().st_mtime_ns
+    reference_done = (study_dir / "reference" / "weights" / "step_00000006.safetensors").stat().st_mtime_ns
+    assert flash_started < reference_done
+    rows = read_csv(study_dir / "flash" / "sibling" / "reference.csv")
+    assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]
+    summary = json.loads((study_dir / "summary.json").read_text())
+    assert summary["pairs"]["flash"]["steps"] == [0, 2, 4, 6]

@@ -160,14 +160,15 @@ class SiblingDistance(pl.Callback):
     def _try_load(self, step: int) -> dict[str, torch.Tensor] | None:
         index = self.reference / WEIGHTS_DIR / INDEX
         if not index.is_file():
-            if self.reference.is_dir() and self._status() is not None:
+            # A sibling still starting up has a run.json before its first snapshot: wait for it.
+            if self._status() in ("finished", "failed", "stopped"):
                 raise SiblingError(f"sibling {self.reference} is a run without snapshots ({WEIGHTS_DIR}/{INDEX} missing)")
             return None
         steps = list_snapshots(self.reference)
         if step in steps:
             return load_snapshot(self.reference, step)
         status = self._status()
-        if status in ("finished", "failed") or (steps and max(steps) > step):
+        if status in ("finished", "failed", "stopped") or (steps and max(steps) > step):
             raise SiblingError(
                 f"sibling {self.reference} ({status or 'running'}) has no snapshot at step {step}; it has steps "
                 f"{_steps_text(steps)}: the runs must share trainer.max_steps and snapshot.every_n_steps"
