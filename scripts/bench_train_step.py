@@ -24,8 +24,7 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from numdev.train.module import DiffusionModule
-from numdev.train.run import build_model
+from numdev.train.run import build_model, build_module
 from numdev.train.snapshots import SnapshotWriter, parameter_state
 
 
@@ -39,14 +38,7 @@ def setup(overrides: list[str], device: torch.device):
     backend = instantiate(cfg.attention)
     model = build_model(cfg, backend)
     plugin = instantiate(cfg.precision.plugin)
-    module = DiffusionModule(
-        model=model,
-        schedule=instantiate(cfg.diffusion.schedule),
-        sampler=instantiate(cfg.diffusion.sampler),
-        optimizer=instantiate(cfg.optim.optimizer),
-        prediction=cfg.diffusion.prediction,
-    )
-    module = plugin.convert_module(module).to(device)
+    module = plugin.convert_module(build_module(cfg, model)).to(device)
     module.log = lambda *args, **kwargs: None  # no trainer attached
     optimizer = module.configure_optimizers()["optimizer"]
     batch = next(iter(instantiate(cfg.data).train_dataloader()))

@@ -36,6 +36,20 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
         return instantiate(cfg.model, attention=backend, _convert_="all")
 
 
+def build_module(cfg: DictConfig, model: torch.nn.Module) -> DiffusionModule:
+    """The LightningModule around `model`: diffusion schedule, sampler, optimizer and noise stream from cfg."""
+    return DiffusionModule(
+        model=model,
+        schedule=instantiate(cfg.diffusion.schedule),
+        sampler=instantiate(cfg.diffusion.sampler),
+        optimizer=instantiate(cfg.optim.optimizer),
+        warmup_steps=cfg.optim.warmup_steps,
+        p_uncond=cfg.diffusion.p_uncond,
+        noise_seed=_seed(cfg, "noise"),
+        prediction=cfg.diffusion.prediction,
+    )
+
+
 def _seed(cfg: DictConfig, name: str) -> int:
     value = cfg.seed.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -86,16 +100,7 @@ def train(cfg: DictConfig) -> dict:
     check_backend_for(cfg, backend)
     model = build_model(cfg, backend)
     datamodule = instantiate(cfg.data)
-    module = DiffusionModule(
-        model=model,
-        schedule=instantiate(cfg.diffusion.schedule),
-        sampler=instantiate(cfg.diffusion.sampler),
-        optimizer=instantiate(cfg.optim.optimizer),
-        warmup_steps=cfg.optim.warmup_steps,
-        p_uncond=cfg.diffusion.p_uncond,
-        noise_seed=_seed(cfg, "noise"),
-        prediction=cfg.diffusion.prediction,
-    )
+    module = build_module(cfg, model)
     trainer, logger = build_trainer(cfg)
     check_launch(trainer)
     rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
