@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from numdev.analysis.distances import weight_distances
-from numdev.atomic import WriteError, write_bytes, write_text
+from numdev.atomic import WriteError, write_text
 from numdev.errors import fail
 from numdev.train.snapshots import list_snapshots, load_snapshot
 
@@ -70,10 +70,7 @@ def read_csv(path: str | Path) -> list[dict]:
 
 def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:
     """One panel per metric; one line per named comparison (rows as compare_runs returns)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from numdev.plotting import plt, save_png  # matplotlib only when a figure is made
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, metric, label in ((axes[0], "max_abs", "max |Δ|"), (axes[1], "wasserstein", "Wasserstein-1")):
@@ -86,10 +83,7 @@ def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    write_bytes(path, buffer.getvalue())
+    save_png(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

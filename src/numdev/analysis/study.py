@@ -20,7 +20,6 @@ slopes, which is what the paper's Fig. 8 compares.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -31,8 +30,9 @@ from hydra.experimental.callback import Callback
 from numdev.analysis.compare import compare_runs, model_curve, read_csv
 from numdev.analysis.growth import __doc__ as GROWTH_DOC
 from numdev.analysis.growth import fit_growth, slope_ratio
-from numdev.atomic import WriteError, write_bytes, write_json
+from numdev.atomic import WriteError, write_json
 from numdev.errors import fail
+from numdev.plotting import plt, save_png
 from numdev.train.snapshots import list_snapshots
 
 ROLES = ("reference", "flash", "init", "fp32")
@@ -183,26 +183,7 @@ def _caption_fig8(fits: dict, ratios: dict, precision: str) -> str:
     )
 
 
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    write_bytes(path, buffer.getvalue())
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _figure_fig7(flash: dict, path: Path) -> None:
-    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, metric, label in ((axes[0], "max_abs", "max |W_flash − W_baseline|"), (axes[1], "wasserstein", "Wasserstein-1")):
         ax.plot(flash["steps"], flash[metric], "o-", ms=3, color="C0")
@@ -210,11 +191,10 @@ def _figure_fig7(flash: dict, path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     fig.suptitle("Fig. 7 — Flash vs Baseline weights over training (whole model)")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def _figure_fig8(fits: dict, path: Path) -> None:
-    plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, fit in enumerate(fits.values()):
         steps, values, line = fit["steps"], fit["wasserstein"], fit["wasserstein_fit"]
@@ -230,7 +210,7 @@ def _figure_fig8(fits: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Fig. 8 — weight deviation of Flash next to its proxies")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 class StudyAnalysis(Callback):

@@ -14,16 +14,13 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 
-import matplotlib
+from hydra.experimental.callback import Callback
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from hydra.experimental.callback import Callback  # noqa: E402
-
-from numdev.atomic import WriteError, write_bytes, write_json, write_text  # noqa: E402
-from numdev.bench.gather import gather, to_csv  # noqa: E402
-from numdev.errors import fail  # noqa: E402
-from numdev.formats import parse_format  # noqa: E402
+from numdev.atomic import WriteError, write_json, write_text
+from numdev.bench.gather import gather, to_csv
+from numdev.errors import fail
+from numdev.formats import parse_format
+from numdev.plotting import plt, save_png
 
 PAIR = "flash-baseline"
 
@@ -42,15 +39,6 @@ def _select(rows, kind, method=None):
 
 def _mantissa_bits(precision: str) -> int:
     return parse_format(precision).mantissa_bits
-
-
-def _save(fig, path: Path) -> None:
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    write_bytes(path, buffer.getvalue())
 
 
 def _is_decreasing(values) -> bool:
@@ -73,7 +61,7 @@ def fig3(rows, out_dir: Path) -> dict:
     ax.set_title("Fig. 3: deviation falls with mantissa bits")
     ax.legend()
     ax.grid(alpha=0.3)
-    _save(fig, out_dir / "fig3.png")
+    save_png(fig, out_dir / "fig3.png")
     maxima = [by["max_abs"][p] for p in precisions]
     holds = _is_decreasing(maxima)
     numbers = {p: by["max_abs"][p] for p in precisions}
@@ -117,7 +105,7 @@ def fig4(rows, out_dir: Path) -> dict:
     axes[0][0].set_ylabel("max |Δ| vs FP64 golden")
     axes[0][0].legend()
     fig.suptitle("Fig. 4: flash / baseline deviation from the FP64 golden value")
-    _save(fig, out_dir / "fig4.png")
+    save_png(fig, out_dir / "fig4.png")
     caption = "Flash/baseline ratio of max |Δ| vs the FP64 golden value: " + "; ".join(
         f"{key} {value:.1f}x (mean |Δ| {mean_ratios[key]:.1f}x)" for key, value in ratios.items()
     )
@@ -164,7 +152,7 @@ def fig5(rows, out_dir: Path) -> dict:
     tiles = {(r.get("tiles.block_r"), r.get("tiles.block_c")) for r in pairs}
     precision = sorted({r["numerics.precision"] for r in pairs})
     fig.suptitle(f"Fig. 5: deviation grows with N ({'/'.join(precision)}, tiles B_r x B_c = {sorted(tiles)})")
-    _save(fig, out_dir / "fig5.png")
+    save_png(fig, out_dir / "fig5.png")
     growth = {m: by[m][lengths[-1]] / by[m][lengths[0]] for m in by}
     holds = all(g > 1 for g in growth.values())
     rel_growth = {
@@ -233,7 +221,7 @@ def fig6(rows, out_dir: Path) -> dict:
     axes[2].grid(alpha=0.3)
     axes[2].legend()
     fig.suptitle("Fig. 6: flash deviation over tile shapes")
-    _save(fig, out_dir / "fig6.png")
+    save_png(fig, out_dir / "fig6.png")
     all_swaps = [v for ratios in swapped_ratio.values() for v in ratios.values()]
     all_square = [abs(v - 1) for ratios in square_ratio.values() for v in ratios.values()]
     swapped_up = sum(v > 1 for v in all_swaps)
@@ -286,7 +274,7 @@ def fa3_table3(rows, out_dir: Path) -> dict:
     ax.set_title("FA3 Table 3: outlier inputs")
     ax.legend()
     ax.grid(alpha=0.3, axis="y")
-    _save(fig, out_dir / "fa3_table3.png")
+    save_png(fig, out_dir / "fa3_table3.png")
     lines = ["| format | method | RMSE (ours) | RMSE (FA3 paper) |", "|---|---|---|---|"]
     for p in precisions:
         for method in ("baseline", "flash"):

@@ -6,14 +6,14 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
-import matplotlib.pyplot as plt
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from numdev.atomic import write_json
 from numdev.diffusion import generate
+from numdev.plotting import save_png
 from numdev.train.evaluation import score_shapes
-from numdev.train.figures import sample_figure, save_figure
+from numdev.train.figures import sample_figure
 from numdev.train.snapshots import SnapshotWriter, parameter_state
 
 
@@ -114,8 +114,7 @@ class SampleGrid(pl.Callback):
         if last is None:
             return
         fig = self.figure(last)
-        save_figure(fig, self.run_dir / "samples.png")
-        plt.close(fig)
+        save_png(fig, self.run_dir / "samples.png", dpi=130)
         write_json(self.run_dir / "eval.json", last["summary"])
         self.final = last["summary"]
 

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import math
 import textwrap
-from pathlib import Path
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from numdev.atomic import write_bytes  # noqa: E402
+from numdev.plotting import plt
 
 
 def sample_figure(images: torch.Tensor, captions: list[str], title: str, seen: list[dict] | None = None, columns: int = 6):
@@ -35,8 +29,3 @@ def sample_figure(images: torch.Tensor, captions: list[str], title: str, seen: l
     fig.tight_layout()
     return fig
 
-
-def save_figure(fig, path: str | Path) -> None:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
-    write_bytes(path, buffer.getvalue())
