@@ -171,3 +171,10 @@ def test_numdev_compare_reports_missing_steps_and_compares_the_rest(tmp_path):
     assert "2 steps compared" in result.stdout
     strict = run_cli("numdev.analysis.compare", str(a), str(b), "--strict", cwd=tmp_path, check=False)
     assert strict.returncode != 0 and "drop --strict" in strict.stderr
+
+
+def test_a_truncated_distance_csv_names_the_file(tmp_path):
+    path = tmp_path / "ref.csv"
+    path.write_text("step,tensor,max_abs,wasserstein\n0,__model__,0.0,0.0\n2,__model__,0.5\n")  # cut mid-row
+    with pytest.raises(ValueError, match=r"ref.csv: not a table with the columns step, tensor, max_abs, wasserstein .*truncated"):
+        read_csv(path)

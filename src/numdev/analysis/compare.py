@@ -11,17 +11,17 @@ Steps that only one run has are reported and skipped; --strict makes them an err
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import sys
 from pathlib import Path
 
+from numdev import tables
 from numdev.analysis.distances import weight_distances
 from numdev.atomic import WriteError, write_text
 from numdev.errors import fail
 from numdev.train.snapshots import list_snapshots, load_snapshot
 
 MODEL = "__model__"
+COLUMNS = {"step": int, "tensor": str, "max_abs": float, "wasserstein": float}
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
@@ -53,19 +53,11 @@ def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
 
 
 def rows_to_csv(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=["step", "tensor", "max_abs", "wasserstein"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
+    return tables.to_csv(rows, list(COLUMNS))
 
 
 def read_csv(path: str | Path) -> list[dict]:
-    with open(path, newline="") as handle:
-        return [
-            {"step": int(r["step"]), "tensor": r["tensor"], "max_abs": float(r["max_abs"]), "wasserstein": float(r["wasserstein"])}
-            for r in csv.DictReader(handle)
-        ]
+    return tables.read_csv(path, COLUMNS)
 
 
 def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:

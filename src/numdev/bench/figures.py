@@ -17,10 +17,11 @@ from statistics import fmean
 from hydra.experimental.callback import Callback
 
 from numdev.atomic import WriteError, write_json, write_text
-from numdev.bench.gather import gather, to_csv
+from numdev.bench.gather import gather
 from numdev.errors import fail
 from numdev.formats import parse_format
 from numdev.plotting import plt, save_png
+from numdev.tables import to_csv
 
 PAIR = "flash-baseline"
 

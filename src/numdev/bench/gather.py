@@ -6,11 +6,10 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 from pathlib import Path
 
 from numdev.atomic import WriteError, read_jsonl, write_text
+from numdev.tables import to_csv
 
 
 def flatten(record: dict, prefix: str = "") -> dict:
@@ -38,15 +37,6 @@ def gather(directory: str | Path) -> list[dict]:
         job = str(path.parent.relative_to(directory)) if path.parent != directory else "."
         rows.extend({"job": job, **flatten(record)} for record in read_jsonl(path))
     return rows
-
-
-def to_csv(rows: list[dict]) -> str:
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def write_table(directory: str | Path, out: str | Path | None = None) -> Path:

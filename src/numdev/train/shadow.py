@@ -12,16 +12,15 @@ Select the shadow with the `shadow` config group's options, which are the attent
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 import lightning.pytorch as pl
 
+from numdev import tables
 from numdev.atomic import write_text
 from numdev.models.shadow import AttentionShadow
 
-COLUMNS = ["step", "layer", "quantity", "max_abs", "mean_abs", "ref_max_abs"]
+COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
 
 
 class ShadowDeviation(pl.Callback):
@@ -61,7 +60,7 @@ class ShadowDeviation(pl.Callback):
         if not rows or not trainer.is_global_zero:
             return
         self.rows.extend(rows)
-        write_text(self.run_dir / "shadow.csv", _to_csv(self.rows))
+        write_text(self.run_dir / "shadow.csv", tables.to_csv(self.rows, list(COLUMNS)))
         if trainer.logger:
             metrics = {}
             for row in rows:
@@ -77,18 +76,5 @@ def _loss_scale(trainer) -> float:
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
 
 
-def _to_csv(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
-
-
 def read_shadow_csv(path: str | Path) -> list[dict]:
-    with open(path, newline="") as handle:
-        return [
-            {"step": int(r["step"]), "layer": r["layer"], "quantity": r["quantity"],
-             **{k: float(r[k]) for k in ("max_abs", "mean_abs", "ref_max_abs")}}
-            for r in csv.DictReader(handle)
-        ]
+    return tables.read_csv(path, COLUMNS)

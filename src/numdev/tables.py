@@ -1,0 +1,32 @@
+"""Small CSV tables: rows of dicts to text, and back with typed columns.
+
+A file that does not parse (truncated, edited, another program's) is a ValueError naming it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+
+def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
+    """CSV text with a header; columns default to every key of the rows, in first-seen order."""
+    columns = columns if columns is not None else list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def read_csv(path: str | Path, types: dict[str, type]) -> list[dict]:
+    """The rows of `path`, each column converted with its type in `types`."""
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            return [{key: kind(row[key]) for key, kind in types.items()} for row in csv.DictReader(handle)]
+    except (KeyError, ValueError, TypeError) as error:  # a missing column, a short or non-numeric row
+        raise ValueError(
+            f"{path}: not a table with the columns {', '.join(types)} ({type(error).__name__}: {error}); "
+            "the file is truncated or was not written by numdev"
+        ) from None
