@@ -1,0 +1,105 @@
+"""Intervals over seeds: every number numdev reports as a finding comes with one.
+
+A finding is a statistic of per-seed values (a mean over seeds, or a ratio of two means over the
+same seeds). Its 95% interval is a percentile bootstrap over seeds (`scipy.stats.bootstrap`,
+seeded, so a report is reproducible). Paired values (Flash and Baseline measured on the same
+seed's inputs) are resampled together, so the interval of a ratio keeps their correlation.
+
+With one seed there is nothing to resample: the interval is (nan, nan), shown as "n/a", and no
+verdict may rest on it (see numdev.verdicts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+METHOD = "percentile"
+RULE = f"{int(CONFIDENCE * 100)}% percentile bootstrap over seeds ({RESAMPLES} resamples, scipy.stats.bootstrap)"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic over seeds with its bootstrap interval; n is the number of seeds."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def has_interval(self) -> bool:
+        return self.n >= 2 and math.isfinite(self.low) and math.isfinite(self.high)
+
+    def excludes(self, x: float) -> bool:
+        """The interval lies wholly above or wholly below x."""
+        return self.has_interval and (self.low > x or self.high < x)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self, fmt: str = ".3g", unit: str = "") -> str:
+        """'2.7x [2.4, 3.1]' — the value and its interval, or 'n/a' in place of the interval."""
+        interval = f"[{self.low:{fmt}}, {self.high:{fmt}}]" if self.has_interval else "[n/a: one seed]"
+        return f"{self.value:{fmt}}{unit} {interval}"
+
+
+def _finite(values) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if array.size == 0:
+        raise ValueError("no values to estimate from")
+    if not np.isfinite(array).all():
+        raise ValueError(f"non-finite values among {array.size} per-seed values: an interval needs finite numbers")
+    return array
+
+
+def _interval(data: tuple, statistic, seed: int, vectorized: bool) -> tuple[float, float]:
+    n = len(data[0])
+    if n < 2:
+        return math.nan, math.nan
+    if all(np.ptp(d) == 0 for d in data):  # every seed equal: the bootstrap distribution is a point
+        value = float(statistic(*data, axis=-1) if vectorized else statistic(*data))
+        return value, value
+    result = scipy_stats.bootstrap(
+        data, statistic, paired=len(data) > 1, vectorized=vectorized, n_resamples=RESAMPLES,
+        confidence_level=CONFIDENCE, method=METHOD, random_state=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def mean_interval(values, seed: int = 0) -> Estimate:
+    """Mean over seeds with its bootstrap interval."""
+    x = _finite(values)
+    low, high = _interval((x,), np.mean, seed, vectorized=True)
+    return Estimate(float(x.mean()), low, high, int(x.size))
+
+
+def ratio_interval(numerators, denominators, seed: int = 0) -> Estimate:
+    """mean(numerators) / mean(denominators), paired by seed, with its bootstrap interval.
+
+    The ratio of means (not the mean of per-seed ratios) is what a figure of two means shows,
+    and it is defined when single seeds' denominators come near zero.
+    """
+    a, b = _finite(numerators), _finite(denominators)
+    if a.size != b.size:
+        raise ValueError(f"a paired ratio needs as many numerators as denominators, got {a.size} and {b.size}")
+
+    def ratio(x, y, axis=-1):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.mean(x, axis=axis) / np.mean(y, axis=axis)
+
+    value = ratio(a, b)
+    low, high = _interval((a, b), ratio, seed, vectorized=True)
+    return Estimate(float(value), low, high, int(a.size))
+
+
+def statistic_interval(values, statistic, seed: int = 0) -> Estimate:
+    """Any statistic of per-seed values (e.g. a median) with its bootstrap interval."""
+    x = _finite(values)
+    low, high = _interval((x,), statistic, seed, vectorized=False)
+    return Estimate(float(statistic(x)), low, high, int(x.size))
