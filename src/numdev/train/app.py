@@ -15,7 +15,7 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from numdev.errors import user_facing
+from numdev.errors import RunFailed, user_facing
 from numdev.train.run import train
 
 # conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
@@ -30,12 +30,19 @@ def main(cfg: DictConfig) -> None:
     run = train(cfg)
     if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
         return
+    if run["status"] == "failed":  # non-finite values under callbacks.instability.policy=fail
+        raise RunFailed(
+            f"run failed: {run.get('error')}; {cfg.run_dir}/run.json says failed "
+            "(callbacks.instability.policy=record only records non-finite values)"
+        )
+    if run["status"] == "stopped":
+        raise RunFailed(f"run stopped at step {run['final_step']}: {run.get('stop_reason')}; {cfg.run_dir}/run.json says stopped")
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
         summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
-    if run.get("stop_reason"):
-        summary += f"  (stopped: {run['stop_reason']})"
+    if run.get("already_finished"):
+        summary = f"already finished at step {run['final_step']}: nothing to do -> {cfg.run_dir}"
     print(summary)
 
 

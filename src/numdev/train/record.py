@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import lightning
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import numdev
+from numdev import schemas
 from numdev.atomic import write_json, write_text
 
 CONFIG = "config.yaml"
 RUN = "run.json"
 # Keys a resumed run may change: they do not touch the weights' trajectory.
-RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
+RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
 ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None}
@@ -36,7 +35,7 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     path = run_dir / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"resume=true but {path} does not exist: point hydra.run.dir at the run to resume")
-    saved = _flatten(yaml.safe_load(path.read_text(encoding="utf-8")))
+    saved = _flatten(schemas.read_yaml_file(path, schemas.CONFIG))
     now = _flatten(resolved(cfg))
     differ = sorted(
         k for k in set(saved) | set(now)
@@ -71,7 +70,7 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None) -> dict:
     path = run_dir / RUN
-    previous = json.loads(path.read_text(encoding="utf-8")) if resumed_from is not None and path.is_file() else {}
+    previous = read_run(run_dir) if resumed_from is not None and path.is_file() else {}
     record = {
         "numdev_version": numdev.__version__,
         "app": "train",
@@ -93,6 +92,20 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
         record["resumes"] = [*previous.get("resumes", []), {"from_step": resumed_from, "at": _now()}]
     write_json(path, record)
     return record
+
+
+def read_run(run_dir: Path) -> dict:
+    """run.json, checked against numdev.schemas.RUN_RESUMES (one-line ValueError naming file and field)."""
+    return schemas.read_json_file(Path(run_dir) / RUN, schemas.RUN_RESUMES)
+
+
+def finished_record(run_dir: Path, cfg: DictConfig) -> dict | None:
+    """run.json if the run already finished all of cfg's steps (a requeue or a repeated resume), else None."""
+    if not (Path(run_dir) / RUN).is_file():
+        return None
+    run = read_run(run_dir)
+    done = run["status"] == "finished" and (run.get("final_step") or 0) >= int(cfg.trainer.max_steps)
+    return run if done else None
 
 
 def finish_record(run_dir: Path, record: dict, status: str, **fields) -> dict:

@@ -6,14 +6,19 @@ config composed in-process.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from numdev.atomic import remove_temporaries
+from numdev.errors import RunFailed
+from numdev.run_lock import RunLock
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
@@ -104,7 +109,12 @@ def train(cfg: DictConfig) -> dict:
     trainer, logger = build_trainer(cfg)
     check_launch(trainer)
     rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
+    # One live run per directory (rank 0 holds it for the job); released by the kernel if killed.
+    with RunLock(run_dir) if rank_zero else contextlib.nullcontext():
+        return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, logger, rank_zero)
 
+
+def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logger, rank_zero: bool) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
     if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
@@ -118,6 +128,9 @@ def train(cfg: DictConfig) -> dict:
             )
         record.check_resumable(run_dir, cfg)
         resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
+        done = record.finished_record(run_dir, cfg)
+        if done is not None:  # a requeue of a finished run: its records stay as they are
+            return {**done, "already_finished": True}
     elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
@@ -141,14 +154,32 @@ def train(cfg: DictConfig) -> dict:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException as error:
+        interrupted = _signal_of(error)
+        step = int(trainer.global_step)
+        message = f"interrupted by {interrupted.name} at step {step}" if interrupted else f"{type(error).__name__}: {error}"[:500]
         try:
-            finish("failed", error=f"{type(error).__name__}: {error}"[:500])
+            finish("failed", error=message, final_step=step)
         except OSError:  # e.g. the disk is full: the original error is the one to report
             pass
+        if interrupted:
+            raise RunFailed(
+                f"{message}: {run_dir / record.RUN} says failed; to continue from the last checkpoint "
+                "run the same command with resume=auto", 128 + interrupted
+            ) from None
         raise
     results = _results(trainer)
-    status = "stopped" if "stop_reason" in results else "finished"
+    status = "failed" if "error" in results else "stopped" if "stop_reason" in results else "finished"
     return finish(status, final_step=int(trainer.global_step), **results)
+
+
+def _signal_of(error: BaseException) -> signal.Signals | None:
+    """The signal that ended training: Lightning turns SIGTERM into SIGTERMException and Ctrl-C
+    (SIGINT, KeyboardInterrupt) into sys.exit(1) raised while handling it."""
+    if isinstance(error, SIGTERMException):
+        return signal.SIGTERM
+    if isinstance(error, KeyboardInterrupt) or (isinstance(error, SystemExit) and isinstance(error.__context__, KeyboardInterrupt)):
+        return signal.SIGINT
+    return None
 
 
 def _holds_run(run_dir: Path) -> bool:
@@ -178,6 +209,8 @@ def _results(trainer) -> dict:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
         if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
             out["stop_reason"] = callback.stop_reason
+            if callback.failure:
+                out["error"] = callback.failure
         if isinstance(callback, SampleGrid) and callback.final is not None:
             final = callback.final
             out["eval"] = {k: final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}

@@ -1,0 +1,108 @@
+"""Fault injection on real processes: signals, a second run in a live run's directory, a requeue
+of a finished run. Each starts the real numdev-train console script and hits it with the real fault."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Sampling every step slows the steps down so that a signal lands mid-training.
+SLOW = ["experiment=train_smoke", "trainer.max_steps=40", "snapshot.every_n_steps=1", "callbacks.checkpoint.every_n_steps=4",
+        "callbacks.samples.every_n_steps=1", "callbacks.samples.num_samples=2", "threads=1"]
+
+
+def _command(run_dir: Path, *overrides: str) -> list[str]:
+    script = Path(sys.executable).with_name("numdev-train")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    return [*command, *SLOW, f"hydra.run.dir={run_dir}", *overrides]
+
+
+def _latest_snapshot(run_dir: Path) -> int:
+    try:
+        return max(e["step"] for e in json.loads((run_dir / "weights" / "index.json").read_text())["snapshots"])
+    except (FileNotFoundError, json.JSONDecodeError, ValueError):
+        return -1
+
+
+def _start_and_wait(run_dir: Path, step: int, *overrides: str) -> subprocess.Popen:
+    process = subprocess.Popen(_command(run_dir, *overrides), cwd=run_dir.parent, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while _latest_snapshot(run_dir) < step:
+        if process.poll() is not None:
+            raise AssertionError(f"ended before step {step}: {process.stderr.read()[-2000:]}")
+        assert time.monotonic() < deadline, "too slow"
+        time.sleep(0.02)
+    return process
+
+
+def _error_lines(stderr: str, program: str = "numdev-train") -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"{program}: error: ")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+def test_a_signal_marks_the_run_failed_and_exits_non_zero_then_resume_auto_finishes_it(sig, tmp_path):
+    run_dir = tmp_path / "run"
+    process = _start_and_wait(run_dir, 5)
+    process.send_signal(sig)
+    try:
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + sig, (process.returncode, stderr[-2000:])
+    (line,) = _error_lines(stderr)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "failed" and run["error"] == f"interrupted by {sig.name} at step {run['final_step']}"
+    assert 5 <= run["final_step"] < 40
+    assert line == (f"numdev-train: error: interrupted by {sig.name} at step {run['final_step']}: {run_dir}/run.json says "
+                    "failed; to continue from the last checkpoint run the same command with resume=auto")
+
+    resumed = subprocess.run(_command(run_dir, "resume=auto"), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "finished" and run["final_step"] == 40 and len(run["resumes"]) == 1
+    assert _latest_snapshot(run_dir) == 40
+
+
+def test_a_second_run_in_a_live_run_directory_is_refused_and_a_killed_run_leaves_no_stale_lock(tmp_path):
+    run_dir = tmp_path / "run"
+    first = _start_and_wait(run_dir, 2)
+    try:
+        second = subprocess.run(_command(run_dir, "resume=auto"), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first run ended before the second one was tried"
+    finally:
+        first.kill()  # SIGKILL: no chance to release anything
+        first.wait()
+    assert second.returncode == 2, second.stderr[-2000:]
+    (line,) = _error_lines(second.stderr)
+    assert line == (f"numdev-train: error: {run_dir} is in use by another live run (process {first.pid}): wait for it "
+                    "to end, or give this run its own directory (hydra.run.dir=...)")
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"  # the first run's, untouched
+
+    resumed = subprocess.run(_command(run_dir, "resume=auto", "trainer.max_steps=8"), cwd=tmp_path, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]  # the kernel released the dead run's lock
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+
+
+def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
+    """A SLURM requeue re-runs the same command: a finished run must come out byte-for-byte unchanged."""
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.max_steps=4", "callbacks.samples.every_n_steps=1000", "resume=auto"]
+    first = subprocess.run(_command(run_dir, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in p.parts and p.name != ".lock"}
+    run = json.loads((run_dir / "run.json").read_text())
+    assert {"eval", "final_loss", "snapshot_write_seconds"} <= set(run)
+
+    again = subprocess.run(_command(run_dir, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"already finished at step 4: nothing to do -> {run_dir}" in again.stdout
+    changed = [str(p) for p, data in files.items() if not p.is_file() or p.read_bytes() != data]
+    assert changed == []
