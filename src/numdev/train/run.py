@@ -17,12 +17,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from numdev.atomic import remove_temporaries
+from numdev.config_schema import TRAIN, validate
 from numdev.errors import RunFailed
 from numdev.run_lock import RunLock
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
-from numdev.train.checks import check_accelerator, check_backend, check_types, compute_dtype
+from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
@@ -63,7 +64,7 @@ def _seed(cfg: DictConfig, name: str) -> int:
 
 
 def _check_config(cfg: DictConfig) -> None:
-    check_types(cfg)
+    validate(cfg, TRAIN)  # every declared key's type and range (numdev.config_schema)
     steps = cfg.trainer.get("max_steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")
