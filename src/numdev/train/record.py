@@ -37,6 +37,7 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
         raise FileNotFoundError(f"resume=true but {path} does not exist: point hydra.run.dir at the run to resume")
     saved = _flatten(schemas.read_yaml_file(path, schemas.CONFIG))
     now = _flatten(resolved(cfg))
+    saved = _relocated(saved, saved.get("run_dir"), now.get("run_dir"))
     differ = sorted(
         k for k in set(saved) | set(now)
         if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c) for c in RESUMABLE_CHANGES)
@@ -48,6 +49,21 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
             f"resume=true: the config differs from the run's {CONFIG} at {shown}"
             f"{' and more' if len(differ) > 3 else ''}: pass the original run's overrides"
         )
+
+
+def _relocated(flat: dict, old_dir, new_dir) -> dict:
+    """The saved config as if written in new_dir: a run directory copied or moved elsewhere stays
+    resumable (paths inside it, like callbacks' run_dir and checkpoint dirpath, move with it)."""
+    if not isinstance(old_dir, str) or not isinstance(new_dir, str) or old_dir == new_dir:
+        return flat
+    old = old_dir.rstrip("/")
+
+    def move(value):
+        if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+            return new_dir.rstrip("/") + value[len(old):]
+        return value
+
+    return {k: move(v) for k, v in flat.items()}
 
 
 def _added_key(key: str, value) -> bool:
