@@ -4,6 +4,7 @@ of a finished run. Each starts the real numdev-train console script and hits it 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -106,3 +107,30 @@ def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
     assert f"already finished at step 4: nothing to do -> {run_dir}" in again.stdout
     changed = [str(p) for p, data in files.items() if not p.is_file() or p.read_bytes() != data]
     assert changed == []
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Live (not zombie) processes of session `sid`: their command lines."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            if os.getsid(int(entry.name)) == sid and stat[stat.rindex(")") + 2] != "Z":
+                found.append((entry / "cmdline").read_text().replace("\0", " ")[:200])
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_joblib_sweep_leaves_no_process_behind(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    script = Path(sys.executable).with_name("numdev-train")
+    command = [str(script), "-m", "hydra/launcher=joblib", "experiment=train_smoke", "trainer.max_steps=2",
+               "seed.init=0,1", "threads=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    # Its own session, so that everything it starts (workers, their trackers) can be found afterwards.
+    process = subprocess.Popen(command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-2000:]
+    assert _session_processes(process.pid) == []
+    assert [json.loads((tmp_path / "sweep" / job / "run.json").read_text())["status"] for job in "01"] == ["finished"] * 2

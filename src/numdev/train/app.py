@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from numdev.errors import RunFailed, user_facing
 from numdev.train.run import train
+from numdev.workers import stop_worker_pools
 
 # conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
 # names the launcher plugins register; Hydra validates them against the plugins' schemas and warns
@@ -26,7 +27,7 @@ warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigSto
 
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     run = train(cfg)
     if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
         return
@@ -44,6 +45,15 @@ def main(cfg: DictConfig) -> None:
     if run.get("already_finished"):
         summary = f"already finished at step {run['final_step']}: nothing to do -> {cfg.run_dir}"
     print(summary)
+
+
+
+def main() -> None:
+    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind."""
+    try:
+        run()
+    finally:
+        stop_worker_pools()
 
 
 if __name__ == "__main__":
