@@ -134,3 +134,49 @@ def test_a_joblib_sweep_leaves_no_process_behind(tmp_path):
     assert process.returncode == 0, stderr[-2000:]
     assert _session_processes(process.pid) == []
     assert [json.loads((tmp_path / "sweep" / job / "run.json").read_text())["status"] for job in "01"] == ["finished"] * 2
+
+
+def _append_many(path: str, writer: int, count: int) -> None:
+    from numdev.atomic import append_jsonl
+
+    for i in range(count):
+        append_jsonl(path, [{"writer": writer, "i": i, "pad": "x" * 20_000}])  # > a page: no accidental atomicity
+
+
+def test_concurrent_appends_keep_every_record(tmp_path):
+    import multiprocessing
+
+    from numdev.atomic import read_jsonl
+
+    path = str(tmp_path / "results.jsonl")
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_append_many, args=(path, w, 40)) for w in range(6)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(120)
+    assert [w.exitcode for w in writers] == [0] * 6
+    records = read_jsonl(path)  # every line a whole record
+    assert sorted((r["writer"], r["i"]) for r in records) == [(w, i) for w in range(6) for i in range(40)]
+
+
+def test_a_copied_run_directory_resumes_and_compares(tmp_path):
+    import shutil
+
+    original, copy = tmp_path / "original", tmp_path / "elsewhere" / "copy"
+    first = subprocess.run(_command(original, "trainer.max_steps=2", "callbacks.samples.every_n_steps=1000"),
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    copy.parent.mkdir()
+    shutil.copytree(original, copy)
+    resumed = subprocess.run(_command(copy, "trainer.max_steps=4", "callbacks.samples.every_n_steps=1000", "resume=true"),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((copy / "run.json").read_text())["final_step"] == 4
+    assert json.loads((original / "run.json").read_text())["final_step"] == 2  # the original is untouched
+
+    from numdev.analysis.compare import main as compare
+
+    compare([str(original), str(copy), "-o", str(tmp_path / "cmp")])
+    rows = (tmp_path / "cmp" / "distances.csv").read_text().splitlines()
+    assert len(rows) > 1

@@ -122,7 +122,7 @@ def read_manifest(path: Path, image_key: str, caption_key: str, captions: Captio
             try:
                 rows = [(number, row) for number, row in enumerate(reader, start=2)]
             except csv.Error as error:  # e.g. a field over csv's size limit (a huge caption)
-                raise ValueError(f"{path}, line {reader.line_num}: not valid CSV ({error})") from None
+                raise ValueError(f"{path}, line {reader.line_num + 1}: not valid CSV ({error})") from None
     else:
         raise ValueError(f"manifest {path}: use a .jsonl or .csv file")
     entries = []

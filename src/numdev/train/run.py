@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from numdev import schemas
 from numdev.atomic import remove_temporaries
 from numdev.config_schema import TRAIN, validate
 from numdev.errors import RunFailed
@@ -25,6 +26,7 @@ from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
+from numdev.train.instability import FILE as INSTABILITY_FILE
 from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
 
@@ -134,6 +136,10 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
             return {**done, "already_finished": True}
     elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
+    if resumed_from is not None:  # the run's own records are checked before anything is written
+        for name, schema in ((record.RUN, schemas.RUN_RESUMES), (INSTABILITY_FILE, schemas.INSTABILITY)):
+            if (run_dir / name).is_file():
+                schemas.read_json_file(run_dir / name, schema)
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
