@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args(argv)
     root = Path(args.root or tempfile.mkdtemp(prefix="numdev-load-"))
+    root.mkdir(parents=True, exist_ok=True)
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
     shared = root / "bench" / "load" / "shared"
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
 
@@ -73,14 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         processes.append(("train", i, False, command))
 
     start = time.perf_counter()
-    running = [(kind, i, shared_dir, subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE,
-                                                      stderr=subprocess.PIPE, text=True))
-               for kind, i, shared_dir, command in processes]
+    running = []
+    for kind, i, shared_dir, command in processes:
+        log = logs / f"{kind}_{i}.log"  # a file, not a pipe: no process can block on a full pipe
+        with open(log, "w", encoding="utf-8") as handle:
+            process = subprocess.Popen(command, cwd=root, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        running.append((kind, i, shared_dir, process, log))
     exits = []
-    for kind, i, shared_dir, process in running:
-        out, err = process.communicate(timeout=1800)
+    for kind, i, shared_dir, process, log in running:
+        process.wait(timeout=1800)
+        errors = [line for line in log.read_text(encoding="utf-8").splitlines() if ": error: " in line]
         exits.append({"kind": kind, "id": i, "shared_dir": shared_dir, "exit": process.returncode,
-                      "error": err.strip().splitlines()[-1] if process.returncode and err.strip() else None})
+                      "error": errors[-1] if errors else None})
     seconds = time.perf_counter() - start
 
     # Benches with their own directories: one directory each, all records.
