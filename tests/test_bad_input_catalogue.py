@@ -6,7 +6,8 @@ contain, and optionally a setup (the broken input), a simulated write failure (a
 up: `fault` names the file whose write fails) and the files that must come out byte-for-byte
 unchanged. Every entry is checked for:
 
-- exit code 2 (Hydra's own composition errors - an unknown config group option or key - keep
+- exit code 2 (a run that started and failed: 1; an input handled with a warning: 0, style
+  "warning" - exactly one `<command>: warning:` or logged line containing `expect` - or "quiet"; Hydra's own composition errors - an unknown config group option or key - keep
   Hydra's exit code 1 and its few-line message, style "hydra"; argparse usage errors print the usage
   first, style "argparse");
 - our errors: stderr is exactly one line, `<command>: error: ...`, containing `expect`;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -51,6 +53,8 @@ class Case:
     intact: tuple[str, ...] = ()  # files under {tmp} that must be unchanged
     refused_before_start: bool = True  # numdev-train: no weights/, checkpoints/, run.json written
     extra: dict = field(default_factory=dict)
+    code: int = 2  # the exit code: 2 refused, 1 a run that started and failed, 0 ran with a warning
+    after: Callable[[Path], None] | None = None  # asserts that nothing was lost (records, statuses)
 
 
 TRAIN = ["experiment=train_smoke", "hydra.run.dir={tmp}/run"]
@@ -141,6 +145,76 @@ def _compare_pair(tmp: Path) -> None:
     (tmp / "cmp" / "distances.csv").write_text("the,previous\n")
 
 
+# -- reliability (issue 13): setups and what must survive --------------------------------------------
+HELD_LOCKS = []  # locks a setup holds for the whole case: "another live run"
+
+
+def _live_run(tmp: Path) -> None:
+    from numdev.run_lock import RunLock
+
+    HELD_LOCKS.append(RunLock(tmp / "run").acquire())
+
+
+def _run_status(status: str, error: str | None = None) -> Callable[[Path], None]:
+    def after(tmp: Path) -> None:
+        run = json.loads((tmp / "run" / "run.json").read_text())
+        assert run["status"] == status, run
+        if error is not None:
+            assert error in run["error"], run["error"]
+        assert (tmp / "run" / "weights" / "step_00000000.safetensors").is_file()  # the snapshots so far are kept
+
+    return after
+
+
+def _edit_run(path: str, edit: Callable[[str], str]) -> Callable[[Path], None]:
+    """A trained run whose file `path` (relative to the run) was then edited."""
+
+    def setup(tmp: Path) -> None:
+        _trained_run(tmp)
+        target = tmp / "run" / path
+        target.write_text(edit(target.read_text()))
+
+    return setup
+
+
+def _edit_index(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        _snapshots(tmp, "a")
+        _snapshots(tmp, "b")
+        path = tmp / "b" / "weights" / "index.json"
+        index = json.loads(path.read_text())
+        edit(index)
+        path.write_text(json.dumps(index))
+
+    return setup
+
+
+def _huge_caption(tmp: Path) -> None:
+    _images(tmp / "data")
+    (tmp / "data" / "0.txt").write_text("a red circle " * 800_000)  # 10.4 MB
+
+
+def _records_of(path: str, kinds: dict[str, int]) -> Callable[[Path], None]:
+    def after(tmp: Path) -> None:
+        records = [json.loads(line) for line in (tmp / path).read_text().splitlines()]
+        counted = {}
+        for r in records:
+            counted[f"{r['kind']}:{r['method']}"] = counted.get(f"{r['kind']}:{r['method']}", 0) + 1
+        assert counted == kinds, counted
+
+    return after
+
+
+def _finished(tmp: Path) -> None:
+    assert json.loads((tmp / "run" / "run.json").read_text())["status"] == "finished"
+
+
+ZERO_CHECKS = ["callbacks.instability.check_loss=false", "callbacks.instability.check_gradients=false",
+               "callbacks.instability.check_attention=false"]
+RESUME = [*TRAIN, "trainer.max_steps=4", "resume=true"]
+KEPT = ("run/run.json", "run/config.yaml", "run/weights/index.json", "run/checkpoints/last.ckpt")
+
+
 # -- the catalogue ---------------------------------------------------------------------------------
 CATALOGUE = [
     # numdev-train: unknown config values
@@ -153,9 +227,9 @@ CATALOGUE = [
     Case("train-unknown-sampler", "numdev-train", [*TRAIN, "diffusion.sampler.kind=euler"], "unknown sampler 'euler'"),
     # numdev-train: wrong types
     Case("train-type-max-steps", "numdev-train", [*TRAIN, "trainer.max_steps=abc"], "trainer.max_steps='abc' must be a positive integer"),
-    Case("train-type-batch-size", "numdev-train", [*TRAIN, "data.batch_size=abc"], "data.batch_size='abc' must be an integer"),
-    Case("train-type-hidden", "numdev-train", [*TRAIN, "model.hidden=abc"], "model.hidden='abc' must be an integer"),
-    Case("train-type-lr", "numdev-train", [*TRAIN, "optim.optimizer.lr=abc"], "optim.optimizer.lr='abc' must be a number"),
+    Case("train-type-batch-size", "numdev-train", [*TRAIN, "data.batch_size=abc"], "data.batch_size='abc' must be a positive integer"),
+    Case("train-type-hidden", "numdev-train", [*TRAIN, "model.hidden=abc"], "model.hidden='abc' must be a positive integer"),
+    Case("train-type-lr", "numdev-train", [*TRAIN, "optim.optimizer.lr=abc"], "optim.optimizer.lr='abc' must be a positive number"),
     Case("train-type-seed", "numdev-train", [*TRAIN, "seed.init=abc"], "seed.init='abc' must be a non-negative integer"),
     Case("train-type-devices", "numdev-train", [*TRAIN, "trainer.devices=abc"], "trainer: `devices` selected with `CPUAccelerator` should be an int > 0.: a value under trainer has the wrong type"),
     Case("train-type-spike-factor", "numdev-train", [*TRAIN, "callbacks.instability.spike_factor=abc"],
@@ -202,7 +276,7 @@ CATALOGUE = [
     Case("bench-unknown-preset", "numdev-bench", [*BENCH, "numerics.preset=fastest"], "unknown numerics preset 'fastest'"),
     Case("bench-unknown-variant", "numdev-bench", [*BENCH, "variant=fa9"], "unknown flash variant 'fa9'"),
     Case("bench-tile-zero", "numdev-bench", [*BENCH, "tiles.block_c=0"], "block_c=0 must be a positive integer"),
-    Case("bench-tile-type", "numdev-bench", [*BENCH, "tiles.block_r=abc"], "tile size block_r='abc' must be a positive integer"),
+    Case("bench-tile-type", "numdev-bench", [*BENCH, "tiles.block_r=abc"], "tiles.block_r='abc' must be a positive integer or null"),
     Case("bench-type-seq", "numdev-bench", [*BENCH, "shape.seq_q=abc"], "shape.seq_q='abc' must be a positive integer"),
     Case("bench-negative-seq", "numdev-bench", [*BENCH, "shape.seq_q=-3"], "shape.seq_q=-3 must be a positive integer"),
     Case("bench-overflow", "numdev-bench", [*BENCH, "inputs.scale=1000000"], "inputs overflow the input format fp16"),
@@ -269,6 +343,65 @@ CATALOGUE = [
     Case("report-disk-full", "numdev-report", ["--bench", "{tmp}/sweep", "-o", "{tmp}/report"],
          "could not write {tmp}/report/index.html: No space left", setup=_report_sweep, fault="index.html",
          intact=("report/index.html",)),
+    # -- reliability (issue 13), by kind ---------------------------------------------------------
+    # 1. silent failure: non-finite loss, weights or attention outputs end the run failed (exit 1)
+    Case("train-nonfinite-lr", "numdev-train", [*TRAIN, "optim.optimizer.lr=1e30"],
+         "run failed: nonfinite_loss at step 1 (callbacks.instability.policy=fail); the update of that step was not applied; "
+         "{tmp}/run/run.json says failed", code=1, refused_before_start=False,
+         after=_run_status("failed", "nonfinite_loss at step 1")),
+    Case("train-nonfinite-weights-unchecked", "numdev-train", [*TRAIN, "optim.optimizer.lr=1e30", *ZERO_CHECKS],
+         "run failed: nonfinite_weights after step 4 in ", code=1, refused_before_start=False,
+         after=_run_status("failed", "nonfinite_weights after step 4")),
+    # 2. collisions: a second live run in one directory
+    Case("train-live-run-directory", "numdev-train", TRAIN, "{tmp}/run is in use by another live run (process "
+         f"{os.getpid()}): wait for it to end, or give this run its own directory (hydra.run.dir=...)", setup=_live_run),
+    # 5. unbounded inputs: a 10 MB caption is cut at load, named in one warning, and the run finishes
+    Case("train-data-huge-caption", "numdev-train", [*TRAIN, "data=folder", "data.root={tmp}/data"],
+         "{tmp}/data/0.txt: caption of 10399999 characters cut to 1000 (data.max_caption_chars)", setup=_huge_caption,
+         style="warning", code=0, refused_before_start=False, after=_finished),
+    Case("train-data-huge-csv-caption", "numdev-train", [*TRAIN, "data=folder", "data.root={tmp}/data", "data.manifest=m.csv"],
+         "{tmp}/data/m.csv, line 2: not valid CSV (field larger than field limit", setup=_manifest("image,caption\n0.png," + "a" * 200_000 + "\n", "m.csv")),
+    # 6. memory: refused before anything runs, or a method skipped (recorded) and the others kept
+    Case("bench-shape-too-big", "numdev-bench", [*BENCH, "shape.batch=100000000"],
+         "shape 100000000x1x32x16: the inputs and the FP64 golden value alone need ~"),
+    Case("bench-method-over-memory", "numdev-bench", [*BENCH, "shape.seq_q=1024", "memory_limit_gb=0.05"], "", style="quiet", code=0,
+         after=_records_of("bench/results.jsonl", {"vs_golden:flash": 1, "skipped:baseline": 1, "skipped:flash-baseline": 1})),
+    # 7. config values: type, range, booleans never read from strings; every message names the key
+    Case("train-heads-zero", "numdev-train", [*TRAIN, "model.heads=0"], "model.heads=0 must be a positive integer"),
+    Case("train-lr-inf", "numdev-train", [*TRAIN, "optim.optimizer.lr=inf"], "optim.optimizer.lr=inf must be a positive number (finite)"),
+    Case("train-p-uncond-range", "numdev-train", [*TRAIN, "diffusion.p_uncond=2"], "diffusion.p_uncond=2 must be a number in [0, 1]"),
+    Case("train-sibling-timeout-type", "numdev-train", [*TRAIN, "sibling.timeout_s=abc"], "sibling.timeout_s='abc' must be a non-negative number"),
+    Case("train-bool-string", "numdev-train", [*TRAIN, 'trainer.enable_progress_bar="false"'],
+         "trainer.enable_progress_bar='false' must be true or false (unquoted: trainer.enable_progress_bar=false)"),
+    Case("train-threads-zero", "numdev-train", [*TRAIN, "threads=0"], "threads=0 must be a positive integer or null"),
+    Case("bench-causal-string", "numdev-bench", [*BENCH, 'causal="false"'], "causal='false' must be true or false (unquoted: causal=false)"),
+    Case("bench-seeds-type", "numdev-bench", [*BENCH, "seeds=abc"], "seeds='abc' must be a list of non-negative integers, e.g. [0,1]"),
+    Case("bench-scale-type", "numdev-bench", [*BENCH, "inputs.scale=abc"], "inputs.scale='abc' must be a positive number"),
+    Case("bench-scale-zero", "numdev-bench", [*BENCH, "inputs.scale=0"], "inputs.scale=0 must be a positive number"),
+    # 7. files read back: schema-checked, the error names the file and the field
+    Case("train-resume-run-json-list", "numdev-train", RESUME, "{tmp}/run/run.json: holds a list, not a mapping: the run record is corrupt",
+         setup=_edit_run("run.json", lambda text: "[1, 2]"), intact=KEPT, refused_before_start=False),
+    Case("train-resume-run-json-truncated", "numdev-train", RESUME,
+         "{tmp}/run/run.json: not valid JSON (Unterminated string starting at at line 1): the run record is corrupt or truncated",
+         setup=_edit_run("run.json", lambda text: '{"status": "fin'), intact=KEPT, refused_before_start=False),
+    Case("train-resume-run-json-field", "numdev-train", RESUME, "{tmp}/run/run.json: field 'status' is a list, not a string",
+         setup=_edit_run("run.json", lambda text: json.dumps({**json.loads(text), "status": ["finished"]})), intact=KEPT,
+         refused_before_start=False),
+    Case("train-resume-config-corrupt", "numdev-train", RESUME, "{tmp}/run/config.yaml: not valid YAML",
+         setup=_edit_run("config.yaml", lambda text: "model: [unclosed\n"), intact=KEPT, refused_before_start=False),
+    Case("train-resume-config-not-a-config", "numdev-train", RESUME, "{tmp}/run/config.yaml: field 'model' is missing",
+         setup=_edit_run("config.yaml", lambda text: "just: text\n"), intact=KEPT, refused_before_start=False),
+    Case("train-resume-instability-corrupt", "numdev-train", RESUME, "{tmp}/run/instability.json: field 'events' is missing",
+         setup=_edit_run("instability.json", lambda text: "{}"), refused_before_start=False,
+         intact=("run/config.yaml", "run/checkpoints/last.ckpt")),
+    Case("compare-index-no-sha256", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "index.json: snapshots[0]: field 'sha256' is missing",
+         setup=_edit_index(lambda index: index["snapshots"][0].pop("sha256"))),
+    Case("compare-index-no-param-shapes", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "{tmp}/b/weights/index.json: field 'param_shapes' is missing",
+         setup=_edit_index(lambda index: index.pop("param_shapes"))),
+    # 8. trust nothing in a run directory: an index pointing outside weights/
+    Case("compare-index-path-escape", "numdev-compare", ["{tmp}/a", "{tmp}/b"],
+         "{tmp}/b/weights/index.json: step 0 lists file '../../a/weights/step_00000000.safetensors', not 'step_00000000.safetensors': the index was edited",
+         setup=_edit_index(lambda index: index["snapshots"][0].update(file="../../a/weights/step_00000000.safetensors"))),
 ]
 CATALOGUE_SIZE = len(CATALOGUE)
 
@@ -335,6 +468,8 @@ def _digest(path: Path) -> str | None:
 
 @pytest.mark.parametrize("case", CATALOGUE, ids=[c.id for c in CATALOGUE])
 def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
+    while HELD_LOCKS:  # a previous case's "other live run"
+        HELD_LOCKS.pop().release()
     monkeypatch.chdir(tmp_path)
     if case.setup is not None:
         case.setup(tmp_path)
@@ -342,6 +477,8 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     assert all(before.values()), f"the setup did not create {case.intact}"
     if case.fault is not None:
         _fail_writes_to(case.fault, monkeypatch)
+    logged = []  # every logger.warning call (Hydra's logging is off in-process, so none is printed)
+    monkeypatch.setattr(logging.Logger, "warning", lambda self, msg, *args, **kwargs: logged.append(str(msg) % args if args else str(msg)))
     capsys.readouterr()
 
     threads = torch.get_num_threads()
@@ -356,8 +493,14 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err, err
     if case.style == "hydra":
         assert code == 1 and expect in err, err
+    elif case.style in ("warning", "quiet"):
+        assert code == case.code, (code, err)
+        assert not any(line.startswith(f"{case.program}: error:") for line in lines), err
+        if case.style == "warning":  # on stderr, or logged
+            warned = [line for line in [*lines, *logged] if expect in line]
+            assert len(warned) == 1, (err, logged)
     else:
-        assert code == 2, (code, err)
+        assert code == case.code, (code, err)
         error_lines = [line for line in lines if line.startswith(f"{case.program}: error: ")]
         assert len(error_lines) == 1, err
         assert expect in error_lines[0], error_lines[0]
@@ -370,6 +513,8 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
         assert _digest(tmp_path / name) == digest, f"{name} was changed"
     for name in case.extra.get("absent", ()):
         assert not (tmp_path / name).exists(), f"{name} exists"
+    if case.after is not None:
+        case.after(tmp_path)
     if case.program == "numdev-train" and case.refused_before_start:
         for name in ("run/weights", "run/checkpoints", "run/run.json", "run/config.yaml"):
             assert not (tmp_path / name).exists(), f"{name} was written by a run that was refused"

@@ -8,6 +8,8 @@ read-only or permission) removes its temporary file, leaves the target as it was
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import tempfile
@@ -69,13 +71,40 @@ def write_json(path: str | os.PathLike, obj) -> None:
 
 
 def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
-    """Append records as JSON lines by rewriting the whole file atomically."""
+    """Append records as JSON lines with one O_APPEND write under an exclusive flock: any number of
+    processes may append to the same file at once and every record arrives whole (the lock makes
+    the torn-line check and the rollback below safe; the kernel drops it if a holder is killed).
+
+    A file that does not end with a newline (a torn line) is refused. If the write or its fsync
+    fails (disk full), the bytes this call added are cut off again and a WriteError names the file.
+    """
     path = Path(path)
-    old = path.read_bytes() if path.exists() else b""
-    if old and not old.endswith(b"\n"):
-        raise ValueError(f"{path} does not end with a newline: it was truncated; move it aside and rerun")
-    new = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records)
-    write_bytes(path, old + new.encode("utf-8"))
+    data = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records).encode("utf-8")
+    if not data:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise WriteError(path, error) from error
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by os.close below
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            raise ValueError(f"{path} does not end with a newline: it was truncated; move it aside and rerun")
+        written = 0
+        try:
+            written = os.write(fd, data)
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, "No space left on device (short write)")
+            os.fsync(fd)
+        except OSError as error:
+            if written:  # take back what this call added (the lock keeps others from appending after it)
+                os.ftruncate(fd, end - written)
+            raise WriteError(path, error) from error
+    finally:
+        os.close(fd)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -14,6 +14,15 @@ from numdev.attention.registry import BackendUnavailable
 USER_ERRORS = (ValueError, FileNotFoundError, BackendUnavailable, WriteError)
 
 
+class RunFailed(Exception):
+    """A run started and did not finish (non-finite values, a signal): one line, and its exit code
+    (1, or 128 + the signal's number as a shell reports a process ended by that signal)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def user_facing(program: str):
     """Decorate a Hydra task function: user errors print `program: error: ...` and exit 2."""
 
@@ -33,6 +42,8 @@ def user_facing(program: str):
                 _exit(program, cause)
             except USER_ERRORS as error:
                 _exit(program, error)
+            except RunFailed as error:
+                _exit(program, error, error.exit_code)
 
         return wrapper
 
@@ -44,7 +55,7 @@ def fail(program: str, error: BaseException | str):
     _exit(program, error)
 
 
-def _exit(program: str, error: BaseException | str):
+def _exit(program: str, error: BaseException | str, code: int = 2):
     message = " ".join(str(error).split("\n")).strip()  # one line, whatever the exception's text
     print(f"{program}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)

@@ -11,20 +11,34 @@ from omegaconf import DictConfig, open_dict
 
 from numdev.atomic import append_jsonl
 from numdev.bench.runner import run_bench
+from numdev.config_schema import BENCH, validate
 from numdev.errors import user_facing
+from numdev.workers import stop_worker_pools
 
 
 @hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
 @user_facing("numdev-bench")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
+    validate(cfg, BENCH)  # every declared key's type and range (numdev.config_schema)
     hydra_cfg = HydraConfig.get()
     with open_dict(cfg):
         cfg.experiment_name = cfg.name
         cfg.overrides = list(hydra_cfg.overrides.task)
-    records = run_bench(cfg)
     results = Path(hydra_cfg.runtime.output_dir) / "results.jsonl"
-    append_jsonl(results, records)
-    print(f"{len(records)} records -> {results}")
+    # Each record is appended as soon as it is computed (one atomic append: concurrent runs sharing
+    # the file keep every record), so a method that fails later loses none of the earlier ones.
+    records = run_bench(cfg, emit=lambda record: append_jsonl(results, [record]))
+    skipped = sum(r["kind"] == "skipped" for r in records)
+    print(f"{len(records)} records -> {results}" + (f" ({skipped} skipped: not enough memory)" if skipped else ""))
+
+
+
+def main() -> None:
+    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind."""
+    try:
+        run()
+    finally:
+        stop_worker_pools()
 
 
 if __name__ == "__main__":

@@ -12,13 +12,20 @@ from omegaconf import DictConfig
 
 from numdev.attention import golden_attention
 from numdev.attention.checks import count_nonfinite
+from numdev.bench import memory
 from numdev.bench.inputs import Shape
 from numdev.bench.metrics import deviation
 from numdev.numerics import round_input
 
 
-def run_bench(cfg: DictConfig, log=print) -> list[dict]:
-    """Records (dicts) of one run: one per method per seed against the golden, one per pair."""
+def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
+    """Records (dicts) of one run: one per method per seed against the golden, one per pair.
+
+    `emit(record)` is called with each record as soon as it is computed (numdev-bench appends it to
+    results.jsonl then, so a later failure loses nothing). A method whose estimated peak memory
+    (numdev.bench.memory) exceeds memory_limit_gb (null: the memory available now) is not run: its
+    record is `"kind": "skipped"` with the reason, and so are the pairs that involve it.
+    """
     shape = Shape(**cfg.shape)
     formats = instantiate(cfg.numerics)
     generator = instantiate(cfg.inputs)
@@ -41,26 +48,52 @@ def run_bench(cfg: DictConfig, log=print) -> list[dict]:
         "variant": cfg.get("variant"),
         "overrides": list(cfg.get("overrides") or []),
     }
+    limit = memory.limit_bytes(cfg.get("memory_limit_gb"))
+    base = memory.inputs_and_golden_bytes(shape)
+    if limit is not None and base > limit:
+        raise ValueError(
+            f"shape {shape.batch}x{shape.heads}x{shape.seq_q}x{shape.dim}: the inputs and the FP64 golden value alone need "
+            f"~{memory.gib(base)}, more than the {memory.gib(limit)} available (memory_limit_gb): use a smaller shape"
+        )
     records = []
+
+    def add(record: dict) -> None:
+        records.append(record)
+        if emit is not None:
+            emit(record)
+
     for seed in cfg.seeds:
         q, k, v = generator(shape, int(seed), formats.input)
         _check_inputs(q, k, v, formats)
         golden = golden_attention(q, k, v, causal=cfg.causal)
-        outputs = {}
+        outputs, skipped = {}, {}
         for label, method in methods.items():
+            need = base + memory.method_bytes(method, shape)
+            if limit is not None and need > limit:
+                skipped[label] = (
+                    f"estimated peak memory {memory.gib(need)} exceeds the {memory.gib(limit)} available (memory_limit_gb)"
+                )
+                add({**common, "kind": "skipped", "method": label, "seed": int(seed), "reason": skipped[label],
+                     "estimated_bytes": need, "limit_bytes": limit, "knobs": method.describe()})
+                log(f"seed {seed} {label:>12} skipped: {skipped[label]}")
+                continue
             start = time.perf_counter()
             with torch.no_grad():
                 outputs[label] = method(q, k, v, causal=cfg.causal)
             seconds = time.perf_counter() - start
             metrics = deviation(outputs[label], golden)
-            records.append(
+            add(
                 {**common, "kind": "vs_golden", "method": label, "seed": int(seed), "seconds": seconds,
                  "knobs": method.describe(), "metrics": metrics}
             )
             log(f"seed {seed} {label:>12} vs golden: max {metrics['max_abs']:.3e}  rmse {metrics['rmse']:.3e}  ({seconds:.2f} s)")
         for a, b in pairs:
+            if a in skipped or b in skipped:
+                add({**common, "kind": "skipped", "method": f"{a}-{b}", "a": a, "b": b, "seed": int(seed),
+                     "reason": f"{a if a in skipped else b} was skipped: {skipped.get(a) or skipped[b]}"})
+                continue
             metrics = deviation(outputs[a], outputs[b])
-            records.append(
+            add(
                 {**common, "kind": "pair", "method": f"{a}-{b}", "a": a, "b": b, "seed": int(seed),
                  "knobs": {"a": methods[a].describe(), "b": methods[b].describe()}, "metrics": metrics}
             )

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader
 from numdev.data.datamodule import CaptionDataModule
 from numdev.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, check_on_bad_image, decode, to_tensor
 
@@ -37,6 +38,7 @@ class FolderDataset(Dataset):
         on_bad_image: str = "skip",
         image_key: str = "image",
         caption_key: str = "caption",
+        max_caption_chars: int = MAX_CAPTION_CHARS,
     ):
         self.root = Path(root).expanduser()
         if not self.root.is_dir():
@@ -45,10 +47,11 @@ class FolderDataset(Dataset):
             raise ValueError(f"data.resolution={resolution} must be a positive integer")
         self.resolution = resolution
         self.on_bad_image = check_on_bad_image(on_bad_image)
+        captions = CaptionReader(max_caption_chars)
         if manifest is not None:
-            entries = read_manifest(self._resolve(manifest), image_key, caption_key)
+            entries = read_manifest(self._resolve(manifest), image_key, caption_key, captions)
         else:
-            entries = read_pairs(self.root)
+            entries = read_pairs(self.root, captions)
         entries = [(self._resolve(path), text, where) for path, text, where in entries]
         _check_files(entries)
         self.items, self.skipped = self._decodable(entries)
@@ -93,8 +96,9 @@ class FolderDataset(Dataset):
         return {"image": to_tensor(image, self.resolution), "caption": text}
 
 
-def read_manifest(path: Path, image_key: str, caption_key: str) -> list[tuple[str, str, str]]:
+def read_manifest(path: Path, image_key: str, caption_key: str, captions: CaptionReader | None = None) -> list[tuple[str, str, str]]:
     """(image path, caption, where) per entry of a .jsonl or .csv manifest."""
+    captions = captions or CaptionReader()
     if not path.is_file():
         raise FileNotFoundError(f"manifest {path} does not exist: fix data.manifest (relative to data.root)")
     if path.suffix == ".jsonl":
@@ -115,7 +119,10 @@ def read_manifest(path: Path, image_key: str, caption_key: str) -> list[tuple[st
             missing = {image_key, caption_key} - set(reader.fieldnames or [])
             if missing:
                 raise ValueError(f"{path}: the header lacks column(s) {', '.join(sorted(missing))}")
-            rows = [(number, row) for number, row in enumerate(reader, start=2)]
+            try:
+                rows = [(number, row) for number, row in enumerate(reader, start=2)]
+            except csv.Error as error:  # e.g. a field over csv's size limit (a huge caption)
+                raise ValueError(f"{path}, line {reader.line_num + 1}: not valid CSV ({error})") from None
     else:
         raise ValueError(f"manifest {path}: use a .jsonl or .csv file")
     entries = []
@@ -123,14 +130,15 @@ def read_manifest(path: Path, image_key: str, caption_key: str) -> list[tuple[st
         where = f"{path}, line {number}"
         if not row.get(image_key):
             raise ValueError(f"{where}: no {image_key!r} field: give each entry an image path")
-        entries.append((row[image_key], _caption(row.get(caption_key), where), where))
+        entries.append((row[image_key], captions(row.get(caption_key), where), where))
     if not entries:
         raise ValueError(f"manifest {path} has no entries")
     return entries
 
 
-def read_pairs(root: Path) -> list[tuple[Path, str, str]]:
+def read_pairs(root: Path, captions: CaptionReader | None = None) -> list[tuple[Path, str, str]]:
     """(image, caption, where) for every image under root with a .txt of the same name beside it."""
+    captions = captions or CaptionReader()
     images = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not images:
         raise ValueError(
@@ -141,14 +149,8 @@ def read_pairs(root: Path) -> list[tuple[Path, str, str]]:
         text_file = image.with_suffix(".txt")
         if not text_file.is_file():
             raise FileNotFoundError(f"{image} has no caption file {text_file.name} beside it: add one, or use data.manifest")
-        entries.append((image, _caption(text_file.read_text(encoding="utf-8"), str(text_file)), str(text_file)))
+        entries.append((image, captions(text_file.read_text(encoding="utf-8"), str(text_file)), str(text_file)))
     return entries
-
-
-def _caption(text, where: str) -> str:
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{where}: empty caption: give every image a non-empty caption")
-    return text.strip()
 
 
 def _check_files(entries) -> None:
@@ -168,6 +170,7 @@ class FolderDataModule(CaptionDataModule):
         on_bad_image: str = "skip",
         image_key: str = "image",
         caption_key: str = "caption",
+        max_caption_chars: int = MAX_CAPTION_CHARS,
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
@@ -178,7 +181,7 @@ class FolderDataModule(CaptionDataModule):
         check_on_bad_image(on_bad_image)
         self.dataset_args = dict(
             root=root, manifest=manifest, resolution=resolution, on_bad_image=on_bad_image,
-            image_key=image_key, caption_key=caption_key,
+            image_key=image_key, caption_key=caption_key, max_caption_chars=max_caption_chars,
         )
 
     def build_dataset(self) -> FolderDataset:

@@ -32,6 +32,7 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from numdev.atomic import write_bytes
+from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader
 from numdev.data.datamodule import CaptionDataModule, consumed_batches, rank_and_world
 from numdev.data.images import DECODE_ERRORS, check_on_bad_image, decode, to_tensor
 
@@ -109,8 +110,10 @@ class ShardStream(IterableDataset):
         shuffle_buffer: int = 1000,
         caption_extension: str = "txt",
         on_bad_image: str = "skip",
+        max_caption_chars: int = MAX_CAPTION_CHARS,
     ):
         self.shards, self.resolution, self.seed = shards, resolution, seed
+        self.captions = CaptionReader(max_caption_chars)
         self.batch_size, self.start_batch = batch_size, start_batch
         self.rank, self.world_size = rank, world_size
         self.shuffle_buffer, self.caption_extension = shuffle_buffer, caption_extension
@@ -154,9 +157,7 @@ class ShardStream(IterableDataset):
         where = f"shard {shard}, sample {key!r}"
         if self.caption_extension not in files:
             raise ValueError(f"{where}: no .{self.caption_extension} caption file: add one to every sample")
-        text = files[self.caption_extension].decode("utf-8", errors="replace").strip()
-        if not text:
-            raise ValueError(f"{where}: empty caption: give every image a non-empty caption")
+        text = self.captions(files[self.caption_extension].decode("utf-8", errors="replace"), where)
         extension = next((e for e in IMAGE_EXTENSIONS if e in files), None)
         if extension is None:
             raise ValueError(f"{where}: no image ({', '.join(IMAGE_EXTENSIONS)})")
@@ -192,6 +193,7 @@ class WebDataModule(CaptionDataModule):
         shuffle_buffer: int = 1000,
         caption_extension: str = "txt",
         on_bad_image: str = "skip",
+        max_caption_chars: int = MAX_CAPTION_CHARS,
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
@@ -204,6 +206,7 @@ class WebDataModule(CaptionDataModule):
         check_on_bad_image(on_bad_image)
         self.shards_spec, self.resolution, self.shuffle_buffer = shards, resolution, shuffle_buffer
         self.caption_extension, self.on_bad_image = caption_extension, on_bad_image
+        self.max_caption_chars = CaptionReader(max_caption_chars).max_chars  # checked here, before any shard is read
         self.shards: list[str] | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -214,7 +217,7 @@ class WebDataModule(CaptionDataModule):
         self.setup()
         return ShardStream(
             self.shards, self.resolution, self.seed, self.batch_size, start_batch, rank, world_size,
-            self.shuffle_buffer, self.caption_extension, self.on_bad_image,
+            self.shuffle_buffer, self.caption_extension, self.on_bad_image, self.max_caption_chars,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -229,7 +232,7 @@ class WebDataModule(CaptionDataModule):
         for _, files in read_shard(self.shards[0]):
             text = files.get(self.caption_extension, b"").decode("utf-8", errors="replace").strip()
             if text:
-                captions.append(text)
+                captions.append(text[: self.max_caption_chars])
             if len(captions) == n:
                 break
         if not captions:

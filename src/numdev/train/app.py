@@ -15,8 +15,9 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from numdev.errors import user_facing
+from numdev.errors import RunFailed, user_facing
 from numdev.train.run import train
+from numdev.workers import stop_worker_pools
 
 # conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
 # names the launcher plugins register; Hydra validates them against the plugins' schemas and warns
@@ -26,17 +27,33 @@ warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigSto
 
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     run = train(cfg)
     if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
         return
+    if run["status"] == "failed":  # non-finite values under callbacks.instability.policy=fail
+        raise RunFailed(
+            f"run failed: {run.get('error')}; {cfg.run_dir}/run.json says failed "
+            "(callbacks.instability.policy=record only records non-finite values)"
+        )
+    if run["status"] == "stopped":
+        raise RunFailed(f"run stopped at step {run['final_step']}: {run.get('stop_reason')}; {cfg.run_dir}/run.json says stopped")
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
         summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
-    if run.get("stop_reason"):
-        summary += f"  (stopped: {run['stop_reason']})"
+    if run.get("already_finished"):
+        summary = f"already finished at step {run['final_step']}: nothing to do -> {cfg.run_dir}"
     print(summary)
+
+
+
+def main() -> None:
+    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind."""
+    try:
+        run()
+    finally:
+        stop_worker_pools()
 
 
 if __name__ == "__main__":

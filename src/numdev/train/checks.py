@@ -9,7 +9,6 @@ line saying what to change, instead of minutes into training.
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from numdev.attention.registry import BackendUnavailable
 
@@ -48,25 +47,3 @@ def check_backend(backend, precision: str, dtype: torch.dtype, device: torch.dev
                     f"attention={backend.name} with precision={precision} on {device.type}: {error}; "
                     "change attention=, precision= or trainer="
                 ) from None
-
-
-# Values whose type a command-line override can get wrong (`model.hidden=abc`): checked before
-# anything is built, so the error names the key instead of a TypeError deep inside.
-INTEGER_KEYS = (
-    "model.hidden", "model.depth", "model.heads", "model.patch", "model.text.width", "model.text.heads",
-    "model.text.layers", "model.text.context_length", "data.resolution", "data.batch_size", "data.num_workers",
-    "optim.warmup_steps", "trainer.log_every_n_steps", "trainer.num_nodes", "callbacks.instability.warmup_steps",
-)
-NUMBER_KEYS = (
-    "optim.optimizer.lr", "optim.optimizer.weight_decay", "diffusion.p_uncond", "trainer.gradient_clip_val",
-    "diffusion.sampler.guidance", "diffusion.sampler.eta",
-)
-
-
-def check_types(cfg: DictConfig) -> None:
-    """INTEGER_KEYS hold integers, NUMBER_KEYS numbers (not bools, not strings), where present."""
-    for keys, types, what in ((INTEGER_KEYS, (int,), "an integer"), (NUMBER_KEYS, (int, float), "a number")):
-        for key in keys:
-            value = OmegaConf.select(cfg, key, default=None)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-                raise ValueError(f"{key}={value!r} must be {what}")

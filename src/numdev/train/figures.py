@@ -9,6 +9,8 @@ import torch
 
 from numdev.plotting import plt
 
+CAPTION_CHARS, CAPTION_LINES = 120, 5  # what a grid cell shows of a caption
+
 
 def sample_figure(images: torch.Tensor, captions: list[str], title: str, seen: list[dict] | None = None, columns: int = 6):
     """images (B, 3, H, W) in [-1, 1]; `seen` (optional) per image: {"colour", "shape", ...} found in it."""
@@ -20,7 +22,7 @@ def sample_figure(images: torch.Tensor, captions: list[str], title: str, seen: l
         if i >= n:
             continue
         ax.imshow(((images[i].detach().float().cpu().clamp(-1, 1) + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest")
-        label = "\n".join(textwrap.wrap(captions[i], 22))
+        label = "\n".join(textwrap.wrap(captions[i][:CAPTION_CHARS], 22)[:CAPTION_LINES])  # bounded: drawing is slow
         if seen is not None and seen[i] is not None:
             found = seen[i]
             label += f"\n[{found.get('colour') or '-'} {found.get('shape') or '-'}]"

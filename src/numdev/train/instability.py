@@ -17,7 +17,11 @@ All flags of a step are read back with a single host sync, in `on_before_optimiz
 
 What happens then is config (`policy` for non-finite values, `spike_policy` for spikes):
 
-- `record`: log and continue (the default: it never changes a run's trajectory);
+- `fail` (the default for non-finite values): the step is skipped as below, training stops, and
+  the run ends `failed` (run.json `status` and `error`, a non-zero exit, one console line naming
+  the first non-finite tensor and its step). Non-finite weights left at the end of training (an
+  update that made them so, e.g. lr=inf) fail the run the same way;
+- `record`: log and continue (the default for spikes: it never changes a run's trajectory);
 - `skip`: the step's update is not applied. All gradients are set to None before the optimizer
   step, so AdamW leaves the weights and its moments and step counts untouched (zeroing the
   gradients instead would still move the weights by the momentum and decay the moments). The
@@ -37,7 +41,6 @@ is the global step whose update was being computed (the weights of snapshot `ste
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -47,10 +50,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from numdev.atomic import write_json
 from numdev.models.attention import Attention, name_attention_layers
+from numdev.schemas import INSTABILITY, read_json_file
 
 FILE = "instability.json"
 FORMAT = 1
-POLICIES = ("record", "skip", "stop")
+POLICIES = ("record", "skip", "stop", "fail")
 
 
 def _policy(name: str, value) -> str:
@@ -100,7 +104,7 @@ class InstabilityMonitor(pl.Callback):
         spike_factor: float = 4.0,
         ema_beta: float = 0.98,
         warmup_steps: int = 50,
-        policy: str = "record",
+        policy: str = "fail",
         spike_policy: str = "record",
         check_loss: bool = True,
         check_gradients: bool = True,
@@ -113,6 +117,7 @@ class InstabilityMonitor(pl.Callback):
         self.check_loss, self.check_gradients, self.check_attention = check_loss, check_gradients, check_attention
         self.events: list[dict] = []
         self.stop_reason: str | None = None
+        self.failure: str | None = None  # set when a `fail` policy ended the run: the console line
         self._losses: list[torch.Tensor] = []
         self._attention: list[tuple[str, torch.Tensor]] = []
         self._handles: list = []
@@ -142,11 +147,8 @@ class InstabilityMonitor(pl.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         path = self.run_dir / FILE
         if trainer.global_step > 0 and path.is_file():  # resumed: keep the events before the checkpoint
-            try:
-                previous = json.loads(path.read_text(encoding="utf-8")).get("events", [])
-            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
-                raise ValueError(f"{path} is not valid JSON ({error}): move it aside to resume") from None
-            self.events = [e for e in previous if int(e.get("step", -1)) < trainer.global_step]
+            previous = read_json_file(path, INSTABILITY)["events"]  # one-line error naming file and field
+            self.events = [e for e in previous if e["step"] < trainer.global_step]
         if trainer.is_global_zero:
             self._write()
 
@@ -212,15 +214,17 @@ class InstabilityMonitor(pl.Callback):
                     return True
             return False
 
-        skip, stop = wants("skip") or wants("stop"), wants("stop")
+        fail = wants("fail")
+        skip, stop = wants("skip") or wants("stop") or fail, wants("stop") or fail
         if trainer.world_size > 1 and (self.policy != "record" or self.spike_policy != "record"):
             skip = trainer.strategy.reduce_boolean_decision(skip, all=False)
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            fail = trainer.strategy.reduce_boolean_decision(fail, all=False)
         if skip:
             for p in pl_module.parameters():
                 p.grad = None  # AdamW skips parameters without gradients: weights and moments untouched
         for e in events:
-            e["action"] = "stopped" if stop else "skipped" if skip else "recorded"
+            e["action"] = "failed" if fail else "stopped" if stop else "skipped" if skip else "recorded"
         if stop:
             first = events[0] if events else {"kind": "instability on another rank", "step": step}
             where = first.get("first_layer") or ", ".join(first.get("parameters", [])[:3])
@@ -229,12 +233,37 @@ class InstabilityMonitor(pl.Callback):
                 f"(callbacks.instability.policy={self.policy}); the update of that step was not applied"
             )
             trainer.should_stop = True
-            rank_zero_warn(f"numdev-train: stopping: {self.stop_reason}")
+            if fail:
+                self.failure = self.stop_reason
+            else:
+                rank_zero_warn(f"numdev-train: stopping: {self.stop_reason}")
         if events:
             self.events.extend(events)
             if trainer.is_global_zero:
                 self._log(trainer, events)
                 self._write()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """Weights made non-finite by the last update(s) (nothing after them was computed to see it)."""
+        if self.policy == "record" or self.failure is not None:
+            return
+        params = list(getattr(pl_module, "model", pl_module).named_parameters())
+        if not params:
+            return
+        norms = torch._foreach_norm([p.detach() for _, p in params])
+        if bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum())):  # one host sync
+            return
+        bad = [name for name, p in params if not torch.isfinite(p.detach()).all()]
+        step = trainer.global_step
+        event = {"step": step, "kind": "nonfinite_weights", "parameters": bad[:20], "count": len(bad), "action": "failed"}
+        self.events.append(event)
+        self.failure = self.stop_reason = (
+            f"nonfinite_weights after step {step} in {bad[0]} ({len(bad)} of {len(params)} tensors) "
+            f"(callbacks.instability.policy={self.policy})"
+        )
+        if trainer.is_global_zero:
+            self._log(trainer, [event])
+            self._write()
 
     def _log(self, trainer, events: list[dict]) -> None:
         if not trainer.logger:

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import lightning
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 import numdev
+from numdev import schemas
 from numdev.atomic import write_json, write_text
 
 CONFIG = "config.yaml"
 RUN = "run.json"
 # Keys a resumed run may change: they do not touch the weights' trajectory.
-RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
+RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
 ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None}
@@ -36,8 +35,9 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     path = run_dir / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"resume=true but {path} does not exist: point hydra.run.dir at the run to resume")
-    saved = _flatten(yaml.safe_load(path.read_text(encoding="utf-8")))
+    saved = _flatten(schemas.read_yaml_file(path, schemas.CONFIG))
     now = _flatten(resolved(cfg))
+    saved = _relocated(saved, saved.get("run_dir"), now.get("run_dir"))
     differ = sorted(
         k for k in set(saved) | set(now)
         if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c) for c in RESUMABLE_CHANGES)
@@ -49,6 +49,21 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
             f"resume=true: the config differs from the run's {CONFIG} at {shown}"
             f"{' and more' if len(differ) > 3 else ''}: pass the original run's overrides"
         )
+
+
+def _relocated(flat: dict, old_dir, new_dir) -> dict:
+    """The saved config as if written in new_dir: a run directory copied or moved elsewhere stays
+    resumable (paths inside it, like callbacks' run_dir and checkpoint dirpath, move with it)."""
+    if not isinstance(old_dir, str) or not isinstance(new_dir, str) or old_dir == new_dir:
+        return flat
+    old = old_dir.rstrip("/")
+
+    def move(value):
+        if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+            return new_dir.rstrip("/") + value[len(old):]
+        return value
+
+    return {k: move(v) for k, v in flat.items()}
 
 
 def _added_key(key: str, value) -> bool:
@@ -71,7 +86,7 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None) -> dict:
     path = run_dir / RUN
-    previous = json.loads(path.read_text(encoding="utf-8")) if resumed_from is not None and path.is_file() else {}
+    previous = read_run(run_dir) if resumed_from is not None and path.is_file() else {}
     record = {
         "numdev_version": numdev.__version__,
         "app": "train",
@@ -93,6 +108,20 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
         record["resumes"] = [*previous.get("resumes", []), {"from_step": resumed_from, "at": _now()}]
     write_json(path, record)
     return record
+
+
+def read_run(run_dir: Path) -> dict:
+    """run.json, checked against numdev.schemas.RUN_RESUMES (one-line ValueError naming file and field)."""
+    return schemas.read_json_file(Path(run_dir) / RUN, schemas.RUN_RESUMES)
+
+
+def finished_record(run_dir: Path, cfg: DictConfig) -> dict | None:
+    """run.json if the run already finished all of cfg's steps (a requeue or a repeated resume), else None."""
+    if not (Path(run_dir) / RUN).is_file():
+        return None
+    run = read_run(run_dir)
+    done = run["status"] == "finished" and (run.get("final_step") or 0) >= int(cfg.trainer.max_steps)
+    return run if done else None
 
 
 def finish_record(run_dir: Path, record: dict, status: str, **fields) -> dict:

@@ -6,19 +6,27 @@ config composed in-process.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from numdev import schemas
 from numdev.atomic import remove_temporaries
+from numdev.config_schema import TRAIN, validate
+from numdev.errors import RunFailed
+from numdev.run_lock import RunLock
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
-from numdev.train.checks import check_accelerator, check_backend, check_types, compute_dtype
+from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
+from numdev.train.instability import FILE as INSTABILITY_FILE
 from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
 
@@ -58,7 +66,7 @@ def _seed(cfg: DictConfig, name: str) -> int:
 
 
 def _check_config(cfg: DictConfig) -> None:
-    check_types(cfg)
+    validate(cfg, TRAIN)  # every declared key's type and range (numdev.config_schema)
     steps = cfg.trainer.get("max_steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")
@@ -104,7 +112,12 @@ def train(cfg: DictConfig) -> dict:
     trainer, logger = build_trainer(cfg)
     check_launch(trainer)
     rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
+    # One live run per directory (rank 0 holds it for the job); released by the kernel if killed.
+    with RunLock(run_dir) if rank_zero else contextlib.nullcontext():
+        return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, logger, rank_zero)
 
+
+def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logger, rank_zero: bool) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
     if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
@@ -118,8 +131,15 @@ def train(cfg: DictConfig) -> dict:
             )
         record.check_resumable(run_dir, cfg)
         resumed_from = int(load_checkpoint(ckpt_path)["global_step"])  # weights_only=True; checks the file
+        done = record.finished_record(run_dir, cfg)
+        if done is not None:  # a requeue of a finished run: its records stay as they are
+            return {**done, "already_finished": True}
     elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
+    if resumed_from is not None:  # the run's own records are checked before anything is written
+        for name, schema in ((record.RUN, schemas.RUN_RESUMES), (INSTABILITY_FILE, schemas.INSTABILITY)):
+            if (run_dir / name).is_file():
+                schemas.read_json_file(run_dir / name, schema)
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
@@ -141,14 +161,32 @@ def train(cfg: DictConfig) -> dict:
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except BaseException as error:
+        interrupted = _signal_of(error)
+        step = int(trainer.global_step)
+        message = f"interrupted by {interrupted.name} at step {step}" if interrupted else f"{type(error).__name__}: {error}"[:500]
         try:
-            finish("failed", error=f"{type(error).__name__}: {error}"[:500])
+            finish("failed", error=message, final_step=step)
         except OSError:  # e.g. the disk is full: the original error is the one to report
             pass
+        if interrupted:
+            raise RunFailed(
+                f"{message}: {run_dir / record.RUN} says failed; to continue from the last checkpoint "
+                "run the same command with resume=auto", 128 + interrupted
+            ) from None
         raise
     results = _results(trainer)
-    status = "stopped" if "stop_reason" in results else "finished"
+    status = "failed" if "error" in results else "stopped" if "stop_reason" in results else "finished"
     return finish(status, final_step=int(trainer.global_step), **results)
+
+
+def _signal_of(error: BaseException) -> signal.Signals | None:
+    """The signal that ended training: Lightning turns SIGTERM into SIGTERMException and Ctrl-C
+    (SIGINT, KeyboardInterrupt) into sys.exit(1) raised while handling it."""
+    if isinstance(error, SIGTERMException):
+        return signal.SIGTERM
+    if isinstance(error, KeyboardInterrupt) or (isinstance(error, SystemExit) and isinstance(error.__context__, KeyboardInterrupt)):
+        return signal.SIGINT
+    return None
 
 
 def _holds_run(run_dir: Path) -> bool:
@@ -178,6 +216,8 @@ def _results(trainer) -> dict:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
         if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
             out["stop_reason"] = callback.stop_reason
+            if callback.failure:
+                out["error"] = callback.failure
         if isinstance(callback, SampleGrid) and callback.final is not None:
             final = callback.final
             out["eval"] = {k: final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}

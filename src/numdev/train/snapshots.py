@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 
 from numdev.atomic import write_bytes, write_json
+from numdev.schemas import SNAPSHOT_INDEX
 
 FORMAT = 1
 WEIGHTS_DIR = "weights"
@@ -90,6 +91,13 @@ def read_index(run_dir: str | Path) -> dict:
         raise SnapshotError(f"{path} is not valid JSON ({error}): the index is corrupt") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("snapshots"), list):
         raise SnapshotError(f"{path}: not a format-{FORMAT} snapshot index")
+    try:  # fields and types (numdev.schemas), and file names confined to weights/
+        SNAPSHOT_INDEX.check(path, index)
+    except ValueError as error:
+        raise SnapshotError(str(error)) from None
+    for entry in index["snapshots"]:
+        if entry["file"] != snapshot_name(entry["step"]):
+            raise SnapshotError(f"{path}: step {entry['step']} lists file {entry['file']!r}, not {snapshot_name(entry['step'])!r}: the index was edited")
     return index
 
 

@@ -1,0 +1,265 @@
+"""The types and ranges of numdev's config values: one place, checked once when a command starts.
+
+Each section of a config is declared by a dataclass whose fields are the keys, each with its check
+(`integer`, `number`, `boolean`, `integers`). `validate(cfg, SCHEMA)` checks every declared key
+that the composed config holds and raises one ValueError naming the first bad key:
+
+    model.heads=0 must be a positive integer
+    causal='false' must be true or false (unquoted: causal=false)
+
+Strings are never converted: a quoted `"false"` is refused rather than read as true, `"3"` is not an
+integer. Keys a schema does not declare are left alone (Hydra already refuses unknown keys), so to
+check a new key add one line to its section's dataclass, e.g. in `Inputs`:
+
+    lo: float | None = number()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class Check:
+    kind: str  # integer | number | boolean | integers
+    min: float | None = None  # inclusive
+    above: float | None = None  # exclusive lower bound
+    max: float | None = None  # inclusive
+    null: bool = False
+
+    def describe(self) -> str:
+        if self.kind == "boolean":
+            return "true or false"
+        if self.kind == "integers":
+            text = "a list of " + ("non-negative integers" if self.min == 0 else "integers") + ", e.g. [0,1]"
+        elif self.kind == "integer":
+            if self.max is None and self.min in (0, 1):
+                text = "a non-negative integer" if self.min == 0 else "a positive integer"
+            else:
+                text = "an integer" + _range(self.min, self.max)
+        else:
+            if self.max is None and self.min is None and self.above is not None:
+                text = "a positive number" if self.above == 0 else f"a number > {self.above:g}"
+            elif self.max is None and self.min == 0:
+                text = "a non-negative number"
+            else:
+                text = "a number" + _range(self.min, self.max)
+        return text + (" or null" if self.null else "")
+
+    def ok(self, value) -> bool:
+        if value is None:
+            return self.null
+        if self.kind == "boolean":
+            return isinstance(value, bool)
+        if self.kind == "integers":
+            return isinstance(value, (list, tuple, ListConfig)) and len(value) > 0 and all(
+                Check("integer", self.min).ok(v) for v in value
+            )
+        if isinstance(value, bool) or not isinstance(value, int if self.kind == "integer" else (int, float)):
+            return False
+        if not math.isfinite(value):
+            return False
+        return (
+            (self.min is None or value >= self.min)
+            and (self.above is None or value > self.above)
+            and (self.max is None or value <= self.max)
+        )
+
+
+def _range(lo, hi) -> str:
+    if lo is not None and hi is not None:
+        return f" in [{lo:g}, {hi:g}]"
+    return f" >= {lo:g}" if lo is not None else f" <= {hi:g}" if hi is not None else ""
+
+
+def integer(min: int | None = None, max: int | None = None, null: bool = False):
+    return field(default=None, metadata={"check": Check("integer", min=min, max=max, null=null)})
+
+
+def number(min: float | None = None, max: float | None = None, above: float | None = None, null: bool = False):
+    return field(default=None, metadata={"check": Check("number", min=min, max=max, above=above, null=null)})
+
+
+def boolean():
+    return field(default=None, metadata={"check": Check("boolean")})
+
+
+def integers(min: int | None = None):
+    return field(default=None, metadata={"check": Check("integers", min=min)})
+
+
+def validate(cfg: DictConfig, schema: dict[str, type]) -> None:
+    """Check every key that `schema` ({section prefix: dataclass}) declares and `cfg` holds."""
+    for prefix, section in schema.items():
+        for f in fields(section):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
+            if value is _ABSENT:
+                continue
+            check: Check = f.metadata["check"]
+            if not check.ok(value):
+                shown = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+                hint = ""
+                if check.kind == "boolean" and str(shown).lower() in ("true", "false"):
+                    hint = f" (unquoted: {key}={str(shown).lower()})"
+                elif isinstance(value, float) and not math.isfinite(value):
+                    hint = " (finite)"
+                raise ValueError(f"{key}={shown!r} must be {check.describe()}{hint}")
+
+
+# -- sections shared by both commands -------------------------------------------------------------
+@dataclass
+class Inputs:  # conf/inputs/*.yaml (numdev-bench)
+    scale: float = number(above=0)
+    quantize: bool = boolean()
+    outlier_std: float = number(min=0)
+    outlier_prob: float = number(min=0, max=1)
+
+
+@dataclass
+class Shape:
+    batch: int = integer(min=1)
+    heads: int = integer(min=1)
+    seq_q: int = integer(min=1)
+    seq_k: int | None = integer(min=1, null=True)
+    dim: int = integer(min=1)
+
+
+@dataclass
+class Tiles:
+    block_r: int | None = integer(min=1, null=True)
+    block_c: int | None = integer(min=1, null=True)
+    sram: int | None = integer(min=1, null=True)
+
+
+@dataclass
+class Bench:  # top-level keys of conf/bench.yaml
+    causal: bool = boolean()
+    seeds: list = integers(min=0)
+    memory_limit_gb: float | None = number(above=0, null=True)
+
+
+BENCH = {"": Bench, "shape": Shape, "tiles": Tiles, "inputs": Inputs}
+
+
+# -- numdev-train -------------------------------------------------------------------------------------
+@dataclass
+class Model:
+    hidden: int = integer(min=1)
+    depth: int = integer(min=1)
+    heads: int = integer(min=1)
+    patch: int = integer(min=1)
+
+
+@dataclass
+class TextModel:
+    width: int = integer(min=1)
+    heads: int = integer(min=1)
+    layers: int = integer(min=1)
+    context_length: int = integer(min=1)
+    output_dim: int = integer(min=1)
+
+
+@dataclass
+class Data:
+    resolution: int = integer(min=1)
+    batch_size: int = integer(min=1)
+    num_workers: int = integer(min=0)
+    max_caption_chars: int = integer(min=1)
+
+
+@dataclass
+class Trainer:
+    max_steps: int = integer(min=1)
+    log_every_n_steps: int = integer(min=1)
+    num_nodes: int = integer(min=1)
+    gradient_clip_val: float | None = number(min=0, null=True)
+    enable_progress_bar: bool = boolean()
+    enable_model_summary: bool = boolean()
+
+
+@dataclass
+class Optimizer:
+    lr: float = number(above=0)
+    weight_decay: float = number(min=0)
+
+
+@dataclass
+class Optim:
+    warmup_steps: int = integer(min=0)
+
+
+@dataclass
+class Diffusion:
+    p_uncond: float = number(min=0, max=1)
+
+
+@dataclass
+class Schedule:
+    num_steps: int = integer(min=1)
+
+
+@dataclass
+class Sampler:
+    steps: int = integer(min=1)
+    eta: float = number(min=0, max=1)
+    guidance: float = number(min=0)
+
+
+@dataclass
+class Seeds:
+    init: int = integer(min=0)
+    data: int = integer(min=0)
+    noise: int = integer(min=0)
+
+
+@dataclass
+class Every:  # a callback with a period
+    every_n_steps: int = integer(min=1)
+
+
+@dataclass
+class Samples:
+    every_n_steps: int = integer(min=1)
+    num_samples: int = integer(min=1)
+    seed: int = integer(min=0)
+
+
+@dataclass
+class Instability:
+    spike_factor: float = number(above=1)
+    ema_beta: float = number(min=0, max=0.999999)
+    warmup_steps: int = integer(min=0)
+    check_loss: bool = boolean()
+    check_gradients: bool = boolean()
+    check_attention: bool = boolean()
+
+
+@dataclass
+class Shadow:
+    every_n_steps: int = integer(min=1)
+    backward: bool = boolean()
+
+
+@dataclass
+class Sibling:
+    timeout_s: float = number(min=0)
+
+
+@dataclass
+class Train:  # top-level keys of conf/train.yaml
+    threads: int | None = integer(min=1, null=True)
+
+
+TRAIN = {
+    "": Train, "model": Model, "model.text": TextModel, "data": Data, "trainer": Trainer,
+    "optim": Optim, "optim.optimizer": Optimizer, "diffusion": Diffusion, "diffusion.schedule": Schedule,
+    "diffusion.sampler": Sampler, "seed": Seeds, "snapshot": Every, "callbacks.checkpoint": Every,
+    "callbacks.samples": Samples, "callbacks.instability": Instability, "callbacks.shadow": Shadow,
+    "sibling": Sibling,
+}
