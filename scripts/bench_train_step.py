@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from numdev.train.run import build_model, build_module
-from numdev.train.snapshots import SnapshotWriter, parameter_state
+from numdev.snapshot_store import SnapshotWriter, parameter_state
 
 
 def config(overrides: list[str]):

@@ -14,7 +14,7 @@ from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.instability import LossSpikeDetector
 from numdev.train.module import DiffusionModule
 from numdev.train.run import train
-from numdev.train.snapshots import list_snapshots, load_snapshot
+from numdev.snapshot_store import list_snapshots, load_snapshot
 
 LAYER = "blocks.0.cross_attn"
 

@@ -14,15 +14,17 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig
 
 from numdev.atomic import remove_temporaries
+from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.train import record
-from numdev.train.callbacks import SampleGrid, WeightSnapshots
+from numdev.train.callbacks import SampleGrid
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, check_types, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
+from numdev.train.sibling import SiblingDistance
+from numdev.train.snapshots import WeightSnapshots
 
-CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 
 def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
@@ -123,7 +125,7 @@ def train(cfg: DictConfig) -> dict:
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
-        for sub in ("weights", "checkpoints", "."):
+        for sub in (WEIGHTS_DIR, CHECKPOINT.parent, "."):
             remove_temporaries(run_dir / sub)
     if rank_zero:
         record.write_config(run_dir, cfg)
@@ -152,7 +154,7 @@ def train(cfg: DictConfig) -> dict:
 
 
 def _holds_run(run_dir: Path) -> bool:
-    return (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists()
+    return (run_dir / CHECKPOINT).exists() or (run_dir / WEIGHTS_DIR).exists()
 
 
 def _resume_mode(cfg: DictConfig, run_dir: Path):
@@ -176,6 +178,8 @@ def _results(trainer) -> dict:
     for callback in trainer.callbacks:
         if isinstance(callback, WeightSnapshots) and callback.seconds:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
+        if isinstance(callback, SiblingDistance) and callback.seconds:
+            out["sibling_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
         if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
             out["stop_reason"] = callback.stop_reason
         if isinstance(callback, SampleGrid) and callback.final is not None:
