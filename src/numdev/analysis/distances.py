@@ -224,7 +224,7 @@ def wasserstein_1d(u: torch.Tensor, v: torch.Tensor) -> float:
     |F_u - F_v| over the merged support; a stable merge of the two sorted arrays tells, at every
     merged point, how many values of each side lie at or below it. Sums are float64.
     """
-    us, vs = np.sort(_numpy(u).reshape(-1)), np.sort(_numpy(v).reshape(-1))
+    us, vs = (np.sort(t.detach().cpu().to(torch.float64).reshape(-1).numpy()) for t in (u, v))
     if us.size == 0 or vs.size == 0:
         raise ValueError("Wasserstein distance needs two non-empty tensors")
     if not (np.isfinite(us[[0, -1]]).all() and np.isfinite(vs[[0, -1]]).all()):
