@@ -160,3 +160,21 @@ def test_mismatched_architectures_name_the_tensor():
 def test_nonfinite_weights_are_an_error():
     with pytest.raises(ValueError, match="NaN"):
         wasserstein_1d(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]))
+
+
+def test_the_pooled_sort_in_value_ranges_and_the_reused_sorts_equal_a_fresh_sort():
+    g = torch.Generator().manual_seed(3)
+    state = {"emb": torch.randn(3000, 64, generator=g) * 0.02, "w": torch.randn(300, 200, generator=g), "z": torch.zeros(7)}
+    rows = {"emb": np.arange(0, 3000, 7)}
+    fresh = prepare(state, rows, threads=1)
+    ranged = prepare(state, rows, threads=3)
+    whole = np.sort(np.concatenate([t.numpy().reshape(-1) for t in state.values()]))
+    assert np.array_equal(fresh.pooled_sorted, whole) and np.array_equal(ranged.pooled_sorted, whole)
+    moved = {k: v.clone() for k, v in state.items()}
+    moved["w"] += 1e-3  # the unindexed embedding rows stay as they were, as in training
+    again = prepare(moved, rows, threads=2, previous=ranged)
+    assert again.sorted["emb[unindexed]"] is ranged.sorted["emb[unindexed]"]  # reused, not sorted again
+    reference = prepare(moved, rows, threads=1)
+    assert all(np.array_equal(again.sorted[n], reference.sorted[n]) for n in reference.sorted)
+    assert np.array_equal(again.pooled_sorted, reference.pooled_sorted)
+    assert again.std == reference.std and again.sum_squares == reference.sum_squares

@@ -10,7 +10,7 @@ token_rows.json, are their own set), and logs them to TensorBoard:
 
     sibling/<label>/<metric>                                   the model row (numdev.run_layout.MODEL_ROW)
     sibling_tensors/<label>/<set>/<metric>                     per weight set
-    sibling_diff/<label>/model (histogram of all differences), sibling_diff/<label>/<tensor>
+    sibling_diff/<label>/model, sibling_diff/<label>/<tensor>   histograms of the differences (sampled)
 
 and keeps the rows in <run_dir>/sibling/<label>.csv (numdev.run_layout.DISTANCE_COLUMNS, the
 columns of numdev-compare's CSV). `seconds` keeps what each comparison cost.
@@ -51,7 +51,7 @@ from numdev.snapshot_store import SnapshotError, list_snapshots, load_snapshot, 
 from numdev.train.snapshots import WeightSnapshots
 
 FINISHED = ("finished", "failed", "stopped")
-HISTOGRAM_BINS = 100  # uniform bins: numpy's fast path (TensorBoard's default bins cost more than the comparison)
+HISTOGRAM_VALUES = 1 << 18
 
 
 class SiblingError(ValueError):
@@ -79,7 +79,9 @@ class SiblingDistance(pl.Callback):
         self.label = label or (self.reference.name if self.reference is not None else "")
         self.rows: list[dict] = []
         self.seconds: list[float] = []
-        self._reference_cache: tuple[tuple, Prepared] | None = None  # (step, sha256, rows) -> prepared reference
+        # The latest prepared (sorted) weights of each side: a set unchanged since then is not sorted again.
+        self._reference: tuple[tuple, Prepared] | None = None  # ((step, sha256, rows), prepared reference)
+        self._mine: Prepared | None = None
 
     @property
     def active(self) -> bool:
@@ -145,9 +147,11 @@ class SiblingDistance(pl.Callback):
         check_same_architecture(state, theirs, where=f"sibling {self.reference} at step {step}")
         rows = indexed_rows([read_token_rows(self.run_dir), read_token_rows(self.reference)], step)
         key = (step, snapshot_sha256(self.reference, step), _rows_key(rows))
-        if self._reference_cache is None or self._reference_cache[0] != key:
-            self._reference_cache = (key, prepare(theirs, rows, self.threads))
-        distances = compare(prepare(state, rows, self.threads), self._reference_cache[1], self.threads)
+        if self._reference is None or self._reference[0] != key:
+            previous = self._reference[1] if self._reference is not None else None
+            self._reference = (key, prepare(theirs, rows, self.threads, previous))
+        self._mine = prepare(state, rows, self.threads, self._mine)
+        distances = compare(self._mine, self._reference[1], self.threads)
         return distances, state, theirs
 
     def write_rows(self) -> None:
@@ -162,14 +166,22 @@ class SiblingDistance(pl.Callback):
             metrics.update({f"sibling_tensors/{label}/{name}/{k}": v for k, v in values.items() if k not in ("numel", "pooled_wasserstein")})
         trainer.logger.log_metrics(metrics, step=step)
         experiment = getattr(trainer.logger, "experiment", None)
-        if self.histograms == "none" or not hasattr(experiment, "add_histogram"):
-            return
+        if self.histograms != "none" and hasattr(experiment, "add_histogram"):
+            self.log_histograms(experiment, step, mine, theirs)
+
+    def log_histograms(self, experiment, step: int, mine: dict, theirs: dict) -> None:
+        """Histograms of the differences, each of at most HISTOGRAM_VALUES of them at a fixed stride
+        (a picture: the exact numbers are the CSV's; TensorBoard's binning costs more than the comparison)."""
         names = sorted(mine)
-        diff = torch.cat([(mine[n] - theirs[n]).flatten() for n in names])
-        experiment.add_histogram(f"sibling_diff/{label}/model", diff, global_step=step, bins=HISTOGRAM_BINS)
+        total = sum(mine[n].numel() for n in names)
+        stride = max(1, -(-total // HISTOGRAM_VALUES))
+        diff = torch.cat([(mine[n].flatten()[::stride] - theirs[n].flatten()[::stride]) for n in names])
+        experiment.add_histogram(f"sibling_diff/{self.label}/model", diff, global_step=step)
         if self.histograms == "all":
             for name in names:
-                experiment.add_histogram(f"sibling_diff/{label}/{name}", mine[name] - theirs[name], global_step=step, bins=HISTOGRAM_BINS)
+                stride = max(1, -(-mine[name].numel() // HISTOGRAM_VALUES))
+                values = mine[name].flatten()[::stride] - theirs[name].flatten()[::stride]
+                experiment.add_histogram(f"sibling_diff/{self.label}/{name}", values, global_step=step)
 
     # -- waiting for the sibling ------------------------------------------------------------------------
 
