@@ -41,8 +41,12 @@ class SnapshotError(ValueError):
 
 
 def parameter_state(named_parameters) -> dict[str, torch.Tensor]:
-    """name -> float32, contiguous CPU copy, from (name, tensor) pairs."""
-    return {name: p.detach().to(device="cpu", dtype=torch.float32).contiguous() for name, p in named_parameters}
+    """name -> float32, contiguous CPU copy, from (name, tensor) pairs (a copy even of float32 CPU
+    parameters: listeners keep the state of a step after training has moved on)."""
+    return {
+        name: p.detach().to(device="cpu", dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
+        for name, p in named_parameters
+    }
 
 
 class SnapshotWriter:

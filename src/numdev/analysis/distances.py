@@ -90,6 +90,7 @@ def prepare(
 
     With `previous` (this run's Prepared of an earlier step), a set whose values are bitwise equal
     to that step's reuses its sort: the token-embedding rows no caption indexes never change.
+    The result holds views of `state`'s tensors: pass copies that nothing modifies afterwards.
     """
     values = split_sets(state, indexed_rows)
     for name, v in values.items():
