@@ -182,3 +182,18 @@ def test_a_truncated_distance_csv_names_the_file(tmp_path):
                     "0,__model__,10,0.0,0.0,0.0,0.0,0.0,0.0\n2,__model__,10,0.5\n")  # cut mid-row
     with pytest.raises(ValueError, match=r"ref.csv: not a table with the columns step, tensor, numel, max_abs, .*truncated"):
         read_csv(path)
+
+
+def test_the_unindexed_embedding_rows_are_their_own_set(runs):
+    """No caption indexes them: identical in the Flash pair (same init, no gradient), independent draws in the init pair."""
+    name = "text.encoder.token_embedding.weight"
+    token_rows = json.loads((runs / "flash" / "token_rows.json").read_text())
+    assert token_rows["source"] == "declared" and token_rows["tensor"] == name
+    last = lambda run: {r["tensor"]: r for r in read_csv(runs / run / "sibling" / "ref.csv") if r["step"] == 4}  # noqa: E731
+    flash, init = last("flash"), last("init")
+    width = flash[name]["numel"] // len(token_rows["ids"])
+    assert flash[name + "[unindexed]"]["numel"] == (token_rows["rows"] - len(token_rows["ids"])) * width
+    assert flash[name + "[unindexed]"]["max_abs"] == 0.0 and flash[name]["max_abs"] > 0  # the indexed rows train
+    assert init[name + "[unindexed]"]["mean_abs"] > 1e-3
+    trained = sum(r["numel"] for t, r in flash.items() if t != MODEL and not t.endswith("[unindexed]"))
+    assert flash[MODEL]["numel"] == trained
