@@ -1,6 +1,8 @@
-"""Training-step time per attention backend, and what a weight snapshot costs. Prints JSON.
+"""Training-step time per attention backend and precision, and what a weight snapshot and a live
+sibling comparison cost. Prints JSON (and writes it with --out).
 
-    python scripts/bench_train_step.py                      dit_tiny on CPU (+ dit_base on a GPU, if any)
+    python scripts/bench_train_step.py                      dit_tiny on CPU, fp32 and bf16-mixed (+ dit_base on a GPU, if any)
+    python scripts/bench_train_step.py --cpu-precision bf16-mixed --threads 2
     python scripts/bench_train_step.py --steps 30 --gpu-backends sdpa_flash,baseline
 
 A step is what the LightningModule does per batch - noise draw, text tower, DiT forward, loss,
@@ -8,7 +10,10 @@ backward, gradient clipping, AdamW - on the run's own config (conf/train.yaml + 
 outside Lightning's loop so only the model's work is measured (median of --steps after
 --warmup). The snapshot cost is one full WeightSnapshots write (float32 copy, safetensors,
 sha256, atomic file + index writes) divided by the training time between two snapshots at the
-default interval (snapshot.every_n_steps x the baseline's step time).
+default interval (snapshot.every_n_steps x the baseline's step time). The sibling comparison cost
+is what the sibling callback adds at each snapshot step (scripts/bench_wasserstein.py's
+live_comparison: load and verify the reference's snapshot, sort, compare, write the CSV), divided
+the same way. Threads are pinned (--threads) and recorded with the machine (numdev.provenance).
 """
 
 from __future__ import annotations
@@ -17,15 +22,22 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+from bench_wasserstein import make_runs  # scripts/ is on sys.path when a script in it runs
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from numdev.analysis.distances import distance_rows
+from numdev.atomic import write_json
+from numdev.provenance import provenance
+from numdev.snapshot_store import SnapshotWriter, parameter_state
 from numdev.train.run import build_model, build_module
-from numdev.train.snapshots import SnapshotWriter, parameter_state
+from numdev.train.sibling import SiblingDistance
 
 
 def config(overrides: list[str]):
@@ -130,6 +142,33 @@ def snapshot_cost(model: str, step_seconds: float, repeats: int = 3) -> dict:
     }
 
 
+def sibling_cost(model: str, step_seconds: float, threads: int, repeats: int = 3) -> dict:
+    """A live sibling comparison at a snapshot step after the first, against the training time between snapshots."""
+    with tempfile.TemporaryDirectory() as root:
+        mine_dir, reference_dir, states = make_runs(Path(root), model)
+        callback = SiblingDistance(str(mine_dir), str(reference_dir), label="bench", threads=threads)
+        callback.measure(1, states[1])
+        after_step_1 = (callback._reference, callback._mine)
+        seconds = []
+        for _ in range(repeats):
+            callback._reference, callback._mine = after_step_1
+            start = time.perf_counter()
+            distances, _, _ = callback.measure(2, states[2])
+            callback.rows = distance_rows(2, distances)
+            callback.write_rows()
+            seconds.append(time.perf_counter() - start)
+    parameters = sum(t.numel() for t in states[2].values())
+    every = config([f"model={model}"]).snapshot.every_n_steps
+    compare = statistics.median(seconds)
+    return {
+        "model": model,
+        "parameters": parameters,
+        "compare_seconds_median": compare,
+        "us_per_parameter": compare / parameters * 1e6,
+        "fraction_of_training_time": compare / (every * step_seconds),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -139,16 +178,30 @@ def main() -> None:
     parser.add_argument("--gpu-precision", default="bf16-mixed")
     parser.add_argument("--gpu-resolution", type=int, default=32, help="dit_base has patch 2: 32 -> 256 image tokens")
     parser.add_argument("--gpu-batch", type=int, default=32)
+    parser.add_argument("--cpu-precision", default="fp32,bf16-mixed", help="comma-separated precision configs for the CPU rows")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--no-gpu", action="store_true")
+    parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     cpu = torch.device("cpu")
     report = {
+        "script": "scripts/bench_train_step.py " + " ".join(sys.argv[1:]),
+        "provenance": provenance(threads=torch.get_num_threads()),
         "host": {"machine": platform.machine(), "processor": platform.processor(), "threads": torch.get_num_threads()},
         "torch": torch.__version__,
-        "cpu": bench("dit_tiny", args.cpu_backends.split(","), "fp32", [], args.steps, args.warmup, cpu),
+        "cpu": [
+            row
+            for precision in args.cpu_precision.split(",")
+            for row in bench("dit_tiny", args.cpu_backends.split(","), precision, [], args.steps, args.warmup, cpu)
+        ],
     }
-    report["snapshot"] = snapshot_cost("dit_tiny", report["cpu"][0]["step_seconds_median"])
+    step_seconds = report["cpu"][0]["step_seconds_median"]
+    report["snapshot"] = snapshot_cost("dit_tiny", step_seconds)
+    report["sibling"] = sibling_cost("dit_tiny", step_seconds, torch.get_num_threads())
+    report["snapshot_and_sibling_fraction"] = report["snapshot"]["fraction_of_training_time"] + report["sibling"]["fraction_of_training_time"]
     if torch.cuda.is_available() and not args.no_gpu:
         gpu = torch.device("cuda")
         report["gpu_name"] = torch.cuda.get_device_name(0)
@@ -157,6 +210,8 @@ def main() -> None:
     else:
         report["gpu"] = None
     print(json.dumps(report, indent=2))
+    if args.out:
+        write_json(Path(args.out), report)
 
 
 if __name__ == "__main__":

@@ -1,46 +1,185 @@
-"""Wasserstein-1 of numdev against scipy.stats.wasserstein_distance on large weight vectors.
-Prints JSON (target: >= 10x faster than SciPy at 10M elements, equal to it to 1e-9 relative).
+"""What a live sibling weight comparison costs, in µs per parameter, and that its numbers equal SciPy's.
+Prints JSON (and writes it with --out). Target: live_comparison <= 0.03 µs per parameter.
 
-    python scripts/bench_wasserstein.py [--n 10000000]
+    python scripts/bench_wasserstein.py [--model dit_tiny] [--repeats 5] [--threads 2] [--out bench.json]
+
+Two runs are stood in for by the model's initial weights (seed.init=0) moved twice by N(0, 1e-3)
+noise (of the token embedding only the rows the shapes captions index), written as snapshots at
+steps 1 and 2 with a token_rows.json into temporary run directories, as training writes them. Cases, each the median
+(and min, max) of --repeats wall-clock timings, divided by the parameter count, and the median CPU
+time of all threads (cpu_us_per_parameter_median):
+
+  live_comparison   what the sibling callback does at a snapshot step after the first: load and
+                    verify the reference's snapshot, sort both sides (the sets that changed since
+                    the previous snapshot step, and the pooled values), compare, write the CSV
+                    (numdev.train.sibling.SiblingDistance.measure + write_rows)
+  live_comparison_first_step   the same with nothing prepared before (every set sorted)
+  prepare_one_side  numdev.analysis.distances.prepare of one state (the sorts)
+  compare_prepared  numdev.analysis.distances.compare of two prepared states
+  histogram         TensorBoard's histogram of every difference (sibling.histograms=model), not in the above
+  scipy_pooled_w1   scipy.stats.wasserstein_distance of the two whole models (float64), for scale
+
+Equality: every set's W1 and the pooled W1 against scipy.stats.wasserstein_distance in float64
+(the largest relative difference). Threads are pinned (torch, and the comparison's own pool) and
+recorded with the machine (numdev.provenance). Timings on a shared machine are not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import scipy.stats
 import torch
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+from torch.utils.tensorboard import SummaryWriter
 
-from numdev.analysis.distances import wasserstein_1d
+from numdev.analysis.distances import compare, distance_rows, prepare, split_sets
+from numdev.atomic import write_json
+from numdev.provenance import provenance
+from numdev.run_layout import indexed_rows, read_token_rows
+from numdev.snapshot_store import SnapshotWriter, parameter_state
+from numdev.train.run import build_model
+from numdev.train.sibling import SiblingDistance
+from numdev.train.token_rows import TokenRows, embedding_name
 
 
-def best_of(fn, args, repeats):
-    times, value = [], None
+def timed(fn, repeats: int) -> dict:
+    """Wall and CPU seconds (all threads; less sensitive to a shared machine) of `repeats` calls."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        value = fn(*args)
-        times.append(time.perf_counter() - start)
-    return value, min(times)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return {"wall": wall, "cpu": cpu}
+
+
+def per_parameter(timing: dict, parameters: int) -> dict:
+    wall, cpu = timing["wall"], timing["cpu"]
+    return {
+        "us_per_parameter_median": statistics.median(wall) / parameters * 1e6,
+        "us_per_parameter_min": min(wall) / parameters * 1e6,
+        "us_per_parameter_max": max(wall) / parameters * 1e6,
+        "cpu_us_per_parameter_median": statistics.median(cpu) / parameters * 1e6,
+        "seconds_median": statistics.median(wall),
+        "repeats": len(wall),
+    }
+
+
+def make_runs(root: Path, model_name: str) -> tuple[Path, Path, dict[int, dict[str, torch.Tensor]]]:
+    """Two run directories with snapshots at steps 1 and 2 (the trained sets move between them, the
+    unindexed embedding rows do not, as in training); returns this run's states by step."""
+    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["run_dir=unused", f"model={model_name}"])
+    model = build_model(cfg, instantiate(cfg.attention))
+    datamodule = instantiate(cfg.data)
+    initial = parameter_state(model.named_parameters())
+    embedding = embedding_name(model)
+    runs = {"reference": root / "reference", "mine": root / "mine"}
+    for run_dir in runs.values():
+        TokenRows(run_dir, embedding, initial[embedding].shape[0], model.tokenize).start(datamodule.caption_vocabulary(), 0)
+    rows = torch.from_numpy(indexed_rows([read_token_rows(runs["mine"])], 0)[embedding])
+    g = torch.Generator().manual_seed(0)
+
+    def moved(state):
+        out = {k: v + torch.randn(v.shape, generator=g) * 1e-3 for k, v in state.items()}
+        out[embedding] = state[embedding].clone()
+        out[embedding][rows] += torch.randn(len(rows), state[embedding].shape[1], generator=g) * 1e-3
+        return out
+
+    shapes = {k: list(v.shape) for k, v in initial.items()}
+    states = {}
+    for name, run_dir in runs.items():
+        writer = SnapshotWriter(run_dir, model_name, shapes)
+        states[name] = {1: moved(initial)}
+        states[name][2] = moved(states[name][1])
+        for step, state in states[name].items():
+            writer.write(step, state)
+    return runs["mine"], runs["reference"], states["mine"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, default=10_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="dit_tiny")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads and the comparison's thread pool")
+    parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for n_v in (args.n, int(args.n * 0.7)):
-        u = torch.randn(args.n, generator=g) * 0.02
-        v = u[:n_v] + torch.randn(n_v, generator=g) * 1e-4  # a perturbed sibling
-        ours, ours_s = best_of(wasserstein_1d, (u, v), args.repeats)
-        u64, v64 = u.double().numpy(), v.double().numpy()
-        ref, ref_s = best_of(scipy.stats.wasserstein_distance, (u64, v64), 1)
-        rows.append({"n_u": args.n, "n_v": n_v, "numdev_seconds": ours_s, "scipy_seconds": ref_s,
-                     "speedup": ref_s / ours_s, "relative_difference": abs(ours - ref) / ref})
-    print(json.dumps({"threads": torch.get_num_threads(), "cases": rows}, indent=2))
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mine_dir, reference_dir, states = make_runs(Path(tmp), args.model)
+        mine = states[2]
+        parameters = sum(t.numel() for t in mine.values())
+        callback = SiblingDistance(str(mine_dir), str(reference_dir), label="bench", threads=args.threads)
+
+        def live(step: int):
+            distances, _, theirs = callback.measure(step, states[step])
+            callback.rows = distance_rows(step, distances)
+            callback.write_rows()
+            live.result = (distances, theirs)
+
+        def first_step():  # nothing prepared yet: every set of both sides is sorted
+            callback._reference, callback._mine = None, None
+            live(2)
+
+        live(1)
+        after_step_1 = (callback._reference, callback._mine)
+
+        def next_step():  # step 1 prepared: the unchanged sets (the unindexed embedding rows) are reused
+            callback._reference, callback._mine = after_step_1
+            live(2)
+
+        cases = {
+            "live_comparison": per_parameter(timed(next_step, args.repeats), parameters),
+            "live_comparison_first_step": per_parameter(timed(first_step, args.repeats), parameters),
+        }
+        distances, theirs = live.result
+        rows = indexed_rows([read_token_rows(mine_dir), read_token_rows(reference_dir)], 1)
+        prepared_mine, prepared_theirs = prepare(mine, rows, args.threads), prepare(theirs, rows, args.threads)
+        cases["prepare_one_side"] = per_parameter(timed(lambda: prepare(mine, rows, args.threads), args.repeats), parameters)
+        cases["compare_prepared"] = per_parameter(
+            timed(lambda: compare(prepared_mine, prepared_theirs, args.threads), args.repeats), parameters
+        )
+        writer = SummaryWriter(str(Path(tmp) / "tensorboard"))
+        cases["histogram"] = per_parameter(timed(lambda: callback.log_histograms(writer, 2, mine, theirs), args.repeats), parameters)
+        writer.close()
+        whole = [np.concatenate([s[n].numpy().reshape(-1) for n in sorted(s)]).astype(np.float64) for s in (mine, theirs)]
+        cases["scipy_pooled_w1"] = per_parameter(timed(lambda: scipy.stats.wasserstein_distance(*whole), 1), parameters)
+
+        sets_mine, sets_theirs = split_sets(mine, rows), split_sets(theirs, rows)
+        relative = [
+            abs(distances["per_tensor"][n]["wasserstein"] - ref) / ref
+            for n in sets_mine
+            if (ref := scipy.stats.wasserstein_distance(sets_mine[n].astype(np.float64), sets_theirs[n].astype(np.float64))) > 0
+        ]
+        pooled = scipy.stats.wasserstein_distance(*whole)
+        report = {
+            "script": "scripts/bench_wasserstein.py " + " ".join(sys.argv[1:]),
+            "provenance": provenance(threads=args.threads),
+            "model": args.model,
+            "parameters": parameters,
+            "sets": len(sets_mine),
+            "target_us_per_parameter": 0.03,
+            "cases": cases,
+            "live_within_target": cases["live_comparison"]["us_per_parameter_median"] <= 0.03,
+            "equal_to_scipy": {
+                "per_set_w1_max_relative_difference": max(relative),
+                "pooled_w1_relative_difference": abs(distances["model"]["pooled_wasserstein"] - pooled) / pooled,
+            },
+        }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        write_json(Path(args.out), report)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def _report_sweep(tmp: Path, summary: str | None = None) -> None:
 
 
 def _snapshots(tmp: Path, name: str, shapes: dict | None = None, steps=(0, 2)) -> None:
-    from numdev.train.snapshots import SnapshotWriter
+    from numdev.snapshot_store import SnapshotWriter
 
     shapes = shapes or {"w": [3, 2]}
     writer = SnapshotWriter(tmp / name, "m", shapes)

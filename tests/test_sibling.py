@@ -13,10 +13,12 @@ from conftest import run_cli
 from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from numdev.analysis.compare import MODEL, compare_runs, read_csv
+from numdev.analysis.compare import compare_runs
+from numdev.run_layout import MODEL_ROW as MODEL
+from numdev.run_layout import read_distances_csv as read_csv
+from numdev.snapshot_store import SnapshotError, SnapshotWriter
 from numdev.train.run import train
 from numdev.train.sibling import SiblingDistance, SiblingError
-from numdev.train.snapshots import SnapshotError, SnapshotWriter
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,8 @@ def test_identical_runs_read_exactly_zero(runs):
     rows = read_csv(runs / "same" / "sibling" / "ref.csv")
     assert sorted({r["step"] for r in rows}) == [0, 2, 4]
     assert len(rows) > 3 * 40  # every tensor, every step
-    assert all(r["max_abs"] == 0.0 and r["wasserstein"] == 0.0 for r in rows)
+    metrics = ("max_abs", "mean_abs", "rel_frobenius", "wasserstein", "pooled_wasserstein")
+    assert all(r[m] == 0.0 for r in rows for m in (*metrics, "w1_over_std"))
 
 
 def test_perturbed_siblings_read_more_than_zero(runs):
@@ -84,7 +87,7 @@ def _snapshot_dir(tmp_path, name, shapes=None, steps=(0,)):
 
 
 def _callback(reference, tmp_path, timeout_s=0.0):
-    callback = SiblingDistance(str(tmp_path / "me"), str(reference), every_n_steps=2, timeout_s=timeout_s, poll_s=0.05)
+    callback = SiblingDistance(str(tmp_path / "me"), str(reference), timeout_s=timeout_s, poll_s=0.05)
     return callback
 
 
@@ -92,7 +95,7 @@ def test_the_callback_waits_for_a_snapshot_written_later_by_another_process(tmp_
     reference = _snapshot_dir(tmp_path, "sibling", steps=(0,))
     writer_code = (
         "import sys, time, torch\n"
-        "from numdev.train.snapshots import SnapshotWriter\n"
+        "from numdev.snapshot_store import SnapshotWriter\n"
         "time.sleep(1.5)\n"
         "SnapshotWriter(sys.argv[1], 'm', {'w': [4, 3]}).write(2, {'w': torch.full((4, 3), 2.0)})\n"
     )
@@ -175,6 +178,22 @@ def test_numdev_compare_reports_missing_steps_and_compares_the_rest(tmp_path):
 
 def test_a_truncated_distance_csv_names_the_file(tmp_path):
     path = tmp_path / "ref.csv"
-    path.write_text("step,tensor,max_abs,wasserstein\n0,__model__,0.0,0.0\n2,__model__,0.5\n")  # cut mid-row
-    with pytest.raises(ValueError, match=r"ref.csv: not a table with the columns step, tensor, max_abs, wasserstein .*truncated"):
+    path.write_text("step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n"
+                    "0,__model__,10,0.0,0.0,0.0,0.0,0.0,0.0\n2,__model__,10,0.5\n")  # cut mid-row
+    with pytest.raises(ValueError, match=r"ref.csv: not a table with the columns step, tensor, numel, max_abs, .*truncated"):
         read_csv(path)
+
+
+def test_the_unindexed_embedding_rows_are_their_own_set(runs):
+    """No caption indexes them: identical in the Flash pair (same init, no gradient), independent draws in the init pair."""
+    name = "text.encoder.token_embedding.weight"
+    token_rows = json.loads((runs / "flash" / "token_rows.json").read_text())
+    assert token_rows["source"] == "declared" and token_rows["tensor"] == name
+    last = lambda run: {r["tensor"]: r for r in read_csv(runs / run / "sibling" / "ref.csv") if r["step"] == 4}  # noqa: E731
+    flash, init = last("flash"), last("init")
+    width = flash[name]["numel"] // len(token_rows["ids"])
+    assert flash[name + "[unindexed]"]["numel"] == (token_rows["rows"] - len(token_rows["ids"])) * width
+    assert flash[name + "[unindexed]"]["max_abs"] == 0.0 and flash[name]["max_abs"] > 0  # the indexed rows train
+    assert init[name + "[unindexed]"]["mean_abs"] > 1e-3
+    trained = sum(r["numel"] for t, r in flash.items() if t != MODEL and not t.endswith("[unindexed]"))
+    assert flash[MODEL]["numel"] == trained

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from numdev.train.snapshots import SnapshotError, SnapshotWriter, list_snapshots, load_snapshot, snapshot_name
+from numdev.snapshot_store import SnapshotError, SnapshotWriter, list_snapshots, load_snapshot, snapshot_name
 
 SHAPES = {"a.weight": [2, 3], "b.bias": [4]}
 

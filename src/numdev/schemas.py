@@ -97,7 +97,7 @@ INSTABILITY = FileSchema(  # <run_dir>/instability.json (numdev.train.instabilit
     items={"events": INSTABILITY_EVENT},
 )
 SNAPSHOT_ENTRY = FileSchema("snapshot index entry", required={"step": int, "file": str, "sha256": str})
-SNAPSHOT_INDEX = FileSchema(  # <run_dir>/weights/index.json (numdev.train.snapshots)
+SNAPSHOT_INDEX = FileSchema(  # <run_dir>/weights/index.json (numdev.snapshot_store)
     "snapshot index", required={"format": int, "model": str, "param_shapes": dict, "snapshots": list},
     items={"snapshots": SNAPSHOT_ENTRY},
 )

@@ -3,8 +3,10 @@ from the saved safetensors files, on any machine, whatever launched the runs.
 
     numdev-compare RUN_A RUN_B [-o OUT_DIR] [--strict]
 
-Writes distances.csv (one row per step and tensor, plus `__model__` for the whole model) and
-distances.png (max |Δ| and Wasserstein-1 over training) into OUT_DIR (default: RUN_A/compare_<B>).
+Writes distances.csv (one row per step and weight set, plus `__model__` for the model: the
+columns of numdev.run_layout.DISTANCE_COLUMNS, defined in numdev.analysis.distances) and
+distances.png (the model's curves over training) into OUT_DIR (default: RUN_A/compare_<B>).
+Token-embedding rows that neither run's captions index (their token_rows.json) are their own set.
 Steps that only one run has are reported and skipped; --strict makes them an error.
 """
 
@@ -14,18 +16,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from numdev import tables
-from numdev.analysis.distances import weight_distances
+from numdev.analysis.distances import check_same_architecture, compare, distance_rows, prepare
 from numdev.atomic import WriteError, write_text
 from numdev.errors import fail
-from numdev.train.snapshots import list_snapshots, load_snapshot
+from numdev.run_layout import MODEL_ROW, TOKEN_ROWS, distances_to_csv, indexed_rows, read_token_rows
+from numdev.snapshot_store import list_snapshots, load_snapshot
 
-MODEL = "__model__"
-COLUMNS = {"step": int, "tensor": str, "max_abs": float, "wasserstein": float}
+PANELS = (
+    ("max_abs", "max |Δ| (trained weights)"),
+    ("mean_abs", "mean |Δ| (trained weights)"),
+    ("w1_over_std", "W1 / std, numel-weighted mean"),
+    ("pooled_wasserstein", "pooled W1 (whole model, the paper's)"),
+)
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
-    """Rows {step, tensor, max_abs, wasserstein} for every snapshot step both runs have."""
+    """Rows (numdev.run_layout.DISTANCE_COLUMNS) for every snapshot step both runs have; run_b is the reference."""
     steps_a, steps_b = set(list_snapshots(run_a)), set(list_snapshots(run_b))
     common = sorted(steps_a & steps_b)
     only_a, only_b = sorted(steps_a - steps_b), sorted(steps_b - steps_a)
@@ -36,41 +42,37 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
         if strict:
             raise ValueError(message + " (drop --strict to compare the common steps)")
         log(f"warning: {message}; comparing the {len(common)} common steps")
+    token_rows = [read_token_rows(run_a), read_token_rows(run_b)]
+    if sum(r is None for r in token_rows) == 1:  # (runs made before token_rows.json existed have none)
+        log(f"warning: only one run has {TOKEN_ROWS}: every token-embedding row is compared as trained")
     rows = []
     for step in common:
         try:
-            distances = weight_distances(load_snapshot(run_a, step), load_snapshot(run_b, step))
+            a, b = load_snapshot(run_a, step), load_snapshot(run_b, step)
+            check_same_architecture(a, b)
+            indexed = indexed_rows(token_rows, step)
+            rows.extend(distance_rows(step, compare(prepare(a, indexed), prepare(b, indexed))))
         except ValueError as error:
             raise ValueError(f"step {step}: {error}") from None
-        rows.append({"step": step, "tensor": MODEL, **distances["model"]})
-        rows.extend({"step": step, "tensor": name, **m} for name, m in distances["per_tensor"].items())
     return rows
 
 
 def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
-    model_rows = [r for r in rows if r["tensor"] == MODEL]
+    model_rows = [r for r in rows if r["tensor"] == MODEL_ROW]
     return [int(r["step"]) for r in model_rows], [float(r[metric]) for r in model_rows]
-
-
-def rows_to_csv(rows: list[dict]) -> str:
-    return tables.to_csv(rows, list(COLUMNS))
-
-
-def read_csv(path: str | Path) -> list[dict]:
-    return tables.read_csv(path, COLUMNS)
 
 
 def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:
     """One panel per metric; one line per named comparison (rows as compare_runs returns)."""
     from numdev.plotting import plt, save_png  # matplotlib only when a figure is made
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, metric, label in ((axes[0], "max_abs", "max |Δ|"), (axes[1], "wasserstein", "Wasserstein-1")):
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
+    for ax, (metric, label) in zip(axes, PANELS):
         for name, rows in curves.items():
             steps, values = model_curve(rows, metric)
             ax.plot(steps, values, "o-", ms=3, label=name)
         ax.set_xlabel("training step")
-        ax.set_ylabel(f"{label} (whole model)")
+        ax.set_ylabel(label)
         ax.set_yscale("symlog", linthresh=1e-12)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -88,13 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) if args.out else Path(args.run_a) / f"compare_{Path(args.run_b).name}"
     try:
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=lambda m: print(m, file=sys.stderr))
-        write_text(out / "distances.csv", rows_to_csv(rows))
+        write_text(out / "distances.csv", distances_to_csv(rows))
         plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
-    steps, w1 = model_curve(rows, "wasserstein")
-    _, max_abs = model_curve(rows, "max_abs")
-    print(f"{len(steps)} steps compared; at step {steps[-1]}: max |Δ| {max_abs[-1]:.3e}, W1 {w1[-1]:.3e}")
+    last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
+    print(
+        f"{len({r['step'] for r in rows})} steps compared; at step {last['step']}: max |Δ| {last['max_abs']:.3e}, "
+        f"mean |Δ| {last['mean_abs']:.3e}, W1/std {last['w1_over_std']:.3e}, pooled W1 {last['pooled_wasserstein']:.3e}"
+    )
     print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}")
 
 

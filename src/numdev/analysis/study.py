@@ -27,13 +27,14 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from numdev.analysis.compare import compare_runs, model_curve, read_csv
+from numdev.analysis.compare import compare_runs, model_curve
 from numdev.analysis.growth import __doc__ as GROWTH_DOC
 from numdev.analysis.growth import fit_growth, slope_ratio
 from numdev.atomic import WriteError, write_json
 from numdev.errors import fail
 from numdev.plotting import plt, save_png
-from numdev.train.snapshots import list_snapshots
+from numdev.run_layout import read_distances_csv, read_shadow_csv, sibling_csv_path
+from numdev.snapshot_store import list_snapshots
 
 ROLES = ("reference", "flash", "init", "fp32")
 # pair name -> (run, its sibling), as the paper's Fig. 8 names them
@@ -60,9 +61,9 @@ def study_curves(study_dir: Path, log=print) -> dict[str, list[dict]]:
         )
     curves = {}
     for pair, (run, sibling) in PAIRS.items():
-        live = study_dir / run / "sibling" / f"{sibling}.csv"
+        live = sibling_csv_path(study_dir / run, sibling)
         steps = list_snapshots(study_dir / sibling)
-        rows = read_csv(live) if live.is_file() else []
+        rows = read_distances_csv(live) if live.is_file() else []
         if sorted({r["step"] for r in rows}) != steps:
             log(f"[study] {pair}: computing the distances from the snapshots of {run}/ and {sibling}/")
             rows = compare_runs(study_dir / run, study_dir / sibling, log=log)
@@ -78,7 +79,7 @@ def analyse(study_dir: str | Path, log=print) -> dict:
     precision = runs["reference"].get("precision", "?")
     fits = {}
     for pair, rows in curves.items():
-        steps, w1 = model_curve(rows, "wasserstein")
+        steps, w1 = model_curve(rows, "pooled_wasserstein")  # the paper's whole-model W1
         _, max_abs = model_curve(rows, "max_abs")
         fits[pair] = {
             "label": PAIR_LABELS[pair].format(precision=precision),
@@ -141,8 +142,6 @@ def _run_record(run_dir: Path) -> dict:
 def _shadow_summary(path: Path) -> dict | None:
     if not path.is_file():
         return None
-    from numdev.train.shadow import read_shadow_csv
-
     rows = read_shadow_csv(path)
     out = {}
     for quantity in ("out", "dq", "dk", "dv"):

@@ -57,6 +57,12 @@ class CaptionDataModule(pl.LightningDataModule):
             self.dataset, batch_sampler=sampler, num_workers=self.num_workers, persistent_workers=False
         )
 
+    def caption_vocabulary(self) -> tuple[list[str], str] | None:
+        """Texts whose tokens are exactly the tokens every training caption can have, and a description
+        of them; None when the captions are not known before training (they are then recorded as seen).
+        The run records which token-embedding rows train from this (numdev.train.token_rows)."""
+        return None
+
     def preview_captions(self, n: int) -> list[str]:
         """n captions to generate samples for (the same ones at every logging step)."""
         self.setup()

@@ -187,6 +187,10 @@ class FolderDataModule(CaptionDataModule):
     def build_dataset(self) -> FolderDataset:
         return FolderDataset(**self.dataset_args)
 
+    def caption_vocabulary(self) -> tuple[list[str], str]:
+        self.setup()
+        return self.dataset.captions, f"the {len(self.dataset.captions)} captions of {self.dataset.root}"
+
     def preview_captions(self, n: int) -> list[str]:
         self.setup()
         return [self.dataset.captions[i % len(self.dataset)] for i in range(n)]

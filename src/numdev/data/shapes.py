@@ -170,6 +170,17 @@ class ShapesDataModule(CaptionDataModule):
     def build_dataset(self) -> ShapesDataset:
         return ShapesDataset(**self.dataset_args)
 
+    def caption_vocabulary(self) -> tuple[list[str], str]:
+        """Every one-object phrase, and one two-object caption for the joining "and": the tokenizer
+        encodes words one by one, so these hold every token a caption of this grammar can have."""
+        phrases = [
+            caption([ShapeSpec(colour, shape, size, position)])
+            for colour in COLOURS for shape in SHAPES for size in SIZES for position in POSITIONS
+        ]
+        if self.dataset_args["max_objects"] > 1:
+            phrases.append(f"{phrases[0]} and {phrases[1]}")
+        return phrases, f"the shapes caption grammar ({len(phrases)} phrases)"
+
     def preview_captions(self, n: int) -> list[str]:
         return [caption([spec]) for spec in preview_specs(n)]
 

@@ -1,4 +1,4 @@
-"""Training callbacks: weight snapshots, the resume checkpoint, generated samples with their scores."""
+"""Training callbacks: the resume checkpoint, generated samples with their scores (weight snapshots: train/snapshots.py)."""
 
 from __future__ import annotations
 
@@ -14,59 +14,12 @@ from numdev.diffusion import generate
 from numdev.plotting import save_png
 from numdev.train.evaluation import score_shapes
 from numdev.train.figures import sample_figure
-from numdev.train.snapshots import SnapshotWriter, parameter_state
 
 
 def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive integer")
     return value
-
-
-class WeightSnapshots(pl.Callback):
-    """weights/step_XXXXXXXX.safetensors at step 0, every `every_n_steps` steps and at the final step.
-
-    Parameters come from the strategy's full (unsharded) state_dict on every rank (a collective
-    under FSDP); only global rank 0 writes. `seconds` keeps the time each write took.
-    """
-
-    def __init__(self, run_dir: str, every_n_steps: int):
-        self.run_dir = Path(run_dir)
-        self.every_n_steps = _positive("snapshot.every_n_steps", every_n_steps)
-        self.writer: SnapshotWriter | None = None
-        self.names: list[str] = []
-        self.last_step: int | None = None
-        self.seconds: list[float] = []
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # Names before the strategy wraps the model: the plain parameter names.
-        named = list(pl_module.model.named_parameters())
-        self.names = [name for name, _ in named]
-        if trainer.is_global_zero:
-            shapes = {name: list(p.shape) for name, p in named}
-            self.writer = SnapshotWriter(self.run_dir, getattr(pl_module.model, "name", type(pl_module.model).__name__), shapes)
-
-    def save(self, trainer, pl_module) -> None:
-        step = trainer.global_step
-        if step == self.last_step:
-            return
-        start = time.perf_counter()
-        full = trainer.strategy.lightning_module_state_dict()  # keys "model.<parameter name>"
-        if self.writer is not None:
-            self.writer.write(step, parameter_state((name, full[f"model.{name}"]) for name in self.names))
-            self.seconds.append(time.perf_counter() - start)
-        self.last_step = step
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.global_step == 0:
-            self.save(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
-            self.save(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.save(trainer, pl_module)
 
 
 class LastCheckpoint(ModelCheckpoint):

@@ -12,11 +12,13 @@ from omegaconf import DictConfig, OmegaConf
 import numdev
 from numdev import schemas
 from numdev.atomic import write_json, write_text
+from numdev.run_layout import CONFIG
+from numdev.run_layout import RUN_RECORD as RUN
 
-CONFIG = "config.yaml"
-RUN = "run.json"
 # Keys a resumed run may change: they do not touch the weights' trajectory.
-RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
+RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.",
+                     # moved or removed by numdev (the snapshot callback's module; the sibling shares its schedule)
+                     "callbacks.snapshots._target_", "callbacks.sibling.every_n_steps")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
 ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None}

@@ -20,17 +20,18 @@ from numdev import schemas
 from numdev.atomic import remove_temporaries
 from numdev.config_schema import TRAIN, validate
 from numdev.errors import RunFailed
+from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.run_lock import RunLock
 from numdev.train import record
-from numdev.train.callbacks import SampleGrid, WeightSnapshots
+from numdev.train.callbacks import SampleGrid
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.instability import FILE as INSTABILITY_FILE
 from numdev.train.instability import InstabilityMonitor
 from numdev.train.module import DiffusionModule
-
-CHECKPOINT = Path("checkpoints") / "last.ckpt"
+from numdev.train.sibling import SiblingDistance
+from numdev.train.snapshots import WeightSnapshots
 
 
 def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
@@ -143,7 +144,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files
-        for sub in ("weights", "checkpoints", "."):
+        for sub in (WEIGHTS_DIR, CHECKPOINT.parent, "."):
             remove_temporaries(run_dir / sub)
     if rank_zero:
         record.write_config(run_dir, cfg)
@@ -190,7 +191,7 @@ def _signal_of(error: BaseException) -> signal.Signals | None:
 
 
 def _holds_run(run_dir: Path) -> bool:
-    return (run_dir / CHECKPOINT).exists() or (run_dir / "weights").exists()
+    return (run_dir / CHECKPOINT).exists() or (run_dir / WEIGHTS_DIR).exists()
 
 
 def _resume_mode(cfg: DictConfig, run_dir: Path):
@@ -214,6 +215,8 @@ def _results(trainer) -> dict:
     for callback in trainer.callbacks:
         if isinstance(callback, WeightSnapshots) and callback.seconds:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
+        if isinstance(callback, SiblingDistance) and callback.seconds:
+            out["sibling_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
         if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
             out["stop_reason"] = callback.stop_reason
             if callback.failure:

@@ -19,8 +19,7 @@ import lightning.pytorch as pl
 from numdev import tables
 from numdev.atomic import write_text
 from numdev.models.shadow import AttentionShadow
-
-COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
+from numdev.run_layout import SHADOW_COLUMNS, SHADOW_CSV
 
 
 class ShadowDeviation(pl.Callback):
@@ -60,7 +59,7 @@ class ShadowDeviation(pl.Callback):
         if not rows or not trainer.is_global_zero:
             return
         self.rows.extend(rows)
-        write_text(self.run_dir / "shadow.csv", tables.to_csv(self.rows, list(COLUMNS)))
+        write_text(self.run_dir / SHADOW_CSV, tables.to_csv(self.rows, list(SHADOW_COLUMNS)))
         if trainer.logger:
             metrics = {}
             for row in rows:
@@ -74,7 +73,3 @@ class ShadowDeviation(pl.Callback):
 def _loss_scale(trainer) -> float:
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
-
-
-def read_shadow_csv(path: str | Path) -> list[dict]:
-    return tables.read_csv(path, COLUMNS)

@@ -1,22 +1,29 @@
 """Compare this run's weights with a sibling (reference) run's at every snapshot step, live.
 
 The sibling is another run directory: a path, or in a study an interpolation into the same
-multirun (`${run_dir}/../reference`). At each step this run snapshots (step 0, every
-`every_n_steps`, the final step), the callback loads the sibling's snapshot of the same step
-(verified against its sha256), computes max |Δ| and Wasserstein-1 per parameter tensor and for
-the whole model (numdev.analysis.distances), and logs them to TensorBoard:
+multirun (`${run_dir}/../reference`). The callback listens to the snapshot callback
+(numdev.train.snapshots): at each step this run snapshots (step 0, every snapshot.every_n_steps,
+the final step) it gets the same gathered float32 state, loads the sibling's snapshot of that step
+(verified against its sha256), computes every metric of numdev.analysis.distances per weight set
+and for the model (the token-embedding rows neither run's captions index, from both runs'
+token_rows.json, are their own set), and logs them to TensorBoard:
 
-    sibling/<label>/max_abs, sibling/<label>/wasserstein                 whole model
-    sibling_tensors/<label>/<tensor>/max_abs, .../wasserstein            per parameter tensor
-    sibling_diff/<label>/model (histogram of all differences), sibling_diff/<label>/<tensor>
+    sibling/<label>/<metric>                                   the model row (numdev.run_layout.MODEL_ROW)
+    sibling_tensors/<label>/<set>/<metric>                     per weight set
+    sibling_diff/<label>/model, sibling_diff/<label>/<tensor>   histograms of the differences (sampled)
 
-and keeps the rows in <run_dir>/sibling/<label>.csv (the same columns as numdev-compare's CSV).
+and keeps the rows in <run_dir>/sibling/<label>.csv (numdev.run_layout.DISTANCE_COLUMNS, the
+columns of numdev-compare's CSV). `seconds` keeps what each comparison cost.
+
+Resuming never drops a row: the rows up to the checkpoint's step are kept (the steps after it are
+retraced), and a step the run has a snapshot of but no row for (a kill between the two, a CSV of
+an older format) is computed from the two runs' snapshot files.
 
 A sibling training in parallel (a parallel launcher, SLURM) may not have reached the step yet:
 the callback polls for the snapshot up to `timeout_s` seconds. It stops waiting with a clear
 error when the sibling has finished or failed without that step (a different step grid or
 length), when its parameters differ in names or shapes (a different architecture), or when the
-snapshot fails its checksum (numdev.train.snapshots names the file).
+snapshot fails its checksum (numdev.snapshot_store names the file).
 """
 
 from __future__ import annotations
@@ -26,14 +33,25 @@ import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 
-from numdev.analysis.compare import MODEL, read_csv, rows_to_csv
-from numdev.analysis.distances import check_same_architecture, weight_distances
+from numdev.analysis.distances import Prepared, check_same_architecture, compare, distance_rows, prepare
 from numdev.atomic import write_text
-from numdev.train.snapshots import INDEX, WEIGHTS_DIR, SnapshotError, list_snapshots, load_snapshot, parameter_state
+from numdev.run_layout import (
+    distances_to_csv,
+    index_path,
+    indexed_rows,
+    read_distances_csv,
+    read_token_rows,
+    record_path,
+    sibling_csv_path,
+)
+from numdev.snapshot_store import SnapshotError, list_snapshots, load_snapshot, snapshot_sha256
+from numdev.train.snapshots import WeightSnapshots
 
-RUN_RECORD = "run.json"
+FINISHED = ("finished", "failed", "stopped")
+HISTOGRAM_VALUES = 1 << 18
 
 
 class SiblingError(ValueError):
@@ -45,25 +63,25 @@ class SiblingDistance(pl.Callback):
         self,
         run_dir: str,
         reference: str | None,
-        every_n_steps: int,
         label: str | None = None,
         timeout_s: float = 3600.0,
         poll_s: float = 1.0,
         histograms: str = "model",  # "model", "all" (also per tensor) or "none"
+        threads: int | None = None,  # for sorting and the metrics; None: torch's intra-op threads
     ):
         self.run_dir = Path(run_dir)
         self.reference = Path(reference) if reference is not None else None
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps <= 0:
-            raise ValueError(f"sibling every_n_steps={every_n_steps!r} must be a positive integer")
         if histograms not in ("model", "all", "none"):
             raise ValueError(f"sibling.histograms={histograms!r}: choose model, all or none")
         if timeout_s < 0:
             raise ValueError(f"sibling.timeout_s={timeout_s} must be >= 0")
-        self.every_n_steps, self.timeout_s, self.poll_s, self.histograms = every_n_steps, timeout_s, poll_s, histograms
+        self.timeout_s, self.poll_s, self.histograms, self.threads = timeout_s, poll_s, histograms, threads
         self.label = label or (self.reference.name if self.reference is not None else "")
         self.rows: list[dict] = []
-        self.last_step: int | None = None
-        self.names: list[str] = []
+        self.seconds: list[float] = []
+        # The latest prepared (sorted) weights of each side: a set unchanged since then is not sorted again.
+        self._reference: tuple[tuple, Prepared] | None = None  # ((step, sha256, rows), prepared reference)
+        self._mine: Prepared | None = None
 
     @property
     def active(self) -> bool:
@@ -71,7 +89,7 @@ class SiblingDistance(pl.Callback):
 
     @property
     def csv_path(self) -> Path:
-        return self.run_dir / "sibling" / f"{self.label}.csv"
+        return sibling_csv_path(self.run_dir, self.label)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.active:
@@ -83,59 +101,89 @@ class SiblingDistance(pl.Callback):
                 f"sibling.reference={self.reference} does not exist (nor does its parent directory): "
                 "give the directory of a numdev-train run"
             )
-        self.names = [name for name, _ in pl_module.model.named_parameters()]
-        if self.csv_path.exists():  # a resumed run keeps its rows before the checkpoint (on_train_start)
-            self.rows = read_csv(self.csv_path)
+        snapshots = next((c for c in trainer.callbacks if isinstance(c, WeightSnapshots)), None)
+        if snapshots is None:
+            raise SiblingError("callbacks.sibling compares at the snapshot steps: it needs callbacks.snapshots (do not set it to null)")
+        snapshots.subscribe(self)
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        # Rows at or after the resumed step are recomputed (a resumed run retraces them).
-        self.rows = [r for r in self.rows if r["step"] < trainer.global_step]
-        if trainer.global_step == 0:
-            self.compare(trainer, pl_module)
+    # -- the snapshot callback's listener -------------------------------------------------------------
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every_n_steps == 0:
-            self.compare(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.compare(trainer, pl_module)
-
-    def compare(self, trainer, pl_module) -> dict | None:
-        step = trainer.global_step
-        if not self.active or step == self.last_step:
-            return None
-        self.last_step = step
-        full = trainer.strategy.lightning_module_state_dict()  # every rank takes part (FSDP)
-        if not trainer.is_global_zero:
-            return None
-        mine = parameter_state((name, full[f"model.{name}"]) for name in self.names)
-        theirs = self.wait_for(step)
-        check_same_architecture(mine, theirs, where=f"sibling {self.reference} at step {step}")
-        distances = weight_distances(mine, theirs)
-        self.rows = [r for r in self.rows if r["step"] != step]
-        self.rows.append({"step": step, "tensor": MODEL, **distances["model"]})
-        self.rows.extend({"step": step, "tensor": name, **m} for name, m in distances["per_tensor"].items())
-        write_text(self.csv_path, rows_to_csv(self.rows))
+    def on_snapshot(self, trainer, pl_module, step: int, state: dict[str, torch.Tensor]) -> None:
+        if not self.active:
+            return
+        start = time.perf_counter()
+        distances, mine, theirs = self.measure(step, state)
+        self.rows = [r for r in self.rows if r["step"] != step] + distance_rows(step, distances)
+        self.write_rows()
+        self.seconds.append(time.perf_counter() - start)
         self.log_distances(trainer, step, distances, mine, theirs)
-        return distances
+
+    def on_resume(self, trainer, pl_module, step: int) -> None:
+        """Keep the rows up to the resumed step; compute those the run has snapshots but no rows for."""
+        if not self.active:
+            return
+        rows = []
+        if self.csv_path.exists():
+            try:
+                rows = read_distances_csv(self.csv_path)
+            except ValueError as error:  # an older format, or damaged: the snapshots hold the truth
+                print(f"[sibling] {error}; recomputing its rows from the snapshots", flush=True)
+        self.rows = [r for r in rows if r["step"] <= step]
+        have = {r["step"] for r in self.rows}
+        missing = [s for s in list_snapshots(self.run_dir) if s <= step and s not in have]
+        for s in missing:
+            distances, _, _ = self.measure(s, load_snapshot(self.run_dir, s))
+            self.rows.extend(distance_rows(s, distances))
+        self.rows.sort(key=lambda r: r["step"])
+        self.write_rows()
+        if missing:
+            print(f"[sibling] {self.csv_path}: computed the rows of steps {missing} from the snapshots", flush=True)
+
+    # -- the comparison ---------------------------------------------------------------------------------
+
+    def measure(self, step: int, state: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
+        """Distances of `state` (this run at `step`) to the sibling's snapshot of `step`."""
+        theirs = self.wait_for(step)
+        check_same_architecture(state, theirs, where=f"sibling {self.reference} at step {step}")
+        rows = indexed_rows([read_token_rows(self.run_dir), read_token_rows(self.reference)], step)
+        key = (step, snapshot_sha256(self.reference, step), _rows_key(rows))
+        if self._reference is None or self._reference[0] != key:
+            previous = self._reference[1] if self._reference is not None else None
+            self._reference = (key, prepare(theirs, rows, self.threads, previous))
+        self._mine = prepare(state, rows, self.threads, self._mine)
+        distances = compare(self._mine, self._reference[1], self.threads)
+        return distances, state, theirs
+
+    def write_rows(self) -> None:
+        write_text(self.csv_path, distances_to_csv(self.rows))
 
     def log_distances(self, trainer, step: int, distances: dict, mine: dict, theirs: dict) -> None:
         if not trainer.logger:
             return
         label = self.label
-        metrics = {f"sibling/{label}/{k}": v for k, v in distances["model"].items()}
+        metrics = {f"sibling/{label}/{k}": v for k, v in distances["model"].items() if k != "numel"}
         for name, values in distances["per_tensor"].items():
-            metrics.update({f"sibling_tensors/{label}/{name}/{k}": v for k, v in values.items()})
+            metrics.update({f"sibling_tensors/{label}/{name}/{k}": v for k, v in values.items() if k not in ("numel", "pooled_wasserstein")})
         trainer.logger.log_metrics(metrics, step=step)
         experiment = getattr(trainer.logger, "experiment", None)
-        if self.histograms == "none" or not hasattr(experiment, "add_histogram"):
-            return
+        if self.histograms != "none" and hasattr(experiment, "add_histogram"):
+            self.log_histograms(experiment, step, mine, theirs)
+
+    def log_histograms(self, experiment, step: int, mine: dict, theirs: dict) -> None:
+        """Histograms of the differences, each of at most HISTOGRAM_VALUES of them at a fixed stride
+        (a picture: the exact numbers are the CSV's; TensorBoard's binning costs more than the comparison)."""
         names = sorted(mine)
-        diff = torch.cat([(mine[n] - theirs[n]).flatten() for n in names])
-        experiment.add_histogram(f"sibling_diff/{label}/model", diff, global_step=step)
+        total = sum(mine[n].numel() for n in names)
+        stride = max(1, -(-total // HISTOGRAM_VALUES))
+        diff = torch.cat([(mine[n].flatten()[::stride] - theirs[n].flatten()[::stride]) for n in names])
+        experiment.add_histogram(f"sibling_diff/{self.label}/model", diff, global_step=step)
         if self.histograms == "all":
             for name in names:
-                experiment.add_histogram(f"sibling_diff/{label}/{name}", mine[name] - theirs[name], global_step=step)
+                stride = max(1, -(-mine[name].numel() // HISTOGRAM_VALUES))
+                values = mine[name].flatten()[::stride] - theirs[name].flatten()[::stride]
+                experiment.add_histogram(f"sibling_diff/{self.label}/{name}", values, global_step=step)
+
+    # -- waiting for the sibling ------------------------------------------------------------------------
 
     def wait_for(self, step: int) -> dict[str, torch.Tensor]:
         """The sibling's snapshot at `step`, waiting up to timeout_s for it to be written."""
@@ -158,17 +206,16 @@ class SiblingDistance(pl.Callback):
             time.sleep(self.poll_s)
 
     def _try_load(self, step: int) -> dict[str, torch.Tensor] | None:
-        index = self.reference / WEIGHTS_DIR / INDEX
-        if not index.is_file():
+        if not index_path(self.reference).is_file():
             # A sibling still starting up has a run.json before its first snapshot: wait for it.
-            if self._status() in ("finished", "failed", "stopped"):
-                raise SiblingError(f"sibling {self.reference} is a run without snapshots ({WEIGHTS_DIR}/{INDEX} missing)")
+            if self._status() in FINISHED:
+                raise SiblingError(f"sibling {self.reference} is a run without snapshots ({index_path(self.reference)} missing)")
             return None
         steps = list_snapshots(self.reference)
         if step in steps:
             return load_snapshot(self.reference, step)
         status = self._status()
-        if status in ("finished", "failed", "stopped") or (steps and max(steps) > step):
+        if status in FINISHED or (steps and max(steps) > step):
             raise SiblingError(
                 f"sibling {self.reference} ({status or 'running'}) has no snapshot at step {step}; it has steps "
                 f"{_steps_text(steps)}: the runs must share trainer.max_steps and snapshot.every_n_steps"
@@ -176,11 +223,11 @@ class SiblingDistance(pl.Callback):
         return None
 
     def _status(self) -> str | None:
-        path = self.reference / RUN_RECORD
         try:
-            return json.loads(path.read_text(encoding="utf-8")).get("status")
+            record = json.loads(record_path(self.reference).read_text(encoding="utf-8"))
         except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
             return None
+        return record.get("status") if isinstance(record, dict) else None
 
     def _describe(self) -> str:
         if not self.reference.exists():
@@ -190,6 +237,10 @@ class SiblingDistance(pl.Callback):
         except SnapshotError:
             return "it has no snapshot index yet"
         return f"its latest snapshot is step {max(steps)}" if steps else "it has no snapshots yet"
+
+
+def _rows_key(rows: dict[str, np.ndarray] | None) -> tuple:
+    return tuple((name, ids.tobytes()) for name, ids in sorted(rows.items())) if rows else ()
 
 
 def _steps_text(steps: list[int]) -> str:

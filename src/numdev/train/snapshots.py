@@ -1,130 +1,114 @@
-"""Weight snapshots of a run: write them during training, read them back for analysis.
+"""The snapshot callback: one schedule and one gathered state dict per step for everything that reads
+the weights at snapshot steps.
 
-Layout, in a run directory (see docs/run_layout.md):
-
-    weights/step_00000000.safetensors   the model's parameters at global step 0 (initial weights)
-    weights/step_00000100.safetensors   ... every snapshot.every_n_steps steps, and the final step
-    weights/index.json                  {"format": 1, "model": <model config name>,
-                                         "param_shapes": {name: shape},
-                                         "snapshots": [{"step", "file", "sha256"}, ...]}
-
-Tensors are float32 copies of the model's parameters (not buffers), keyed by parameter name, in
-safetensors (no pickle). Each file is written atomically, then the index is rewritten
-atomically, so a reader never sees a half-written file or an index entry without its file.
-`load_snapshot` verifies the sha256 recorded in the index before it trusts a file.
+At step 0, every `every_n_steps` steps and at the final step, `WeightSnapshots` gathers the full
+(unsharded) parameters once (a collective under FSDP), writes weights/step_XXXXXXXX.safetensors
+(numdev.snapshot_store; global rank 0 only), then hands the same float32 state to its listeners
+(the sibling comparison, numdev.train.sibling), so they run on exactly the snapshot's weights
+and steps. It also keeps token_rows.json (numdev.train.token_rows): declared at the start, every
+training batch checked against it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import time
 from pathlib import Path
+from typing import Protocol
 
-import safetensors.torch
+import lightning.pytorch as pl
 import torch
-from safetensors import SafetensorError
 
-from numdev.atomic import write_bytes, write_json
-from numdev.schemas import SNAPSHOT_INDEX
-
-FORMAT = 1
-WEIGHTS_DIR = "weights"
-INDEX = "index.json"
+from numdev.snapshot_store import SnapshotWriter, parameter_state
+from numdev.train.token_rows import TokenRows, embedding_name
 
 
-class SnapshotError(ValueError):
-    """A snapshot or the index is missing, corrupt or does not match: the message names the file."""
+class SnapshotListener(Protocol):
+    def on_snapshot(self, trainer, pl_module, step: int, state: dict[str, torch.Tensor]) -> None: ...
+
+    def on_resume(self, trainer, pl_module, step: int) -> None: ...
 
 
-def snapshot_name(step: int) -> str:
-    return f"step_{int(step):08d}.safetensors"
+class SnapshotSchedule:
+    """Snapshot steps: step 0, every `every_n_steps` steps, and the final step."""
+
+    def __init__(self, every_n_steps: int):
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps <= 0:
+            raise ValueError(f"snapshot.every_n_steps={every_n_steps!r} must be a positive integer")
+        self.every_n_steps = every_n_steps
+
+    def due(self, step: int) -> bool:
+        return step % self.every_n_steps == 0
 
 
-def weights_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / WEIGHTS_DIR
+class WeightSnapshots(pl.Callback):
+    """weights/step_XXXXXXXX.safetensors at the schedule's steps; listeners get the same state.
 
+    Parameters come from the strategy's full (unsharded) state_dict on every rank (a collective
+    under FSDP); only global rank 0 writes and runs the listeners. `seconds` keeps the time each
+    write took (listeners not included).
+    """
 
-def parameter_state(named_parameters) -> dict[str, torch.Tensor]:
-    """name -> float32, contiguous CPU copy, from (name, tensor) pairs."""
-    return {name: p.detach().to(device="cpu", dtype=torch.float32).contiguous() for name, p in named_parameters}
+    def __init__(self, run_dir: str, every_n_steps: int):
+        self.run_dir = Path(run_dir)
+        self.schedule = SnapshotSchedule(every_n_steps)
+        self.writer: SnapshotWriter | None = None
+        self.token_rows: TokenRows | None = None
+        self.listeners: list[SnapshotListener] = []
+        self.names: list[str] = []
+        self.last_step: int | None = None
+        self.seconds: list[float] = []
 
+    def subscribe(self, listener: SnapshotListener) -> None:
+        if listener not in self.listeners:
+            self.listeners.append(listener)
 
-class SnapshotWriter:
-    """Appends snapshots to a run's weights/ directory (continuing an existing index on resume)."""
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # Names before the strategy wraps the model: the plain parameter names.
+        model = pl_module.model
+        named = list(model.named_parameters())
+        self.names = [name for name, _ in named]
+        if not trainer.is_global_zero:
+            return
+        shapes = {name: list(p.shape) for name, p in named}
+        self.writer = SnapshotWriter(self.run_dir, getattr(model, "name", type(model).__name__), shapes)
+        embedding = embedding_name(model)
+        if embedding is not None and hasattr(model, "tokenize"):
+            self.token_rows = TokenRows(self.run_dir, embedding, shapes[embedding][0], model.tokenize)
 
-    def __init__(self, run_dir: str | Path, model_name: str, param_shapes: dict[str, list[int]]):
-        self.directory = weights_dir(run_dir)
-        self.index_path = self.directory / INDEX
-        self.index = {"format": FORMAT, "model": model_name, "param_shapes": param_shapes, "snapshots": []}
-        if self.index_path.exists():
-            existing = read_index(run_dir)
-            if existing["model"] != model_name or existing["param_shapes"] != param_shapes:
-                raise SnapshotError(
-                    f"{self.index_path} belongs to a different model ({existing['model']!r}): "
-                    "use a new run directory, or resume with the run's own config"
-                )
-            self.index["snapshots"] = existing["snapshots"]
+    def on_train_start(self, trainer, pl_module) -> None:
+        step = trainer.global_step
+        if self.token_rows is not None:
+            datamodule = getattr(trainer, "datamodule", None)
+            vocabulary = datamodule.caption_vocabulary() if hasattr(datamodule, "caption_vocabulary") else None
+            self.token_rows.start(vocabulary, step)
+        if step == 0:
+            self.save(trainer, pl_module)
+        elif trainer.is_global_zero:
+            for listener in self.listeners:
+                listener.on_resume(trainer, pl_module, step)
 
-    def write(self, step: int, state: dict[str, torch.Tensor]) -> dict:
-        """Write one snapshot (file, then index); returns its index entry."""
-        shapes = {name: list(t.shape) for name, t in state.items()}
-        if shapes != self.index["param_shapes"]:
-            raise SnapshotError(f"snapshot at step {step}: the parameters differ from {self.index_path}'s param_shapes")
-        # One metadata key only: safetensors writes a metadata map in hash order, so two keys
-        # could swap places between processes and the same weights would hash differently.
-        data = safetensors.torch.save(state, metadata={"step": str(int(step))})
-        entry = {"step": int(step), "file": snapshot_name(step), "sha256": hashlib.sha256(data).hexdigest()}
-        write_bytes(self.directory / entry["file"], data)
-        others = [e for e in self.index["snapshots"] if e["step"] != entry["step"]]
-        self.index["snapshots"] = sorted([*others, entry], key=lambda e: e["step"])
-        write_json(self.index_path, self.index)
-        return entry
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.token_rows is not None and isinstance(batch, dict) and "caption" in batch:
+            self.token_rows.check(batch["caption"], trainer.global_step)
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.schedule.due(trainer.global_step):
+            self.save(trainer, pl_module)
 
-def read_index(run_dir: str | Path) -> dict:
-    path = weights_dir(run_dir) / INDEX
-    if not path.is_file():
-        raise SnapshotError(f"{path} does not exist: {run_dir} is not a training run directory with snapshots")
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SnapshotError(f"{path} is not valid JSON ({error}): the index is corrupt") from None
-    if not isinstance(index, dict) or index.get("format") != FORMAT or not isinstance(index.get("snapshots"), list):
-        raise SnapshotError(f"{path}: not a format-{FORMAT} snapshot index")
-    try:  # fields and types (numdev.schemas), and file names confined to weights/
-        SNAPSHOT_INDEX.check(path, index)
-    except ValueError as error:
-        raise SnapshotError(str(error)) from None
-    for entry in index["snapshots"]:
-        if entry["file"] != snapshot_name(entry["step"]):
-            raise SnapshotError(f"{path}: step {entry['step']} lists file {entry['file']!r}, not {snapshot_name(entry['step'])!r}: the index was edited")
-    return index
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.save(trainer, pl_module)
 
-
-def list_snapshots(run_dir: str | Path) -> list[int]:
-    """Steps with a snapshot, ascending."""
-    return sorted(int(e["step"]) for e in read_index(run_dir)["snapshots"])
-
-
-def load_snapshot(run_dir: str | Path, step: int, verify: bool = True) -> dict[str, torch.Tensor]:
-    """The parameters at `step` (name -> float32 tensor); with verify, the file's sha256 must match the index."""
-    index = read_index(run_dir)
-    entry = next((e for e in index["snapshots"] if int(e["step"]) == int(step)), None)
-    if entry is None:
-        steps = sorted(int(e["step"]) for e in index["snapshots"])
-        listed = f"{steps[0]}..{steps[-1]} ({len(steps)} snapshots)" if steps else "none"
-        raise SnapshotError(f"{weights_dir(run_dir) / INDEX}: no snapshot at step {step}; steps: {listed}")
-    path = weights_dir(run_dir) / entry["file"]
-    if not path.is_file():
-        raise SnapshotError(f"{path} is missing (listed in {INDEX} for step {step})")
-    data = path.read_bytes()
-    if verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise SnapshotError(f"{path}: sha256 does not match {INDEX}: the file is corrupt or was changed after it was written")
-    try:
-        state = safetensors.torch.load(data)
-    except (SafetensorError, ValueError) as error:
-        raise SnapshotError(f"{path} is not a readable safetensors file ({error})") from None
-    shapes = {name: list(t.shape) for name, t in state.items()}
-    if verify and shapes != index["param_shapes"]:
-        raise SnapshotError(f"{path}: its tensors do not match the param_shapes of {INDEX}")
-    return state
+    def save(self, trainer, pl_module) -> None:
+        step = trainer.global_step
+        if step == self.last_step:
+            return
+        self.last_step = step
+        start = time.perf_counter()
+        full = trainer.strategy.lightning_module_state_dict()  # keys "model.<parameter name>"; every rank takes part
+        if self.writer is None:
+            return
+        state = parameter_state((name, full[f"model.{name}"]) for name in self.names)
+        self.writer.write(step, state)
+        self.seconds.append(time.perf_counter() - start)
+        for listener in self.listeners:
+            listener.on_snapshot(trainer, pl_module, step, state)

@@ -1,0 +1,164 @@
+"""The layout of a training run directory: every file's name, and the columns of its tables.
+
+One home for the contract that train/ writes and analysis/ reads (docs/run_layout.md):
+
+    <run_dir>/config.yaml               the resolved config
+    <run_dir>/run.json                  what ran, and how it ended
+    <run_dir>/weights/index.json        the snapshot index (numdev.snapshot_store)
+    <run_dir>/weights/step_XXXXXXXX.safetensors
+    <run_dir>/token_rows.json           the token-embedding rows the run's captions index
+    <run_dir>/sibling/<label>.csv       weight distances to a sibling run (DISTANCE_COLUMNS)
+    <run_dir>/checkpoints/last.ckpt     the resume checkpoint
+    <run_dir>/instability.json, shadow.csv, eval.json, samples.png, tensorboard/
+
+Nothing here imports train/ or analysis/: both import this.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from numdev import tables
+
+CONFIG = "config.yaml"
+RUN_RECORD = "run.json"
+WEIGHTS_DIR = "weights"
+INDEX = "index.json"
+INDEX_FORMAT = 1
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+TOKEN_ROWS = "token_rows.json"
+SIBLING_DIR = "sibling"
+INSTABILITY = "instability.json"
+SHADOW_CSV = "shadow.csv"
+EVAL = "eval.json"
+SAMPLES = "samples.png"
+TENSORBOARD = "tensorboard"
+
+# The sibling CSV and numdev-compare's distances.csv: one row per step and weight set.
+# `tensor` is a parameter name (its trained values), `<name>[unindexed]` (token-embedding rows no
+# caption indexes), or MODEL_ROW (the aggregate over the trained values; numdev.analysis.distances
+# defines every column).
+MODEL_ROW = "__model__"
+UNINDEXED_SUFFIX = "[unindexed]"
+DISTANCE_COLUMNS = {
+    "step": int,
+    "tensor": str,
+    "numel": int,
+    "max_abs": float,
+    "mean_abs": float,
+    "rel_frobenius": float,
+    "wasserstein": float,
+    "w1_over_std": float,
+    "pooled_wasserstein": float,
+}
+
+# shadow.csv (numdev.train.shadow): per-call deviation of the shadow attention backend.
+SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
+
+
+def snapshot_name(step: int) -> str:
+    return f"step_{int(step):08d}.safetensors"
+
+
+def weights_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / WEIGHTS_DIR
+
+
+def index_path(run_dir: str | Path) -> Path:
+    return weights_dir(run_dir) / INDEX
+
+
+def snapshot_path(run_dir: str | Path, step: int) -> Path:
+    return weights_dir(run_dir) / snapshot_name(step)
+
+
+def record_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / RUN_RECORD
+
+
+def config_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONFIG
+
+
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT
+
+
+def token_rows_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / TOKEN_ROWS
+
+
+def sibling_csv_path(run_dir: str | Path, label: str) -> Path:
+    return Path(run_dir) / SIBLING_DIR / f"{label}.csv"
+
+
+def distances_to_csv(rows: list[dict]) -> str:
+    return tables.to_csv(rows, list(DISTANCE_COLUMNS))
+
+
+def read_distances_csv(path: str | Path) -> list[dict]:
+    """Rows of a sibling CSV or distances.csv; a file of another shape is a one-line error naming it."""
+    return tables.read_csv(path, DISTANCE_COLUMNS)
+
+
+def read_shadow_csv(path: str | Path) -> list[dict]:
+    return tables.read_csv(path, SHADOW_COLUMNS)
+
+
+# token_rows.json: {"format": 1, "tensor": <parameter name>, "rows": <vocabulary size>,
+#   "source": "declared" (every caption's tokens, known at the start) | "seen" (tokens of the
+#   batches trained so far), "describe": <where the captions came from>,
+#   "ids": [token id, ...], "first_step": [the first snapshot step whose weights that row trained in, ...]}
+TOKEN_ROWS_FORMAT = 1
+
+
+def read_token_rows(run_dir: str | Path) -> dict | None:
+    """The run's token_rows.json, validated; None if the run has none (a run made before it existed)."""
+    path = token_rows_path(run_dir)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): delete it and resume the run to write it again") from None
+    problem = token_rows_problem(record)
+    if problem:
+        raise ValueError(f"{path}: {problem}: the file is corrupt or was not written by numdev")
+    return record
+
+
+def token_rows_problem(record) -> str | None:
+    if not isinstance(record, dict) or record.get("format") != TOKEN_ROWS_FORMAT:
+        return f"not a format-{TOKEN_ROWS_FORMAT} token-rows record"
+    if not isinstance(record.get("tensor"), str) or not _is_int(record.get("rows")) or record["rows"] <= 0:
+        return "'tensor' must be a parameter name and 'rows' a positive integer"
+    if record.get("source") not in ("declared", "seen"):
+        return "'source' must be declared or seen"
+    ids, first = record.get("ids"), record.get("first_step")
+    if not isinstance(ids, list) or not isinstance(first, list) or len(ids) != len(first):
+        return "'ids' and 'first_step' must be lists of one length"
+    if not all(_is_int(i) and 0 <= i < record["rows"] for i in ids) or len(set(ids)) != len(ids):
+        return f"'ids' must be distinct integers in [0, {record['rows']})"
+    if not all(_is_int(s) and s >= 0 for s in first):
+        return "'first_step' must hold non-negative integers"
+    return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def indexed_rows(records: list[dict | None], step: int) -> dict[str, np.ndarray] | None:
+    """{embedding parameter: row ids indexed by `step`} from the token-rows records of the runs being
+    compared (the union: a row either run trained is a trained row); None when any run lacks one."""
+    if not records or any(r is None for r in records):
+        return None
+    if len({(r["tensor"], r["rows"]) for r in records}) != 1:
+        raise ValueError("the runs' token-rows records name different embeddings: they are different models")
+    rows = set()
+    for record in records:
+        rows.update(i for i, first in zip(record["ids"], record["first_step"]) if first <= step)
+    return {records[0]["tensor"]: np.array(sorted(rows), dtype=np.int64)}

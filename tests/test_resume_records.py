@@ -1,0 +1,149 @@
+"""Resuming never drops a record: the sibling CSV keeps the checkpoint step's row (issue 13, 4a), and
+a deleted weights/index.json is rebuilt from the snapshot files, each verified (4b). Fault injection
+in-process (deterministic) and with a real SIGKILL of a training subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import compose_train
+
+from numdev.analysis.compare import compare_runs
+from numdev.run_layout import index_path, read_distances_csv, sibling_csv_path, snapshot_path, token_rows_path
+from numdev.snapshot_store import SnapshotError, list_snapshots, load_snapshot
+from numdev.train.run import train
+
+SIBLING = ["sibling.label=ref"]
+
+
+def _hashes(run_dir: Path) -> dict[int, str]:
+    return {e["step"]: e["sha256"] for e in json.loads(index_path(run_dir).read_text())["snapshots"]}
+
+
+def _key(row: dict) -> tuple:
+    return row["step"], row["tensor"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("resume") / "reference"
+    train(compose_train("trainer.max_steps=8", run_dir=run_dir))
+    return run_dir
+
+
+def _compare(reference: Path, run_dir: Path, *overrides: str):
+    return compose_train(*overrides, *SIBLING, f"sibling.reference={reference}", run_dir=run_dir)
+
+
+def test_a_resumed_run_keeps_the_sibling_row_of_its_checkpoint_step(reference, tmp_path):
+    run_dir = tmp_path / "flash"
+    train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=4"))  # checkpoint at step 4
+    before = read_distances_csv(sibling_csv_path(run_dir, "ref"))
+    assert sorted({r["step"] for r in before}) == [0, 2, 4]
+    train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=8", "resume=true"))
+    after = read_distances_csv(sibling_csv_path(run_dir, "ref"))
+    assert sorted({r["step"] for r in after}) == [0, 2, 4, 6, 8] == list_snapshots(run_dir)
+    assert [r for r in after if r["step"] <= 4] == before  # kept as they were
+    assert sorted(after, key=_key) == sorted(compare_runs(run_dir, reference), key=_key)
+
+
+def test_a_lost_or_old_format_sibling_csv_is_recomputed_from_the_snapshots(reference, tmp_path):
+    run_dir = tmp_path / "flash"
+    train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=4"))
+    csv = sibling_csv_path(run_dir, "ref")
+    csv.write_text("step,tensor,max_abs,wasserstein\n0,__model__,0.0,0.0\n")  # the columns before this version
+    train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=6", "resume=true"))
+    rows = read_distances_csv(csv)
+    assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]
+    assert sorted(rows, key=_key) == sorted(compare_runs(run_dir, reference), key=_key)
+
+
+def test_a_deleted_index_is_rebuilt_from_the_verified_files(reference, tmp_path):
+    run_dir = tmp_path / "run"
+    train(compose_train("trainer.max_steps=4", run_dir=run_dir))
+    written = _hashes(run_dir)
+    index_path(run_dir).unlink()
+    train(compose_train("trainer.max_steps=8", "resume=auto", run_dir=run_dir))
+    rebuilt = _hashes(run_dir)
+    assert list(rebuilt) == [0, 2, 4, 6, 8]
+    assert {s: rebuilt[s] for s in written} == written  # the earlier files listed again, with their checksums
+    assert rebuilt == _hashes(reference)  # and the whole run is the uninterrupted one's
+    for step in rebuilt:
+        load_snapshot(run_dir, step)  # each verifies against the rebuilt index
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda p: p.rename(p.with_name("step_00000006.safetensors")), r"step_00000006.safetensors: its metadata step is not 6"),
+        (lambda p: p.write_bytes(p.read_bytes()[:100]), r"step_00000002.safetensors is not a readable safetensors file"),
+    ],
+)
+def test_an_unlisted_file_that_fails_verification_is_refused_by_name(tmp_path, tamper, message):
+    run_dir = tmp_path / "run"
+    train(compose_train("trainer.max_steps=4", run_dir=run_dir))
+    index_path(run_dir).unlink()
+    tamper(snapshot_path(run_dir, 2))
+    with pytest.raises(SnapshotError, match=message):
+        train(compose_train("trainer.max_steps=8", "resume=auto", run_dir=run_dir))
+
+
+# -- a real kill ------------------------------------------------------------------------------------
+
+KILL_OVERRIDES = [
+    "trainer.max_steps=10", "snapshot.every_n_steps=1", "callbacks.checkpoint.every_n_steps=4",
+    "callbacks.samples.every_n_steps=1", "callbacks.samples.num_samples=2", "threads=2",
+]
+
+
+def _command(run_dir: Path, reference: Path) -> list[str]:
+    script = Path(sys.executable).with_name("numdev-train")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    return [*command, "experiment=train_smoke", *KILL_OVERRIDES, *SIBLING, f"sibling.reference={reference}",
+            f"hydra.run.dir={run_dir}", "resume=auto"]
+
+
+def _csv_steps(run_dir: Path) -> set[int]:
+    try:
+        return {r["step"] for r in read_distances_csv(sibling_csv_path(run_dir, "ref"))}
+    except (FileNotFoundError, ValueError):
+        return set()
+
+
+def test_killed_comparing_run_without_its_index_resumes_with_every_row_and_snapshot(tmp_path):
+    reference = tmp_path / "reference"
+    threads = torch.get_num_threads()
+    try:
+        train(compose_train(*KILL_OVERRIDES, run_dir=reference))
+    finally:
+        torch.set_num_threads(threads)
+    run_dir = tmp_path / "killed"
+    process = subprocess.Popen(_command(run_dir, reference), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    try:
+        while max(_csv_steps(run_dir), default=-1) < 5:  # past the checkpoint at step 4
+            assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert 5 <= max(_csv_steps(run_dir)) < 10
+    index_path(run_dir).unlink()  # and the index is lost too
+    result = subprocess.run(_command(run_dir, reference), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["from_step"] in (4, 8)
+    assert list(_hashes(run_dir)) == list(range(11)) and _hashes(run_dir)[0] == _hashes(reference)[0]
+    rows = read_distances_csv(sibling_csv_path(run_dir, "ref"))
+    assert sorted({r["step"] for r in rows}) == list(range(11))
+    assert sorted(rows, key=_key) == sorted(compare_runs(run_dir, reference), key=_key)
+    assert token_rows_path(run_dir).is_file()
