@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> None:
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
-        summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
+        summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%}, position {e['position_accuracy']:.0%})"
     if run.get("stop_reason"):
         summary += f"  (stopped: {run['stop_reason']})"
     print(summary)

@@ -20,7 +20,7 @@ RUN = "run.json"
 RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
-ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None}
+ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "callbacks.heldout.": None}
 
 
 def resolved(cfg: DictConfig) -> dict:

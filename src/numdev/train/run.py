@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig
 
 from numdev.atomic import remove_temporaries
+from numdev.models.perturb import apply_init_perturbation
 from numdev.train import record
 from numdev.train.callbacks import SampleGrid, WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
@@ -29,11 +30,14 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
     """The model, initialised from seed.init alone: the global RNG is forked, seeded, restored.
 
     Nothing else touches the initialisation, so runs that differ only in backend, precision,
-    data or noise seed start from bit-identical weights.
+    data or noise seed start from bit-identical weights. init_perturbation=ulp then moves every
+    weight one ulp (numdev.models.perturb).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(cfg, "init"))
-        return instantiate(cfg.model, attention=backend, _convert_="all")
+        model = instantiate(cfg.model, attention=backend, _convert_="all")
+    apply_init_perturbation(model, cfg.get("init_perturbation"))  # the study's one-ulp control
+    return model
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module) -> DiffusionModule:
