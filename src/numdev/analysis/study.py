@@ -299,7 +299,7 @@ def analyse(study_dir: str | Path, log=print) -> dict:
         "downstream": downstream(runs),
         "shadow": _shadow_summary(_first(runs[under_test])["dir"] / "shadow.csv") if under_test else None,
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
-        "samples": {role: str(_first(by_rep)["dir"] / "samples.png") for role, by_rep in runs.items() if (_first(by_rep)["dir"] / "samples.png").is_file()},
+        "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / "samples.png").is_file()},
     }
     summary["verdicts"] = claim_verdicts(summary)
     summary["captions"] = captions(summary)
@@ -394,6 +394,11 @@ def _metrics_present(curves: dict) -> list[str]:
 
 def _first(by_replicate: dict) -> dict:
     return by_replicate[min(by_replicate)]
+
+
+def _samples(run: dict) -> dict:
+    scores = run["record"].get("eval") or {}
+    return {"path": str(run["dir"] / "samples.png"), "replicate": run["replicate"], "scores": scores}
 
 
 def _loss_curve(run_dir: Path) -> dict | None:

@@ -13,6 +13,7 @@ from numdev.analysis.study import METRIC_LABELS, SUMMARY, analyse
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import Section
 from numdev.stats import Estimate
+from numdev.train.evaluation import agreement_text
 from numdev.verdicts import Verdict
 
 COMMAND = "numdev-train experiment=flash_stability"
@@ -123,8 +124,9 @@ def study_sections(study_dir: Path) -> list[Section]:
         figure=study_dir / "downstream.png", table_markdown=downstream_table(summary), command=command,
     ))
     samples = [
-        (Path(p), f"{role} (replicate {min(summary['roles'][role]['replicates'])}): samples at step {summary['steps']} with their captions")
-        for role, p in summary.get("samples", {}).items()
+        (Path(s["path"]), f"{role} (replicate {s['replicate']}): samples at step {summary['steps']} with their captions"
+         + (f"; they match them: {agreement_text(s['scores'])}" if s["scores"].get("scored") else ""))
+        for role, s in summary.get("samples", {}).items()
     ]
     sections.append(Section(
         title="The runs — training loss and samples",

@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from numdev.errors import user_facing
+from numdev.train.evaluation import agreement_text
 from numdev.train.run import train
 
 # conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
@@ -33,7 +34,7 @@ def main(cfg: DictConfig) -> None:
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
-        summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%}, position {e['position_accuracy']:.0%})"
+        summary += f"  (samples match their captions: {agreement_text(e)})"
     if run.get("stop_reason"):
         summary += f"  (stopped: {run['stop_reason']})"
     print(summary)
