@@ -282,6 +282,7 @@ def analyse(study_dir: str | Path, log=print) -> dict:
         "under_test_backend": _first(runs[under_test])["record"].get("backend") if under_test else None,
         "reference_backend": reference_run.get("backend"),
         "model": reference_run.get("model"),
+        "parameters": _parameters(_first(runs[reference])["dir"]),
         "steps": reference_run.get("final_step"),
         "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
         "roles": {
@@ -394,6 +395,12 @@ def _metrics_present(curves: dict) -> list[str]:
 
 def _first(by_replicate: dict) -> dict:
     return by_replicate[min(by_replicate)]
+
+
+def _parameters(run_dir: Path) -> int:
+    from numdev.train.snapshots import load_snapshot
+
+    return int(sum(t.numel() for t in load_snapshot(run_dir, 0).values()))
 
 
 def _samples(run: dict) -> dict:
