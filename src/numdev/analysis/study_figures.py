@@ -132,7 +132,7 @@ def downstream(summary: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(outcomes), figsize=(4.2 * len(outcomes), 3.8), squeeze=False)
     for ax, outcome in zip(axes[0], outcomes):
         entry = summary["downstream"][outcome]
-        for i, (role, row) in enumerate(entry["roles"].items()):
+        for i, row in enumerate(entry["roles"].values()):
             values = list(row["per_replicate"].values())
             ax.plot([i] * len(values), values, "o", color="0.5", ms=3)
             mean = stats.Estimate(**row["mean"])
