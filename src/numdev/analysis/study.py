@@ -42,16 +42,18 @@ KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy")
 # Weight distances, in the order they are preferred as the study's primary measure (the first one
 # the sibling CSVs have). Position-aware metrics see two different initialisations as different
 # models; the paper's pooled Wasserstein-1 does not (docs/study.md#metrics).
-METRICS = ("rel_frobenius", "w1_over_std", "mean_abs", "wasserstein", "wasserstein_pooled", "max_abs")
+METRICS = ("rel_frobenius", "w1_over_std", "mean_abs", "wasserstein", "pooled_wasserstein", "max_abs")
 METRIC_LABELS = {
     "rel_frobenius": "‖ΔW‖_F / ‖W_ref‖_F",
     "w1_over_std": "W1 / std (per tensor, weighted)",
     "mean_abs": "mean |ΔW|",
     "wasserstein": "Wasserstein-1",
-    "wasserstein_pooled": "pooled Wasserstein-1 (paper)",
+    "pooled_wasserstein": "pooled Wasserstein-1 (paper)",
     "max_abs": "max |ΔW|",
 }
-PAPER_METRIC = ("wasserstein_pooled", "wasserstein")  # the paper's pooled W1, under either name
+# The paper's pooled whole-model W1: its own column in the sibling CSVs, or (CSVs written before
+# that column existed) the model row's `wasserstein`, which was the pooled W1.
+PAPER_METRIC = ("pooled_wasserstein", "wasserstein")
 DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "heldout_loss": ("heldout.json", "heldout_loss", "held-out loss"),
     "colour_accuracy": ("eval.json", "colour_accuracy", "colour agreement"),
@@ -285,6 +287,7 @@ def analyse(study_dir: str | Path, log=print) -> dict:
         "parameters": _parameters(_first(runs[reference])["dir"]),
         "steps": reference_run.get("final_step"),
         "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
+        "role_order": list(runs),  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
         "roles": {
             role: {"kind": _kind(by_rep), "label": _first(by_rep)["label"], "replicates": _replicates_of(by_rep),
                    "backend": _first(by_rep)["record"].get("backend"), "precision": _first(by_rep)["record"].get("precision")}

@@ -66,10 +66,10 @@ def fig8(summary: dict, path: Path) -> None:
     metrics = list(dict.fromkeys((summary["primary_metric"], summary["paper_metric"])))
     panels = [("reference", m) for m in metrics] + ([("truth", summary["primary_metric"])] if summary["pairs"].get("truth") else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.4), squeeze=False)
-    roles = list(summary["roles"])
+    roles = summary["role_order"]
     for ax, (against, metric) in zip(axes[0], panels):
-        for role, pair in summary["pairs"][against].items():
-            entry = pair.get(metric)
+        for role in roles:
+            entry = summary["pairs"][against].get(role, {}).get(metric)
             if not entry:
                 continue
             slope = stats.Estimate(**entry["slope"])
@@ -90,7 +90,7 @@ def _linthresh(pairs: dict, metric: str) -> float:
 
 
 def loss_curves(summary: dict, path: Path) -> None:
-    roles = [r for r, curves in summary["loss_curves"].items() if any(curves.values())]
+    roles = [r for r in summary["role_order"] if any((summary["loss_curves"].get(r) or {}).values())]
     if not roles:
         return
     columns = min(4, len(roles))
@@ -132,13 +132,14 @@ def downstream(summary: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(outcomes), figsize=(4.2 * len(outcomes), 3.8), squeeze=False)
     for ax, outcome in zip(axes[0], outcomes):
         entry = summary["downstream"][outcome]
-        for i, row in enumerate(entry["roles"].values()):
+        roles = [r for r in summary["role_order"] if r in entry["roles"]]
+        for i, row in enumerate(entry["roles"][r] for r in roles):
             values = list(row["per_replicate"].values())
             ax.plot([i] * len(values), values, "o", color="0.5", ms=3)
             mean = stats.Estimate(**row["mean"])
             error = [[mean.value - mean.low], [mean.high - mean.value]] if mean.has_interval else None
             ax.errorbar([i], [mean.value], yerr=error, fmt="s", color="C0", ms=5, capsize=3)
-        ax.set_xticks(range(len(entry["roles"])), list(entry["roles"]), rotation=45, fontsize=8)
+        ax.set_xticks(range(len(roles)), roles, rotation=45, fontsize=8)
         ax.set_title(entry["label"], fontsize=10)
         ax.grid(alpha=0.3)
     fig.suptitle("Downstream: every run (grey) and the mean over replicates with its 95% interval")

@@ -41,6 +41,12 @@ table { border-collapse: collapse; margin-top: 0.6em; } td, th { border: 1px sol
 """
 
 
+def _markdown_tables(text: str) -> str:
+    """Tables separated by blank lines; a block that is not a table is a paragraph."""
+    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
+    return "".join(_markdown_table(b) if b.lstrip().startswith("|") else f"<p>{html.escape(b.strip())}</p>" for b in blocks)
+
+
 def _markdown_table(text: str) -> str:
     lines = [line.strip().strip("|").split("|") for line in text.strip().splitlines() if line.strip()]
     if len(lines) < 2:
@@ -75,7 +81,7 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "") 
         parts.append(f"<div class='box'><h3>Paper</h3>{html.escape(s.claim)}</div>")
         parts.append(f"<div class='box'><h3>Measured</h3>{html.escape(s.measured)}</div></div>")
         if s.table_markdown:
-            parts.append(_markdown_table(s.table_markdown))
+            parts.append(_markdown_tables(s.table_markdown))
         for line in s.extra:
             parts.append(f"<p>{html.escape(line)}</p>")
         if s.figure is not None and s.figure.exists():

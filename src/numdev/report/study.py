@@ -29,11 +29,12 @@ def roles_table(summary: dict, metric: str | None = None) -> str:
     under_test = summary["under_test"]
     head = (
         f"| role | kind | what differs from the reference | slope / step [95% CI] | at step {summary['steps']} [95% CI] "
-        f"| slope ratio to {under_test} [95% CI] | ratio verdict |\n| --- | --- | --- | --- | --- | --- | --- |"
+        f"| slope ratio to {under_test} [95% CI] | ratio's interval |\n| --- | --- | --- | --- | --- | --- | --- |"
     )
     rows = []
-    for role, pair in summary["pairs"]["reference"].items():
-        entry = pair.get(metric)
+    for role in summary["role_order"]:
+        pair = summary["pairs"]["reference"].get(role)
+        entry = pair.get(metric) if pair else None
         if not entry:
             continue
         ratio = summary["ratios"].get(f"{role}/{under_test}", {}).get(metric)
@@ -41,9 +42,18 @@ def roles_table(summary: dict, metric: str | None = None) -> str:
         rows.append(
             f"| {role} | {pair['kind']} | {pair['label']} | {_estimate(entry['slope'])} | {_estimate(entry['final'])} | "
             f"{_estimate(ratio['estimate'], '.2g', 'x') if ratio else '–'} | "
-            f"{(verdict.symbol + ' ' + ('above 1' if verdict.status == 'holds' else 'below 1' if verdict.status == 'fails' else 'not measurable')) if verdict else '–'} |"
+            f"{_side_of_one(verdict) if verdict else '–'} |"
         )
     return head + "\n" + "\n".join(rows)
+
+
+def _side_of_one(verdict: Verdict) -> str:
+    """Where a ratio's interval lies (rule: numdev.analysis.study.ratio_of_growths)."""
+    if verdict.status == "holds":
+        return "above 1"
+    if verdict.status == "fails":
+        return "below 1"
+    return "not measurable: " + ("a curve does not grow" if "does not grow" in verdict.detail else "contains 1 or one replicate")
 
 
 def downstream_table(summary: dict) -> str:
@@ -54,9 +64,8 @@ def downstream_table(summary: dict) -> str:
     head = "| role | " + " | ".join(
         f"{summary['downstream'][o]['label']} (Δ to reference)" for o in outcomes
     ) + " |\n| --- |" + " --- |" * len(outcomes)
-    roles = list(summary["roles"])
     rows = []
-    for role in roles:
+    for role in summary["role_order"]:
         cells = []
         for outcome in outcomes:
             row = summary["downstream"][outcome]["roles"].get(role)
@@ -66,7 +75,7 @@ def downstream_table(summary: dict) -> str:
             fmt = ".4f" if outcome == "heldout_loss" else ".2f"
             cell = _estimate(row["mean"], fmt)
             if "difference_to_reference" in row:
-                cell += f" (Δ {_estimate(row['difference_to_reference'], '+' + fmt)})"
+                cell += f" (Δ {_estimate(row['difference_to_reference'], '+.2e' if outcome == 'heldout_loss' else '+' + fmt)})"
             cells.append(cell)
         rows.append(f"| {role} | " + " | ".join(cells) + " |")
     spreads = [
@@ -103,7 +112,7 @@ def study_sections(study_dir: Path) -> list[Section]:
     tables8 = roles_table(summary)
     extra8 = [f"Rule: {fig8.rule}.", f"Distances: {METRIC_LABELS.get(metric, metric)} (primary)."]
     if paper_metric != metric:
-        extra8.append(f"The same table with the paper's metric ({METRIC_LABELS.get(paper_metric, paper_metric)}):")
+        tables8 += f"\n\nThe same by the paper's metric, {METRIC_LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
     sections = [
         Section(
             title=title7, claim=claim7, measured=summary["captions"].get("fig7", "") + f" ({setting}).",
@@ -114,8 +123,6 @@ def study_sections(study_dir: Path) -> list[Section]:
             table_markdown=tables8, status=fig8.status, verdict=fig8.status, extra=extra8, command=command,
         ),
     ]
-    if paper_metric != metric:
-        sections[-1].extra.append(roles_table(summary, paper_metric).replace("\n", " "))  # shown as text; the figure has both
     sections.append(Section(
         title="Downstream — does Flash change what the model does?",
         claim="Not measured in the paper: held-out diffusion loss and how well samples follow their captions, for every run; "
@@ -126,7 +133,7 @@ def study_sections(study_dir: Path) -> list[Section]:
     samples = [
         (Path(s["path"]), f"{role} (replicate {s['replicate']}): samples at step {summary['steps']} with their captions"
          + (f"; they match them: {agreement_text(s['scores'])}" if s["scores"].get("scored") else ""))
-        for role, s in summary.get("samples", {}).items()
+        for role, s in ((r, summary["samples"][r]) for r in summary["role_order"] if r in summary.get("samples", {}))
     ]
     sections.append(Section(
         title="The runs — training loss and samples",
