@@ -209,11 +209,13 @@ def ratio_of_growths(numerator: dict, denominator: dict, what: str) -> dict:
     bottom = [denominator["per_replicate"][str(r)]["slope"] for r in common]
     estimate = stats.ratio_interval(top, bottom)
     flat = [name for name, part in (("numerator", numerator), ("denominator", denominator)) if part["grows"]["status"] != verdicts.HOLDS]
-    if flat:
+    if len(common) < 2:
+        verdict = verdicts.ratio_verdict(estimate, "above", 1.0, what=what)  # one replicate: no interval, not measurable
+    elif flat:
         verdict = verdicts.Verdict(
             verdicts.NOT_MEASURABLE,
             "a ratio of growth rates needs both curves to grow (slope interval above 0), then its interval must exclude 1",
-            f"{what} = {estimate.value:.3g}: the {' and '.join(flat)} curve does not grow by that rule",
+            f"{what} = {estimate.value:.3g}: the {' and the '.join(flat)} curve does not grow (its slope's interval is not above 0)",
         )
     else:
         verdict = verdicts.ratio_verdict(estimate, "above", 1.0, what=what)

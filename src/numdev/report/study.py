@@ -99,7 +99,7 @@ def study_sections(study_dir: Path) -> list[Section]:
     )
     metric = summary["primary_metric"]
     fig7, fig8 = (Verdict(**summary["verdicts"][k]) for k in ("fig7", "fig8"))
-    extra7 = [f"Rule: {fig7.rule}.", f"Measure: {summary['growth_measure']}"]
+    extra7 = [f"Verdict: {fig7.text()}", f"Rule: {fig7.rule}.", f"Measure: {summary['growth_measure']}"]
     shadow = summary.get("shadow")
     if shadow and "out" in shadow:
         line = f"Per call (the reference's attention computed beside every Flash call): output max |Δ| {shadow['out']['max_abs']:.2e} (in {shadow['out']['max_abs_layer']}), mean {shadow['out']['mean_abs']:.2e}"
@@ -110,13 +110,13 @@ def study_sections(study_dir: Path) -> list[Section]:
     title8, claim8 = STUDY_CLAIMS["fig8"]
     paper_metric = summary["paper_metric"]
     tables8 = roles_table(summary)
-    extra8 = [f"Rule: {fig8.rule}.", f"Distances: {METRIC_LABELS.get(metric, metric)} (primary)."]
+    extra8 = [f"Verdict: {fig8.text()}", f"Rule: {fig8.rule}.", f"Distances: {METRIC_LABELS.get(metric, metric)} (primary)."]
     if paper_metric != metric:
         tables8 += f"\n\nThe same by the paper's metric, {METRIC_LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
     sections = [
         Section(
             title=title7, claim=claim7, measured=summary["captions"].get("fig7", "") + f" ({setting}).",
-            figure=study_dir / "fig7.png", status=fig7.status, verdict=fig7.text().split(" ", 1)[1], extra=extra7, command=command,
+            figure=study_dir / "fig7.png", status=fig7.status, verdict=fig7.status, extra=extra7, command=command,
         ),
         Section(
             title=title8, claim=claim8, measured=summary["captions"]["fig8"], figure=study_dir / "fig8.png",
