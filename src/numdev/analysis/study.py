@@ -60,8 +60,8 @@ DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "shape_accuracy": ("eval.json", "shape_accuracy", "shape agreement"),
     "position_accuracy": ("eval.json", "position_accuracy", "position agreement"),
 }
-# The paper's Fig. 8 names two proxies; the roles that play them (conf/study/init.yaml, fp32.yaml).
-PAPER_PROXIES = {"init": "another initialisation", "fp32": "low precision (vs fp32)"}
+# The paper's Fig. 8 names two proxies: the roles that play them (conf/study/init.yaml, fp32.yaml).
+PAPER_INIT, PAPER_LOW_PRECISION = "init", "fp32"
 PAPER_LOW_PRECISION_RANGE = (2.0, 5.0)
 
 
@@ -335,8 +335,8 @@ def claim_verdicts(summary: dict) -> dict:
     })
     # Fig. 8: Flash's growth at or below another initialisation's, and 2-5x below low precision's.
     parts = {}
-    init = summary["ratios"].get(f"init/{under_test}", {}).get(metric)
-    lowp = summary["ratios"].get(f"fp32/{under_test}", {}).get(metric)
+    init = summary["ratios"].get(f"{PAPER_INIT}/{under_test}", {}).get(metric)
+    lowp = summary["ratios"].get(f"{PAPER_LOW_PRECISION}/{under_test}", {}).get(metric)
     if init:
         parts["below another initialisation"] = verdicts.Verdict(**init["verdict"])
     if lowp:
@@ -344,7 +344,7 @@ def claim_verdicts(summary: dict) -> dict:
             parts["2-5x below low precision"] = verdicts.Verdict(**lowp["verdict"])
         else:
             parts["2-5x below low precision"] = verdicts.range_verdict(
-                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"fp32/{under_test} slope ratio"
+                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"{PAPER_LOW_PRECISION}/{under_test} slope ratio"
             )
     fig8 = verdicts.combine(parts) if parts else verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the init and fp32 roles", "")
     return {**out, "fig7": fig7.as_dict(), "fig8": fig8.as_dict()}
