@@ -145,9 +145,15 @@ def model_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]]]:
 
 
 def study_curves(study_dir: Path, runs: dict, log=print) -> dict[str, dict[str, dict[int, tuple]]]:
-    """against ('reference' | 'truth') -> role -> replicate -> (steps, metric -> values)."""
+    """against ('reference' | 'truth') -> role -> replicate -> (steps, metric -> values).
+
+    Pairs are read (or computed from snapshots) on two threads: NumPy's sorts, safetensors reads
+    and sha256 release the GIL, so the offline comparisons against the truth run overlap.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     reference, truth = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, TRUTH)
-    curves: dict[str, dict] = {"reference": {}, "truth": {}}
+    jobs = []  # (against, role, replicate, run dir, anchor dir, anchor label)
     for against, anchor in (("reference", reference), ("truth", truth)):
         if anchor is None:
             continue
@@ -155,11 +161,13 @@ def study_curves(study_dir: Path, runs: dict, log=print) -> dict[str, dict[str, 
             if role == anchor or (against == "reference" and role == truth):
                 continue
             for replicate, run in by_rep.items():
-                anchor_run = runs[anchor].get(replicate)
-                if anchor_run is None:
-                    continue
-                rows = pair_rows(run["dir"], anchor_run["dir"], anchor, log)
-                curves[against].setdefault(role, {})[replicate] = model_curves(rows)
+                if replicate in runs[anchor]:
+                    jobs.append((against, role, replicate, run["dir"], runs[anchor][replicate]["dir"], anchor))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda job: model_curves(pair_rows(job[3], job[4], job[5], log)), jobs))
+    curves: dict[str, dict] = {"reference": {}, "truth": {}}
+    for (against, role, replicate, *_), curve in zip(jobs, results):
+        curves[against].setdefault(role, {})[replicate] = curve
     return curves
 
 
