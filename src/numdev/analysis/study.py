@@ -385,15 +385,23 @@ def captions(summary: dict) -> dict:
         f"Growth-rate ratios ({label}, slope per step, {replicates} replicate(s)): " + "; ".join(parts)
         + f". Verdict: {verdicts.Verdict(**summary['verdicts']['fig8']).text()}"
     )
-    agreement = []
-    for outcome in ("heldout_loss", "colour_accuracy", "position_accuracy"):
+    parts = []
+    for outcome in ("heldout_loss", "colour_accuracy", "shape_accuracy", "position_accuracy"):
         entry = summary["downstream"].get(outcome)
-        if entry:
-            agreement.append(
-                f"{entry['label']}: " + ", ".join(f"{role} {stats.Estimate(**row['mean']).value:.3g}" for role, row in entry["roles"].items())
-            )
-    if agreement:
-        lines["downstream"] = "Downstream (mean over replicates): " + "; ".join(agreement)
+        if not entry:
+            continue
+        # How far each sibling moves the outcome from its reference, beside the seed-to-seed spread.
+        moves = [
+            f"{role} {stats.Estimate(**row['difference_to_reference']).text('+.2g')}"
+            for role, row in entry["roles"].items() if "difference_to_reference" in row
+        ]
+        spread = entry.get("seed_spread")
+        parts.append(
+            f"{entry['label']} Δ to the reference: " + ", ".join(moves)
+            + (f" (seed-to-seed spread: std {spread:.2g})" if spread is not None else " (one replicate: no spread)")
+        )
+    if parts:
+        lines["downstream"] = "Downstream, each role minus its replicate's reference (mean [95% CI]): " + "; ".join(parts)
     return lines
 
 
