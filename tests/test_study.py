@@ -223,3 +223,20 @@ def test_the_report_renders_in_a_real_browser(study, tmp_path):
     shot = json.loads(result.stdout)
     assert shot["sections_in_dom"] == 4 and shot["images_in_dom"] >= 4 + len(ROLES)
     assert shot["non_background_fraction"] > 0.05
+
+
+def test_held_out_loss_is_reproducible_and_sees_other_weights(tmp_path):
+    from numdev.data.shapes import ShapesDataModule
+    from numdev.train.run import train
+
+    losses = {}
+    for name, extra in (("a", []), ("b", []), ("init", ["seed.init=1"])):
+        train(compose_train("attention=eager", *extra, run_dir=tmp_path / name))
+        record = json.loads((tmp_path / name / "heldout.json").read_text())
+        assert record["images"] == 256 and 0 < record["heldout_loss"] < 10
+        losses[name] = record["heldout_loss"]
+    assert losses["a"] == losses["b"] and losses["init"] != losses["a"]
+    data = ShapesDataModule(resolution=16)
+    data.setup()
+    heldout = data.heldout_dataset(8)
+    assert all(not torch.equal(heldout[i]["image"], data.dataset[i]["image"]) for i in range(8))
