@@ -70,6 +70,11 @@ def block_text(summary: dict, command: str) -> str:
     ]
     if paper != metric:
         lines += ["", f"The same by the paper's {METRIC_LABELS.get(paper, paper)}:", "", roles_table(summary, paper)]
+    colour = summary["downstream"].get("colour_accuracy")
+    if colour:
+        values = [v for row in colour["roles"].values() for v in row["per_replicate"].values()]
+        lines += ["", f"Did the runs learn? Their final samples match their caption's colour {min(values):.0%}-{max(values):.0%} of the "
+                  f"time ({len(values)} runs; chance 17%): near chance, the downstream comparison says little."]
     downstream = downstream_table(summary)
     if downstream:
         lines += ["", "Downstream (held-out diffusion loss; share of samples matching their caption's colour, shape, position):", "", downstream]
