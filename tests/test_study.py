@@ -1,79 +1,114 @@
-"""The flash-stability study through the real command line, on a micro model, and its analysis."""
+"""The flash-stability study: its roles, its controls, its statistics, and the whole study through
+the real command line (experiment=flash_stability_smoke: every role, two replicates, a micro model)."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-from conftest import run_cli
+import torch
+import yaml
+from conftest import REPO, run_cli
+from helpers import compose_train
 
-from numdev.analysis.study import analyse
+from numdev.analysis.study import KIND_ORDER, analyse, ratio_of_growths
+from numdev.models.perturb import perturb_one_ulp
 from numdev.report.app import build_report
 from numdev.run_layout import read_distances_csv as read_csv
+from numdev.snapshot_store import load_snapshot
+from numdev.verdicts import FAILS, HOLDS, NOT_MEASURABLE
 
-# experiment=train_smoke's micro model, spelled as overrides (one experiment per command line).
-MICRO = [
-    "model.name=dit_micro", "model.hidden=32", "model.depth=1", "model.heads=2", "model.patch=4",
-    "model.text.width=32", "model.text.heads=2", "model.text.layers=1", "model.text.context_length=16",
-    "model.text.output_dim=32", "data.resolution=16", "data.batch_size=4", "trainer.max_steps=6",
-    "snapshot.every_n_steps=2", "callbacks.shadow.every_n_steps=2", "callbacks.samples.num_samples=4",
-    "diffusion.sampler.steps=2", "optim.warmup_steps=0", "trainer.enable_progress_bar=false",
-    "trainer.enable_model_summary=false",
-]
+ROLE_FILES = sorted((REPO / "conf" / "study").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("study")
-    result = run_cli("numdev.train.app", "experiment=flash_stability", f"hydra.sweep.dir={root / 'study'}", *MICRO, cwd=root)
-    return root / "study", result
+# ----------------------------------------------------------------------------- fast: roles, controls, rules
 
 
-def test_the_study_runs_four_siblings_and_writes_the_summary(study):
-    study_dir, result = study
-    assert "low-precision/Flash" in result.stdout and "tensorboard --logdir" in result.stdout
-    for role in ("reference", "flash", "init", "fp32"):
-        record = json.loads((study_dir / role / "run.json").read_text())
-        assert record["status"] == "finished" and record["final_step"] == 6
-    assert json.loads((study_dir / "flash" / "run.json").read_text())["backend"] == "sdpa_flash"
-    assert json.loads((study_dir / "fp32" / "run.json").read_text())["precision"] == "fp32"
-    summary = json.loads((study_dir / "summary.json").read_text())
-    assert summary["pair_precision"] == "bf16-mixed" and summary["steps"] == 6
-    assert set(summary["pairs"]) == {"flash", "init", "low_precision"}
-    flash = summary["pairs"]["flash"]
-    assert flash["steps"] == [0, 2, 4, 6]
-    assert flash["wasserstein"][0] == 0.0 and flash["max_abs"][0] == 0.0  # same start
-    assert flash["max_abs"][-1] > 0
-    assert summary["pairs"]["init"]["max_abs"][0] > 0  # another start
-    assert summary["shadow"]["out"]["max_abs"] > 0 and summary["shadow"]["dq"]["calls"] > 0
-    assert "OLS" in summary["fit_method"] or "least-squares" in summary["fit_method"]
-    for figure in ("fig7.png", "fig8.png"):
-        assert (study_dir / figure).stat().st_size > 20_000
+def test_every_role_is_one_file_and_the_study_sweeps_each_once():
+    sweep = yaml.safe_load((REPO / "conf" / "experiment" / "flash_stability.yaml").read_text())["hydra"]["sweeper"]["params"]["study"]
+    order = sweep.split(",")
+    assert sorted(order) == sorted(p.stem for p in ROLE_FILES), "a role file missing from the sweep, or the other way round"
+    kinds = {}
+    for path in ROLE_FILES:
+        block = yaml.safe_load(path.read_text())["study"]
+        assert block["role"] == path.stem and block["kind"] in KIND_ORDER and block["label"]
+        kinds[path.stem] = block["kind"]
+    # Runs start in sweep order: what others compare with must come first.
+    assert order.index("truth") < order.index("reference") < min(order.index(r) for r in order if r not in ("truth", "reference"))
+    assert list(kinds.values()).count("reference") == 1 and list(kinds.values()).count("under_test") == 1
 
 
-def test_the_analysis_falls_back_to_snapshots_and_agrees(study, tmp_path):
-    study_dir, _ = study
-    live = json.loads((study_dir / "summary.json").read_text())
-    # Without the live CSVs (an offline launcher, or the callback switched off) the snapshots give the same curves.
-    for role in ("flash", "init", "fp32"):
-        (study_dir / role / "sibling" / "reference.csv").rename(tmp_path / f"{role}.csv")
-    try:
-        offline = analyse(study_dir, log=lambda m: None)
-    finally:
-        for role in ("flash", "init", "fp32"):
-            (tmp_path / f"{role}.csv").rename(study_dir / role / "sibling" / "reference.csv")
-    for pair in ("flash", "init", "low_precision"):
-        assert offline["pairs"][pair]["wasserstein"] == live["pairs"][pair]["wasserstein"]
-        assert offline["pairs"][pair]["max_abs"] == live["pairs"][pair]["max_abs"]
+@pytest.mark.parametrize("role, changed", [
+    ("data", {"seed.data": 1001, "data.seed": 1001}), ("noise", {"seed.noise": 1001}), ("init", {"seed.init": 1001}),
+    ("ulp", {"init_perturbation": "ulp"}), ("fp32", {"precision.name": "fp32"}), ("flash", {"attention._target_": "numdev.attention.SdpaFlash"}),
+    ("truth", {"attention.dtype": "fp32"}),
+])
+def test_each_role_changes_only_what_it_says(role, changed):
+    """Against the reference of the same replicate, a role differs in its own keys and nothing that trains."""
+    def flat(role_name):
+        cfg = compose_train("experiment=flash_stability", f"study={role_name}", "study.replicate=1", "run_dir=/tmp/x", smoke=False)
+        from omegaconf import OmegaConf
+
+        out = {}
+
+        def walk(node, prefix=""):
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    walk(value, f"{prefix}{key}.")
+                else:
+                    out[f"{prefix}{key}"] = value
+        walk(OmegaConf.to_container(cfg, resolve=True))
+        return out
+
+    reference, other = flat("reference"), flat(role)
+    assert reference["seed.init"] == reference["seed.data"] == reference["seed.noise"] == 1
+    ignored = ("study.", "sibling.", "shadow", "callbacks.sibling.", "callbacks.shadow.")
+    differ = {k for k in set(reference) | set(other) if reference.get(k) != other.get(k) and not k.startswith(ignored)}
+    expected = set(changed)
+    if role == "fp32":  # the precision group: its name, compute dtype and plugin, and the attention that reads it
+        expected |= {k for k in differ if k.startswith(("precision.", "attention.precision"))}
+    if role == "flash":  # another backend: its own keys replace Eager's
+        expected |= {k for k in differ if k.startswith("attention.")}
+    assert differ == expected
+    for key, value in changed.items():
+        assert other[key] == value
 
 
-def test_the_report_shows_the_study(study, tmp_path):
-    study_dir, _ = study
-    index = build_report([], study_dir, tmp_path / "report")
-    page = index.read_text()
-    assert "Fig. 7" in page and "Fig. 8" in page and "low precision/Flash" in page
-    assert page.count("data:image/png;base64,") == 2
-    assert "numdev-train experiment=flash_stability" in page
+def test_one_ulp_moves_every_weight_by_exactly_its_spacing():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.LayerNorm(32))
+    torch.nn.init.zeros_(model[0].bias)  # zeros go to the smallest subnormal
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    perturb_one_ulp(model)
+    for name, p in model.named_parameters():
+        w = before[name].numpy()
+        assert np.array_equal(np.abs(p.detach().numpy() - w), np.spacing(np.abs(w)))
+
+
+def _growth(slopes, grows=HOLDS):
+    return {"replicates": list(range(len(slopes))), "per_replicate": {str(i): {"slope": s} for i, s in enumerate(slopes)},
+            "grows": {"status": grows, "rule": "r", "detail": ""}}
+
+
+def test_a_ratio_to_a_flat_curve_is_not_measurable_whatever_its_value():
+    """The old report's 'init/Flash = -0.2x' of a flat curve."""
+    flat = _growth([-2e-8, 1e-8, -1.5e-8], grows=NOT_MEASURABLE)
+    ratio = ratio_of_growths(flat, _growth([8e-8, 9e-8, 7e-8]), "init/flash")
+    assert ratio["verdict"]["status"] == NOT_MEASURABLE and "does not grow" in ratio["verdict"]["detail"]
+    assert ratio["estimate"]["value"] == pytest.approx(-0.104, rel=0.05)
+
+
+def test_a_ratio_is_judged_on_its_interval():
+    flash = _growth([1.0e-7, 1.1e-7, 0.9e-7, 1.05e-7])
+    above = ratio_of_growths(_growth([3e-7, 3.2e-7, 2.9e-7, 3.1e-7]), flash, "fp32/flash")
+    assert above["verdict"]["status"] == HOLDS and above["excludes_one"]
+    below = ratio_of_growths(_growth([0.3e-7, 0.35e-7, 0.28e-7, 0.31e-7]), flash, "ulp/flash")
+    assert below["verdict"]["status"] == FAILS and below["excludes_one"]
+    straddles = ratio_of_growths(_growth([0.5e-7, 1.6e-7, 0.7e-7, 1.5e-7]), flash, "data/flash")
+    assert straddles["verdict"]["status"] == NOT_MEASURABLE and not straddles["excludes_one"]
+    one = ratio_of_growths(_growth([3e-7]), _growth([1e-7]), "fp32/flash")
+    assert one["verdict"]["status"] == NOT_MEASURABLE and not one["excludes_one"]
 
 
 def test_a_directory_that_is_not_a_study_is_a_one_line_error(tmp_path):
@@ -82,12 +117,101 @@ def test_a_directory_that_is_not_a_study_is_a_one_line_error(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "is not a finished study" in result.stderr
 
 
+# ----------------------------------------------------------------------------- the whole study (minutes: slow)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    result = run_cli("numdev.train.app", "experiment=flash_stability_smoke", f"hydra.sweep.dir={root / 'study'}", cwd=root, timeout=900)
+    return root / "study", result
+
+
+ROLES = [p.stem for p in ROLE_FILES]
+
+
+@pytest.mark.slow
+def test_the_smoke_study_runs_every_role_twice_and_writes_intervals(study):
+    study_dir, result = study
+    for replicate in (0, 1):
+        for role in ROLES:
+            record = json.loads((study_dir / f"r{replicate}" / role / "run.json").read_text())
+            assert record["status"] == "finished" and record["final_step"] == 6
+            assert record["seeds"]["init"] == (1000 + replicate if role == "init" else replicate)
+    summary = json.loads((study_dir / "summary.json").read_text())
+    assert summary["replicates"] == [0, 1] and set(summary["roles"]) == set(ROLES)
+    assert summary["provenance"]["machine"]["cpu"] and summary["provenance"]["git"]["commit"]
+    assert summary["reference_backend"] == "eager" and summary["under_test_backend"] == "sdpa_flash"
+    metric = summary["primary_metric"]
+    assert set(summary["pairs"]["reference"]) == set(ROLES) - {"reference", "truth"}
+    assert set(summary["pairs"]["truth"]) == set(ROLES) - {"truth"}
+    for role, pair in summary["pairs"]["reference"].items():
+        slope = pair[metric]["slope"]
+        assert slope["n"] == 2 and slope["low"] <= slope["value"] <= slope["high"], role
+    for name, ratio in summary["ratios"].items():
+        entry = ratio[metric]
+        assert isinstance(entry["excludes_one"], bool) and entry["verdict"]["status"] in (HOLDS, FAILS, NOT_MEASURABLE), name
+    assert summary["verdicts"]["fig7"]["status"] and summary["verdicts"]["fig8"]["rule"]
+    assert set(summary["downstream"]["heldout_loss"]["roles"]) == set(ROLES)
+    for figure in ("fig7.png", "fig8.png", "loss_curves.png", "downstream.png"):
+        assert (study_dir / figure).stat().st_size > 20_000
+    assert "Growth-rate ratios" in result.stdout and "tensorboard --logdir" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_controls_start_where_they_should(study):
+    study_dir, _ = study
+    reference = load_snapshot(study_dir / "r0" / "reference", 0)
+    for role in ("flash", "data", "noise", "fp32"):  # the same start, bit for bit
+        other = load_snapshot(study_dir / "r0" / role, 0)
+        assert all(torch.equal(reference[n], other[n]) for n in reference), role
+    ulp = load_snapshot(study_dir / "r0" / "ulp", 0)
+    for name, w in reference.items():  # exactly one ulp per element
+        assert np.array_equal(np.abs(ulp[name].numpy() - w.numpy()), np.spacing(np.abs(w.numpy()))), name
+    init = load_snapshot(study_dir / "r0" / "init", 0)
+    assert any(not torch.equal(reference[n], init[n]) for n in reference)
+    rows = read_csv(study_dir / "r0" / "data" / "sibling" / "reference.csv")
+    assert [r["max_abs"] for r in rows if r["step"] == 0 and r["tensor"] == "__model__"] == [0.0]
+
+
+@pytest.mark.slow
+def test_the_analysis_falls_back_to_snapshots_and_agrees(study, tmp_path):
+    study_dir, _ = study
+    live = json.loads((study_dir / "summary.json").read_text())
+    moved = []
+    for csv in study_dir.glob("r*/*/sibling/reference.csv"):
+        target = tmp_path / f"{csv.parent.parent.parent.name}_{csv.parent.parent.name}.csv"
+        csv.rename(target)
+        moved.append((target, csv))
+    try:
+        offline = analyse(study_dir, log=lambda m: None)
+    finally:
+        for target, csv in moved:
+            target.rename(csv)
+    metric = live["primary_metric"]
+    for role, pair in live["pairs"]["reference"].items():
+        assert offline["pairs"]["reference"][role][metric]["values"] == pair[metric]["values"], role
+
+
+@pytest.mark.slow
+def test_the_report_shows_verdicts_loss_curves_samples_and_the_terminals_scores(study, tmp_path):
+    study_dir, result = study
+    page = build_report([], study_dir, tmp_path / "report").read_text()
+    assert "Fig. 7" in page and "Fig. 8" in page and "Downstream" in page
+    assert "loss_curves.png" in page and page.count("samples at step 6 with their captions") == len(ROLES)
+    assert "not measurable" in page or "holds" in page or "fails" in page
+    assert "numdev-train experiment=flash_stability_smoke" in page
+    # The terminal and the report give the same agreement scores for the same run.
+    record = json.loads((study_dir / "r0" / "reference" / "run.json").read_text())["eval"]
+    line = f"colour {record['colour_accuracy']:.0%}, shape {record['shape_accuracy']:.0%}, position {record['position_accuracy']:.0%}"
+    assert line in result.stdout and line in page
+
+
+@pytest.mark.slow
 def test_the_report_renders_in_a_real_browser(study, tmp_path):
     import shutil
     import subprocess
     import sys
-
-    from conftest import REPO
 
     if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")):
         pytest.skip("no headless Chromium on this machine (apt install chromium)")
@@ -97,20 +221,22 @@ def test_the_report_renders_in_a_real_browser(study, tmp_path):
         capture_output=True, text=True, timeout=300, check=True,
     )
     shot = json.loads(result.stdout)
-    assert shot["sections_in_dom"] == 2 and shot["images_in_dom"] == 2
-    assert shot["non_background_fraction"] > 0.05  # text and figures, not a blank page
+    assert shot["sections_in_dom"] == 4 and shot["images_in_dom"] >= 4 + len(ROLES)
+    assert shot["non_background_fraction"] > 0.05
 
 
-def test_the_study_runs_in_parallel_under_the_joblib_launcher(tmp_path):
-    """Siblings launched side by side: the comparing runs wait for the reference's snapshots."""
-    study_dir = tmp_path / "parallel"
-    run_cli("numdev.train.app", "experiment=flash_stability", "hydra/launcher=joblib", f"hydra.sweep.dir={study_dir}",
-            "threads=1", *MICRO, cwd=tmp_path)
-    # flash started before the reference had written its last snapshot: they ran at the same time
-    flash_started = (study_dir / "flash" / "config.yaml").stat().st_mtime_ns
-    reference_done = (study_dir / "reference" / "weights" / "step_00000006.safetensors").stat().st_mtime_ns
-    assert flash_started < reference_done
-    rows = read_csv(study_dir / "flash" / "sibling" / "reference.csv")
-    assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]
-    summary = json.loads((study_dir / "summary.json").read_text())
-    assert summary["pairs"]["flash"]["steps"] == [0, 2, 4, 6]
+def test_held_out_loss_is_reproducible_and_sees_other_weights(tmp_path):
+    from numdev.data.shapes import ShapesDataModule
+    from numdev.train.run import train
+
+    losses = {}
+    for name, extra in (("a", []), ("b", []), ("init", ["seed.init=1"])):
+        train(compose_train("attention=eager", *extra, run_dir=tmp_path / name))
+        record = json.loads((tmp_path / name / "heldout.json").read_text())
+        assert record["images"] == 256 and 0 < record["heldout_loss"] < 10
+        losses[name] = record["heldout_loss"]
+    assert losses["a"] == losses["b"] and losses["init"] != losses["a"]
+    data = ShapesDataModule(resolution=16)
+    data.setup()
+    heldout = data.heldout_dataset(8)
+    assert all(not torch.equal(heldout[i]["image"], data.dataset[i]["image"]) for i in range(8))

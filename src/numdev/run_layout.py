@@ -34,6 +34,7 @@ SIBLING_DIR = "sibling"
 INSTABILITY = "instability.json"
 SHADOW_CSV = "shadow.csv"
 EVAL = "eval.json"
+HELDOUT = "heldout.json"
 SAMPLES = "samples.png"
 TENSORBOARD = "tensorboard"
 

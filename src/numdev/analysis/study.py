@@ -1,18 +1,18 @@
-"""The study's analysis: the paper's Figs. 7 and 8 and the growth-rate ratios behind "2-5x".
+"""The study's analysis: Figs. 7 and 8, the controls, replicates with intervals, the downstream effect.
 
-A study directory holds the sibling runs of `numdev-train experiment=flash_stability`:
+A study directory holds the runs of `numdev-train experiment=flash_stability`, one directory per
+replicate and role (the roles and what each changes: conf/study/, the only place they are
+defined; each run's config.yaml carries its `study` block: role, kind, label, replicate):
 
-    reference/   Baseline attention, the pair's precision
-    flash/       the attention under test, same seeds and precision
-    init/        Baseline, another weight-initialisation seed
-    fp32/        Baseline in fp32 (vs reference: what low-precision training changes)
+    r<replicate>/<role>/     e.g. r0/truth, r0/reference, r0/flash, r0/data, r0/noise, r0/ulp, r0/init, r0/fp32
 
-Each pair's weight-distance curve comes from the comparing run's sibling CSV (written live by
-numdev.train.sibling) when it covers every snapshot step, otherwise from the snapshots
-themselves (numdev.analysis.compare), so studies run by any launcher can be analysed. The growth
-of each curve is fitted as numdev.analysis.growth says (OLS slope against the step, with an
-intercept), and the ratios low-precision/flash and init/flash are the ratios of the Wasserstein
-slopes, which is what the paper's Fig. 8 compares.
+Every role is compared with its replicate's `reference` run (kind reference) and with its
+`truth` run (kind truth), snapshot by snapshot. A curve comes from the run's live sibling CSV
+(numdev.train.sibling) when it covers every snapshot step, else from the snapshots
+(numdev.analysis.compare). The growth of each curve and the ratios between roles are computed per
+replicate and summarised over replicates with 95% bootstrap intervals (numdev.stats); verdicts
+follow stated rules (numdev.verdicts). The downstream effect compares the runs' held-out loss and
+caption agreement.
 
     numdev-study STUDY_DIR        (re)analyse a finished study; also run at the end of the multirun
 """
@@ -21,122 +21,430 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+import numpy as np
+import yaml
 from hydra.experimental.callback import Callback
 
-from numdev.analysis.compare import compare_runs, model_curve
-from numdev.analysis.growth import __doc__ as GROWTH_DOC
-from numdev.analysis.growth import fit_growth, slope_ratio
+from numdev import stats, verdicts
+from numdev.analysis.compare import compare_runs
+from numdev.analysis.growth import GROWTH_MEASURE, fit_growth
 from numdev.atomic import WriteError, write_json
 from numdev.errors import fail
-from numdev.plotting import plt, save_png
-from numdev.run_layout import read_distances_csv, read_shadow_csv, sibling_csv_path
+from numdev.provenance import provenance
+from numdev.run_layout import EVAL, HELDOUT, RUN_RECORD, read_shadow_csv, sibling_csv_path
+from numdev.run_layout import MODEL_ROW as MODEL
+from numdev.run_layout import read_distances_csv as read_csv
 from numdev.snapshot_store import list_snapshots
 
-ROLES = ("reference", "flash", "init", "fp32")
-# pair name -> (run, its sibling), as the paper's Fig. 8 names them
-PAIRS = {
-    "flash": ("flash", "reference"),
-    "init": ("init", "reference"),
-    "low_precision": ("fp32", "reference"),
-}
-PAIR_LABELS = {
-    "flash": "Flash vs Baseline",
-    "init": "different initialisation",
-    "low_precision": "{precision} vs fp32",
-}
 SUMMARY = "summary.json"
+REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
+KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy")
+# Weight distances, in the order they are preferred as the study's primary measure (the first one
+# the sibling CSVs have). Position-aware metrics see two different initialisations as different
+# models; the paper's pooled Wasserstein-1 does not (docs/study.md#metrics).
+METRICS = ("rel_frobenius", "w1_over_std", "mean_abs", "wasserstein", "pooled_wasserstein", "max_abs")
+METRIC_LABELS = {
+    "rel_frobenius": "‖ΔW‖_F / ‖W_ref‖_F",
+    "w1_over_std": "W1 / std (per tensor, weighted)",
+    "mean_abs": "mean |ΔW|",
+    "wasserstein": "Wasserstein-1",
+    "pooled_wasserstein": "pooled Wasserstein-1 (paper)",
+    "max_abs": "max |ΔW|",
+}
+# The paper's pooled whole-model W1: its own column in the sibling CSVs, or (CSVs written before
+# that column existed) the model row's `wasserstein`, which was the pooled W1.
+PAPER_METRIC = ("pooled_wasserstein", "wasserstein")
+DOWNSTREAM = {  # per-run outcome -> (file, key, label)
+    "heldout_loss": (HELDOUT, "heldout_loss", "held-out loss"),
+    "colour_accuracy": (EVAL, "colour_accuracy", "colour agreement"),
+    "shape_accuracy": (EVAL, "shape_accuracy", "shape agreement"),
+    "position_accuracy": (EVAL, "position_accuracy", "position agreement"),
+}
+# The paper's Fig. 8 names two proxies: the roles that play them (conf/study/init.yaml, fp32.yaml).
+PAPER_INIT, PAPER_LOW_PRECISION = "init", "fp32"
+PAPER_LOW_PRECISION_RANGE = (2.0, 5.0)
 
 
-def study_curves(study_dir: Path, log=print) -> dict[str, list[dict]]:
-    """pair -> rows {step, tensor, max_abs, wasserstein} (numdev-compare's rows)."""
-    missing = [role for role in ROLES if not (study_dir / role).is_dir()]
-    if missing:
+# ----------------------------------------------------------------------------- the runs
+
+
+def discover(study_dir: Path) -> dict[str, dict[int, dict]]:
+    """role -> replicate -> {dir, role, kind, label, replicate, record, config}."""
+    runs: dict[str, dict[int, dict]] = {}
+    for config_path in sorted(study_dir.glob("r*/*/config.yaml")):
+        config = _read_yaml(config_path)
+        block = config.get("study") or {}
+        if "role" not in block:
+            continue
+        run_dir = config_path.parent
+        record = _read_json(run_dir / RUN_RECORD, "run record")
+        if record.get("status") != "finished":
+            raise ValueError(f"{run_dir / RUN_RECORD}: status {record.get('status')!r}, not finished: rerun that role")
+        replicate = int(block.get("replicate", 0))
+        runs.setdefault(block["role"], {})[replicate] = {
+            "dir": run_dir, "role": block["role"], "kind": block.get("kind", "control"), "label": block.get("label", block["role"]),
+            "replicate": replicate, "record": record, "config": config,
+        }
+    kinds = {run["kind"] for by_rep in runs.values() for run in by_rep.values()}
+    if REFERENCE not in kinds:
         raise FileNotFoundError(
-            f"{study_dir} is not a finished study: no run directory for {missing} "
-            "(expected reference/, flash/, init/, fp32/ from numdev-train experiment=flash_stability)"
+            f"{study_dir} is not a finished study: no run of kind 'reference' under r*/<role>/ "
+            "(run numdev-train experiment=flash_stability)"
         )
-    curves = {}
-    for pair, (run, sibling) in PAIRS.items():
-        live = sibling_csv_path(study_dir / run, sibling)
-        steps = list_snapshots(study_dir / sibling)
-        rows = read_distances_csv(live) if live.is_file() else []
-        if sorted({r["step"] for r in rows}) != steps:
-            log(f"[study] {pair}: computing the distances from the snapshots of {run}/ and {sibling}/")
-            rows = compare_runs(study_dir / run, study_dir / sibling, log=log)
-        curves[pair] = rows
-    return curves
+    return dict(sorted(runs.items(), key=lambda item: (_kind_rank(_kind(item[1])), item[0])))
 
 
-def analyse(study_dir: str | Path, log=print) -> dict:
-    """Fit, figure and summarise a study; writes fig7.png, fig8.png and summary.json into it."""
-    study_dir = Path(study_dir)
-    curves = study_curves(study_dir, log)
-    runs = {role: _run_record(study_dir / role) for role in ROLES}
-    precision = runs["reference"].get("precision", "?")
-    fits = {}
-    for pair, rows in curves.items():
-        steps, w1 = model_curve(rows, "pooled_wasserstein")  # the paper's whole-model W1
-        _, max_abs = model_curve(rows, "max_abs")
-        fits[pair] = {
-            "label": PAIR_LABELS[pair].format(precision=precision),
-            "steps": steps,
-            "wasserstein": w1,
-            "max_abs": max_abs,
-            "wasserstein_fit": fit_growth(steps, w1),
-            "max_abs_fit": fit_growth(steps, max_abs),
-        }
-    ratios = {
-        f"{pair}/flash": {
-            metric: _finite(slope_ratio(fits[pair][f"{metric}_fit"], fits["flash"][f"{metric}_fit"]))
-            for metric in ("wasserstein", "max_abs")
-        }
-        for pair in ("low_precision", "init")
-    }
-    flash = fits["flash"]
-    summary = {
-        "study": str(study_dir),
-        "pair_precision": precision,
-        "flash_backend": runs["flash"].get("backend"),
-        "reference_backend": runs["reference"].get("backend"),
-        "model": runs["reference"].get("model"),
-        "steps": flash["steps"][-1],
-        "pairs": fits,
-        "ratios": ratios,
-        "fit_method": " ".join(GROWTH_DOC.split("\n\n")[1].split()),
-        "paper": "Flash introduces roughly 2-5x less weight deviation than low-precision (FP16 vs FP32) training",
-        "fig7_gap_grows": bool(flash["wasserstein_fit"]["slope"] > 0 and flash["wasserstein"][-1] > flash["wasserstein"][1]),
-        "shadow": _shadow_summary(study_dir / "flash" / "shadow.csv"),
-        "samples": {role: runs[role].get("eval") for role in ROLES},
-    }
-    lowp = ratios["low_precision/flash"]["wasserstein"]
-    summary["low_precision_ratio_in_paper_range"] = lowp is not None and 2.0 <= lowp <= 5.0
-    summary["caption_fig7"] = _caption_fig7(flash)
-    summary["caption_fig8"] = _caption_fig8(fits, ratios, precision)
-    _figure_fig7(flash, study_dir / "fig7.png")
-    _figure_fig8(fits, study_dir / "fig8.png")
-    write_json(study_dir / SUMMARY, summary)
-    log(summary["caption_fig7"])
-    log(summary["caption_fig8"])
-    log(f"-> {study_dir / SUMMARY}, fig7.png, fig8.png")
-    return summary
+def _kind(by_replicate: dict) -> str:
+    return next(iter(by_replicate.values()))["kind"]
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _kind_rank(kind: str) -> int:
+    return KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
 
 
-def _run_record(run_dir: Path) -> dict:
-    path = run_dir / "run.json"
+def _role_of_kind(runs: dict, kind: str) -> str | None:
+    return next((role for role, by_rep in runs.items() if _kind(by_rep) == kind), None)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML ({type(error).__name__}): the run's config is corrupt") from None
+
+
+def _read_json(path: Path, what: str, required: bool = True) -> dict | None:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {run_dir} is not a numdev-train run directory")
+        if required:
+            raise FileNotFoundError(f"{path} is missing: {path.parent} is not a finished numdev-train run ({what})")
+        return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error})") from None
+        raise ValueError(f"{path} is not valid JSON ({error}): the {what} is corrupt") from None
+
+
+# ----------------------------------------------------------------------------- curves
+
+
+def pair_rows(run: Path, sibling: Path, label: str, log=print) -> list[dict]:
+    """Distance rows of `run` against `sibling`: the live CSV if complete, else from the snapshots."""
+    live = sibling_csv_path(run, label)
+    rows = read_csv(live) if live.is_file() else []
+    if sorted({r["step"] for r in rows}) != list_snapshots(sibling):
+        log(f"[study] {run.parent.name}/{run.name} vs {label}: computing the distances from the snapshots")
+        rows = compare_runs(run, sibling, log=log)
+    return rows
+
+
+def model_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]]]:
+    """steps and metric -> values of the whole-model rows (metrics: the ones the rows have)."""
+    model = sorted((r for r in rows if r["tensor"] == MODEL), key=lambda r: r["step"])
+    metrics = [m for m in METRICS if model and m in model[0]]
+    return [int(r["step"]) for r in model], {m: [float(r[m]) for r in model] for m in metrics}
+
+
+def study_curves(study_dir: Path, runs: dict, log=print) -> dict[str, dict[str, dict[int, tuple]]]:
+    """against ('reference' | 'truth') -> role -> replicate -> (steps, metric -> values).
+
+    Pairs are read (or computed from snapshots) on two threads: NumPy's sorts, safetensors reads
+    and sha256 release the GIL, so the offline comparisons against the truth run overlap.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    reference, truth = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, TRUTH)
+    jobs = []  # (against, role, replicate, run dir, anchor dir, anchor label)
+    for against, anchor in (("reference", reference), ("truth", truth)):
+        if anchor is None:
+            continue
+        for role, by_rep in runs.items():
+            if role == anchor or (against == "reference" and role == truth):
+                continue
+            for replicate, run in by_rep.items():
+                if replicate in runs[anchor]:
+                    jobs.append((against, role, replicate, run["dir"], runs[anchor][replicate]["dir"], anchor))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda job: model_curves(pair_rows(job[3], job[4], job[5], log)), jobs))
+    curves: dict[str, dict] = {"reference": {}, "truth": {}}
+    for (against, role, replicate, *_), curve in zip(jobs, results):
+        curves[against].setdefault(role, {})[replicate] = curve
+    return curves
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def _replicates_of(by_rep: dict) -> list[int]:
+    return sorted(by_rep)
+
+
+def growth_of(curves_by_rep: dict[int, tuple], metric: str) -> dict:
+    """Per-replicate fits of one role's curve and their summary over replicates."""
+    fits, finals, steps = {}, {}, None
+    for replicate, (rep_steps, values) in sorted(curves_by_rep.items()):
+        if metric not in values:
+            continue
+        fits[replicate] = fit_growth(rep_steps, values[metric])
+        finals[replicate] = values[metric][-1]
+        steps = rep_steps
+    if not fits:
+        return {}
+    slope = stats.mean_interval([f["slope"] for f in fits.values()])
+    final = stats.mean_interval(list(finals.values()))
+    grows = verdicts.ratio_verdict(slope, "above", 0.0, what="the slope")
+    return {
+        "steps": steps,
+        "replicates": sorted(fits),
+        "per_replicate": {str(r): {"slope": f["slope"], "r2": f["r2"], "final": finals[r]} for r, f in fits.items()},
+        "values": {str(r): curves_by_rep[r][1][metric] for r in fits},
+        "slope": slope.as_dict(),
+        "final": final.as_dict(),
+        "grows": grows.as_dict(),
+    }
+
+
+def ratio_of_growths(numerator: dict, denominator: dict, what: str) -> dict:
+    """slope ratio numerator/denominator over the replicates both have, paired, with its verdict.
+
+    Rule: a ratio of growth rates means something only when both curves grow (each mean slope's
+    interval lies above 0); otherwise it is "not measurable", whatever its point value.
+    Then: holds ("above 1") / fails ("below 1") when its interval excludes 1, else not measurable.
+    """
+    common = sorted(set(numerator["replicates"]) & set(denominator["replicates"]))
+    if not common:
+        return {}
+    top = [numerator["per_replicate"][str(r)]["slope"] for r in common]
+    bottom = [denominator["per_replicate"][str(r)]["slope"] for r in common]
+    estimate = stats.ratio_interval(top, bottom)
+    flat = [name for name, part in (("numerator", numerator), ("denominator", denominator)) if part["grows"]["status"] != verdicts.HOLDS]
+    if len(common) < 2:
+        verdict = verdicts.ratio_verdict(estimate, "above", 1.0, what=what)  # one replicate: no interval, not measurable
+    elif flat:
+        verdict = verdicts.Verdict(
+            verdicts.NOT_MEASURABLE,
+            "a ratio of growth rates needs both curves to grow (slope interval above 0), then its interval must exclude 1",
+            f"{what} = {estimate.value:.3g}: the {' and the '.join(flat)} curve does not grow (its slope's interval is not above 0)",
+        )
+    else:
+        verdict = verdicts.ratio_verdict(estimate, "above", 1.0, what=what)
+    return {"estimate": estimate.as_dict(), "excludes_one": estimate.excludes(1.0), "verdict": verdict.as_dict()}
+
+
+def downstream(runs: dict) -> dict:
+    """Per role and outcome: the mean over replicates, and the paired difference to the reference."""
+    reference = _role_of_kind(runs, REFERENCE)
+    values: dict[str, dict[str, dict[int, float]]] = {}
+    for role, by_rep in runs.items():
+        for replicate, run in by_rep.items():
+            for outcome, (file, key, _) in DOWNSTREAM.items():
+                data = _read_json(run["dir"] / file, outcome, required=False)
+                if data is not None and data.get(key) is not None:
+                    values.setdefault(outcome, {}).setdefault(role, {})[replicate] = float(data[key])
+    out = {}
+    for outcome, by_role in values.items():
+        ref = by_role.get(reference, {})
+        spread = float(np.std(list(ref.values()), ddof=1)) if len(ref) >= 2 else None
+        entry = {"label": DOWNSTREAM[outcome][2], "seed_spread": spread, "roles": {}}
+        for role, by_rep in by_role.items():
+            row = {"per_replicate": {str(r): v for r, v in sorted(by_rep.items())}, "mean": stats.mean_interval(list(by_rep.values())).as_dict()}
+            common = sorted(set(by_rep) & set(ref))
+            if role != reference and common:
+                diffs = [by_rep[r] - ref[r] for r in common]
+                row["difference_to_reference"] = stats.mean_interval(diffs).as_dict()
+                row["mean_abs_difference"] = float(np.mean(np.abs(diffs)))
+            entry["roles"][role] = row
+        out[outcome] = entry
+    return out
+
+
+# ----------------------------------------------------------------------------- the analysis
+
+
+def analyse(study_dir: str | Path, log=print) -> dict:
+    """Fit, judge, draw and summarise a study: summary.json and the figures, in the study directory."""
+    study_dir = Path(study_dir)
+    runs = discover(study_dir)
+    curves = study_curves(study_dir, runs, log)
+    reference, under_test = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, UNDER_TEST)
+    metrics = _metrics_present(curves)
+    primary = metrics[0]
+    paper_metric = next((m for m in PAPER_METRIC if m in metrics), primary)
+    pairs = {
+        against: {
+            role: {"label": _first(runs[role])["label"], "kind": _kind(runs[role]), **{m: growth_of(by_rep, m) for m in metrics}}
+            for role, by_rep in by_role.items()
+        }
+        for against, by_role in curves.items()
+    }
+    ratios = {}
+    if under_test is not None and under_test in pairs["reference"]:
+        flash = pairs["reference"][under_test]
+        for role, pair in pairs["reference"].items():
+            if role == under_test:
+                continue
+            ratios[f"{role}/{under_test}"] = {
+                m: ratio_of_growths(pair[m], flash[m], f"{role}/{under_test} slope ratio") for m in metrics if pair[m] and flash[m]
+            }
+    reference_run = _first(runs[reference])["record"]
+    summary = {
+        "study": str(study_dir),
+        "provenance": provenance(seeds=sorted({r for by_rep in runs.values() for r in by_rep}), threads=reference_run.get("threads")),
+        "precision": reference_run.get("precision"),
+        "under_test": under_test,
+        "under_test_backend": _first(runs[under_test])["record"].get("backend") if under_test else None,
+        "reference_backend": reference_run.get("backend"),
+        "model": reference_run.get("model"),
+        "parameters": _parameters(_first(runs[reference])["dir"]),
+        "steps": reference_run.get("final_step"),
+        "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
+        "role_order": list(runs),  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
+        "roles": {
+            role: {"kind": _kind(by_rep), "label": _first(by_rep)["label"], "replicates": _replicates_of(by_rep),
+                   "backend": _first(by_rep)["record"].get("backend"), "precision": _first(by_rep)["record"].get("precision")}
+            for role, by_rep in runs.items()
+        },
+        "metrics": metrics,
+        "primary_metric": primary,
+        "paper_metric": paper_metric,
+        "growth_measure": GROWTH_MEASURE,
+        "interval_rule": stats.RULE,
+        "pairs": pairs,
+        "ratios": ratios,
+        "downstream": downstream(runs),
+        "shadow": _shadow_summary(_first(runs[under_test])["dir"] / "shadow.csv") if under_test else None,
+        "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
+        "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / "samples.png").is_file()},
+    }
+    summary["verdicts"] = claim_verdicts(summary)
+    summary["captions"] = captions(summary)
+    from numdev.analysis import study_figures  # matplotlib only when figures are drawn
+
+    study_figures.draw_all(summary, study_dir)
+    write_json(study_dir / SUMMARY, summary)
+    for caption in summary["captions"].values():
+        log(caption)
+    log(f"-> {study_dir / SUMMARY}, fig7.png, fig8.png, loss_curves.png, downstream.png")
+    return summary
+
+
+def claim_verdicts(summary: dict) -> dict:
+    """Fig. 7 and Fig. 8, part by part, by the rules of numdev.verdicts (on the primary metric)."""
+    metric, under_test = summary["primary_metric"], summary["under_test"]
+    flash = (summary["pairs"]["reference"].get(under_test) or {}).get(metric) if under_test else None
+    out = {"metric": metric}
+    if not flash:
+        none = verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the role under test", "no run of kind under_test")
+        return {**out, "fig7": none.as_dict(), "fig8": none.as_dict()}
+    # Fig. 7: the gap grows (slope interval above 0) and only grows (Kendall's tau over every replicate's points).
+    per_step = _per_step_values(summary, under_test, metric)
+    fig7 = verdicts.combine({
+        "drifts apart": verdicts.Verdict(**flash["grows"]),
+        "only grows": verdicts.monotone_verdict(flash["steps"], per_step, "increasing", what=f"Flash vs Baseline {metric}"),
+    })
+    # Fig. 8: Flash's growth at or below another initialisation's, and 2-5x below low precision's.
+    parts = {}
+    init = summary["ratios"].get(f"{PAPER_INIT}/{under_test}", {}).get(metric)
+    lowp = summary["ratios"].get(f"{PAPER_LOW_PRECISION}/{under_test}", {}).get(metric)
+    if init:
+        parts["below another initialisation"] = verdicts.Verdict(**init["verdict"])
+    if lowp:
+        if lowp["verdict"]["status"] == verdicts.NOT_MEASURABLE and "does not grow" in lowp["verdict"]["detail"]:
+            parts["2-5x below low precision"] = verdicts.Verdict(**lowp["verdict"])
+        else:
+            parts["2-5x below low precision"] = verdicts.range_verdict(
+                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"{PAPER_LOW_PRECISION}/{under_test} slope ratio"
+            )
+    fig8 = verdicts.combine(parts) if parts else verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the init and fp32 roles", "")
+    return {**out, "fig7": fig7.as_dict(), "fig8": fig8.as_dict()}
+
+
+def _per_step_values(summary: dict, role: str, metric: str) -> list[list[float]]:
+    """values[i] = every replicate's distance at the i-th snapshot step."""
+    pair = summary["pairs"]["reference"][role][metric]
+    return [[values[i] for values in pair["values"].values()] for i in range(len(pair["steps"]))]
+
+
+def captions(summary: dict) -> dict:
+    metric, under_test = summary["primary_metric"], summary["under_test"]
+    label = METRIC_LABELS.get(metric, metric)
+    replicates = len(summary["replicates"])
+    lines = {}
+    flash = (summary["pairs"]["reference"].get(under_test) or {}).get(metric) if under_test else None
+    if flash:
+        lines["fig7"] = (
+            f"Flash vs Baseline, {label}, {replicates} replicate(s): slope {stats.Estimate(**flash['slope']).text('.2e')}/step, "
+            f"at step {flash['steps'][-1]} {stats.Estimate(**flash['final']).text('.2e')}. "
+            f"Verdict: {verdicts.Verdict(**summary['verdicts']['fig7']).text()}"
+        )
+    parts = []
+    for key, ratio in summary["ratios"].items():
+        entry = ratio.get(metric)
+        if entry:
+            parts.append(f"{key} {stats.Estimate(**entry['estimate']).text('.2g', 'x')}{' (excludes 1)' if entry['excludes_one'] else ''}")
+    lines["fig8"] = (
+        f"Growth-rate ratios ({label}, slope per step, {replicates} replicate(s)): " + "; ".join(parts)
+        + f". Verdict: {verdicts.Verdict(**summary['verdicts']['fig8']).text()}"
+    )
+    parts = []
+    for outcome in ("heldout_loss", "colour_accuracy", "shape_accuracy", "position_accuracy"):
+        entry = summary["downstream"].get(outcome)
+        if not entry:
+            continue
+        # How far each sibling moves the outcome from its reference, beside the seed-to-seed spread.
+        moves = [
+            f"{role} {stats.Estimate(**row['difference_to_reference']).text('+.2g')}"
+            for role, row in entry["roles"].items() if "difference_to_reference" in row
+        ]
+        spread = entry.get("seed_spread")
+        parts.append(
+            f"{entry['label']} Δ to the reference: " + ", ".join(moves)
+            + (f" (seed-to-seed spread: std {spread:.2g})" if spread is not None else " (one replicate: no spread)")
+        )
+    if parts:
+        lines["downstream"] = "Downstream, each role minus its replicate's reference (mean [95% CI]): " + "; ".join(parts)
+    return lines
+
+
+def _metrics_present(curves: dict) -> list[str]:
+    for by_role in curves.values():
+        for by_rep in by_role.values():
+            for _, values in by_rep.values():
+                if values:
+                    return [m for m in METRICS if m in values]
+    raise ValueError("the study has no weight-distance curves: no role besides the reference and truth")
+
+
+def _first(by_replicate: dict) -> dict:
+    return by_replicate[min(by_replicate)]
+
+
+def _parameters(run_dir: Path) -> int:
+    from numdev.snapshot_store import load_snapshot
+
+    return int(sum(t.numel() for t in load_snapshot(run_dir, 0).values()))
+
+
+def _samples(run: dict) -> dict:
+    scores = run["record"].get("eval") or {}
+    return {"path": str(run["dir"] / "samples.png"), "replicate": run["replicate"], "scores": scores}
+
+
+def _loss_curve(run_dir: Path) -> dict | None:
+    """train/loss from the run's TensorBoard events (in the run directory or its tensorboard/)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for where in (run_dir, run_dir / "tensorboard"):
+        if not any(where.glob("events.out.tfevents.*")):
+            continue
+        events = EventAccumulator(str(where), size_guidance={"scalars": 0})
+        events.Reload()
+        if "train/loss" in events.Tags().get("scalars", []):
+            points = events.Scalars("train/loss")
+            return {"steps": [p.step for p in points], "loss": [p.value for p in points]}
+    return None
 
 
 def _shadow_summary(path: Path) -> dict | None:
@@ -148,68 +456,13 @@ def _shadow_summary(path: Path) -> dict | None:
         chosen = [r for r in rows if r["quantity"] == quantity]
         if chosen:
             worst = max(chosen, key=lambda r: r["max_abs"])
+            relative = [r["max_abs"] / r["ref_max_abs"] for r in chosen if r["ref_max_abs"] > 0]
             out[quantity] = {
-                "max_abs": worst["max_abs"],
-                "max_abs_layer": worst["layer"],
-                "max_abs_step": worst["step"],
+                "max_abs": worst["max_abs"], "max_abs_layer": worst["layer"], "max_abs_step": worst["step"],
                 "mean_abs": sum(r["mean_abs"] for r in chosen) / len(chosen),
-                "relative_max": max(r["max_abs"] / r["ref_max_abs"] for r in chosen if r["ref_max_abs"] > 0)
-                if any(r["ref_max_abs"] > 0 for r in chosen) else None,
-                "calls": len(chosen),
+                "relative_max": max(relative) if relative else None, "calls": len(chosen),
             }
     return out
-
-
-def _caption_fig7(flash: dict) -> str:
-    w1, mx = flash["wasserstein"], flash["max_abs"]
-    return (
-        f"Flash vs Baseline over {flash['steps'][-1]} steps: max |Δ| {mx[1]:.2e} at step {flash['steps'][1]} -> "
-        f"{mx[-1]:.2e}; Wasserstein-1 {w1[1]:.2e} -> {w1[-1]:.2e} (slope {flash['wasserstein_fit']['slope']:.2e}/step, "
-        f"R² {flash['wasserstein_fit']['r2']:.2f})"
-    )
-
-
-def _caption_fig8(fits: dict, ratios: dict, precision: str) -> str:
-    def ratio(key):
-        value = ratios[key]["wasserstein"]
-        return "undefined (Flash's curve does not grow)" if value is None else f"{value:.1f}x"
-
-    return (
-        f"Wasserstein growth rates (OLS slope): Flash {fits['flash']['wasserstein_fit']['slope']:.2e}, "
-        f"init {fits['init']['wasserstein_fit']['slope']:.2e}, {precision} vs fp32 "
-        f"{fits['low_precision']['wasserstein_fit']['slope']:.2e} per step; low-precision/Flash "
-        f"{ratio('low_precision/flash')}, init/Flash {ratio('init/flash')} (paper: low precision 2-5x Flash)"
-    )
-
-
-def _figure_fig7(flash: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, metric, label in ((axes[0], "max_abs", "max |W_flash − W_baseline|"), (axes[1], "wasserstein", "Wasserstein-1")):
-        ax.plot(flash["steps"], flash[metric], "o-", ms=3, color="C0")
-        ax.set_xlabel("training step")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    fig.suptitle("Fig. 7 — Flash vs Baseline weights over training (whole model)")
-    save_png(fig, path)
-
-
-def _figure_fig8(fits: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for i, fit in enumerate(fits.values()):
-        steps, values, line = fit["steps"], fit["wasserstein"], fit["wasserstein_fit"]
-        for ax in axes:
-            ax.plot(steps, values, "o-", ms=3, color=f"C{i}", label=f"{fit['label']} (slope {line['slope']:.1e})")
-        axes[0].plot(steps, [line["slope"] * s + line["intercept"] for s in steps], "--", color=f"C{i}", lw=1)
-    axes[0].set_title("linear, with the fitted lines")
-    axes[1].set_title("log scale")
-    axes[1].set_yscale("log")
-    for ax in axes:
-        ax.set_xlabel("training step")
-        ax.set_ylabel("Wasserstein-1 to the reference (whole model)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Fig. 8 — weight deviation of Flash next to its proxies")
-    save_png(fig, path)
 
 
 class StudyAnalysis(Callback):
@@ -222,11 +475,11 @@ class StudyAnalysis(Callback):
         except (FileNotFoundError, ValueError, WriteError) as error:
             print(f"numdev-study: the analysis did not run: {error}", file=sys.stderr)
             return
-        print(f"TensorBoard: tensorboard --logdir {study_dir}")
+        print(f"TensorBoard: .venv/bin/tensorboard --logdir {study_dir}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: fig7.png, fig8.png, summary.json")
+    parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: summary.json and its figures")
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
     args = parser.parse_args(argv)
     try:

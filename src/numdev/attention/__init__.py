@@ -1,6 +1,7 @@
 """Attention backends behind one registry (see registry.py for the calling convention)."""
 
 from numdev.attention.baseline import Baseline
+from numdev.attention.eager import Eager
 from numdev.attention.flash_attn_backend import FlashAttn
 from numdev.attention.flash_emulated import FlashEmulated
 from numdev.attention.golden import golden_attention
@@ -18,6 +19,7 @@ __all__ = [
     "AttentionBackend",
     "BackendUnavailable",
     "Baseline",
+    "Eager",
     "FlashAttn",
     "FlashEmulated",
     "SdpaCudnn",

@@ -149,6 +149,9 @@ def preview_specs(n: int) -> list[ShapeSpec]:
     return specs
 
 
+HELDOUT_SEED_OFFSET = 1_000_003  # held-out images: content_seed + this
+
+
 class ShapesDataModule(CaptionDataModule):
     def __init__(
         self,
@@ -183,6 +186,10 @@ class ShapesDataModule(CaptionDataModule):
 
     def preview_captions(self, n: int) -> list[str]:
         return [caption([spec]) for spec in preview_specs(n)]
+
+    def heldout_dataset(self, n: int) -> ShapesDataset:
+        """n images training never draws: the same grammar from another content seed."""
+        return ShapesDataset(**{**self.dataset_args, "size": n, "content_seed": self.dataset_args["content_seed"] + HELDOUT_SEED_OFFSET})
 
 
 def images_of(specs: list[ShapeSpec], resolution: int) -> torch.Tensor:

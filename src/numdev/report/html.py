@@ -20,6 +20,8 @@ class Section:
     holds: bool | None = None
     verdict: str = ""  # overrides the plain holds/differs label
     extra: list[str] = field(default_factory=list)
+    status: str | None = None  # a numdev.verdicts status (holds, fails, partly, not measurable); wins over `holds`
+    images: list[tuple[Path, str]] = field(default_factory=list)  # more figures, each with its caption
 
 
 STYLE = """
@@ -30,11 +32,19 @@ section { border-top: 1px solid #ddd; padding: 1em 0; }
 .box { background: #f6f6f6; border-radius: 6px; padding: 0.6em 0.9em; }
 .box h3 { margin: 0 0 0.3em; font-size: 0.95em; color: #555; }
 .holds { color: #16794a; font-weight: 600; font-size: 0.7em; } .differs { color: #b04a00; font-weight: 600; font-size: 0.7em; }
+.unmeasured { color: #666; font-weight: 600; font-size: 0.7em; } .partly { color: #a07000; font-weight: 600; font-size: 0.7em; }
+.grid { display: grid; grid-template-columns: 1fr 1fr; gap: 0.8em; } figure { margin: 0; } figcaption { font-size: 0.85em; color: #555; }
 img { max-width: 100%; border: 1px solid #eee; margin-top: 0.8em; }
 code, pre { background: #f0f0f0; border-radius: 4px; padding: 0.1em 0.3em; font-size: 0.9em; }
 pre { padding: 0.6em; overflow-x: auto; } details { margin-top: 0.5em; }
 table { border-collapse: collapse; margin-top: 0.6em; } td, th { border: 1px solid #ccc; padding: 0.2em 0.6em; }
 """
+
+
+def _markdown_tables(text: str) -> str:
+    """Tables separated by blank lines; a block that is not a table is a paragraph."""
+    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
+    return "".join(_markdown_table(b) if b.lstrip().startswith("|") else f"<p>{html.escape(b.strip())}</p>" for b in blocks)
 
 
 def _markdown_table(text: str) -> str:
@@ -59,18 +69,29 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "") 
         parts.append(f"<p>{html.escape(intro)}</p>")
     for s in sections:
         verdict = ""
-        if s.holds is not None:
+        if s.status is not None:
+            from numdev.verdicts import SYMBOLS
+
+            css = {"holds": "holds", "fails": "differs", "partly": "partly"}.get(s.status, "unmeasured")
+            verdict = f"<span class='{css}'>{SYMBOLS[s.status]} {html.escape(s.verdict or s.status)}</span>"
+        elif s.holds is not None:
             label = html.escape(s.verdict or ("holds here" if s.holds else "differs here"))
             verdict = f"<span class='holds'>✓ {label}</span>" if s.holds else f"<span class='differs'>✗ {label}</span>"
         parts.append(f"<section><h2>{html.escape(s.title)} {verdict}</h2><div class='pair'>")
         parts.append(f"<div class='box'><h3>Paper</h3>{html.escape(s.claim)}</div>")
         parts.append(f"<div class='box'><h3>Measured</h3>{html.escape(s.measured)}</div></div>")
         if s.table_markdown:
-            parts.append(_markdown_table(s.table_markdown))
+            parts.append(_markdown_tables(s.table_markdown))
         for line in s.extra:
             parts.append(f"<p>{html.escape(line)}</p>")
         if s.figure is not None and s.figure.exists():
             parts.append(_image(s.figure))
+        if s.images:
+            parts.append("<div class='grid'>")
+            for path, caption in s.images:
+                if path.exists():
+                    parts.append(f"<figure>{_image(path)}<figcaption>{html.escape(caption)}</figcaption></figure>")
+            parts.append("</div>")
         if s.command:
             parts.append(f"<p>Rerun: <code>{html.escape(s.command)}</code></p>")
         if s.config:

@@ -1,80 +1,147 @@
-"""Report sections of a training study (Figs. 7-8): the paper's claims beside the measured curves."""
+"""Report sections of a training study: Figs. 7-8 with their verdicts, the downstream effect, and the
+runs themselves (loss curves side by side, each role's sample grid with its captions).
+
+The tables are built here once and reused by scripts/study_table.py for README.md.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from numdev.analysis.study import SUMMARY, analyse
+from numdev.analysis.study import METRIC_LABELS, SUMMARY, analyse
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import Section
+from numdev.stats import Estimate
+from numdev.train.evaluation import agreement_text
+from numdev.verdicts import Verdict
+
+COMMAND = "numdev-train experiment=flash_stability"
+
+
+def _estimate(entry: dict | None, fmt: str = ".2e", unit: str = "") -> str:
+    return Estimate(**entry).text(fmt, unit) if entry else "–"
+
+
+def roles_table(summary: dict, metric: str | None = None) -> str:
+    """Markdown: each role's distance to the reference (slope, final value) and its ratio to Flash."""
+    metric = metric or summary["primary_metric"]
+    under_test = summary["under_test"]
+    head = (
+        f"| role | kind | what differs from the reference | slope / step [95% CI] | at step {summary['steps']} [95% CI] "
+        f"| slope ratio to {under_test} [95% CI] | ratio's interval |\n| --- | --- | --- | --- | --- | --- | --- |"
+    )
+    rows = []
+    for role in summary["role_order"]:
+        pair = summary["pairs"]["reference"].get(role)
+        entry = pair.get(metric) if pair else None
+        if not entry:
+            continue
+        ratio = summary["ratios"].get(f"{role}/{under_test}", {}).get(metric)
+        verdict = Verdict(**ratio["verdict"]) if ratio else None
+        rows.append(
+            f"| {role} | {pair['kind']} | {pair['label']} | {_estimate(entry['slope'])} | {_estimate(entry['final'])} | "
+            f"{_estimate(ratio['estimate'], '.2g', 'x') if ratio else '–'} | "
+            f"{_side_of_one(verdict) if verdict else '–'} |"
+        )
+    return head + "\n" + "\n".join(rows)
+
+
+def _side_of_one(verdict: Verdict) -> str:
+    """Where a ratio's interval lies (rule: numdev.analysis.study.ratio_of_growths)."""
+    if verdict.status == "holds":
+        return "above 1"
+    if verdict.status == "fails":
+        return "below 1"
+    return "not measurable: " + ("a curve does not grow" if "does not grow" in verdict.detail else "contains 1 or one replicate")
+
+
+def downstream_table(summary: dict) -> str:
+    """Markdown: per role, each outcome's mean over replicates and its paired difference to the reference."""
+    outcomes = [o for o in ("heldout_loss", "colour_accuracy", "shape_accuracy", "position_accuracy") if o in summary["downstream"]]
+    if not outcomes:
+        return ""
+    head = "| role | " + " | ".join(
+        f"{summary['downstream'][o]['label']} (Δ to reference)" for o in outcomes
+    ) + " |\n| --- |" + " --- |" * len(outcomes)
+    rows = []
+    for role in summary["role_order"]:
+        cells = []
+        for outcome in outcomes:
+            row = summary["downstream"][outcome]["roles"].get(role)
+            if row is None:
+                cells.append("–")
+                continue
+            fmt = ".4f" if outcome == "heldout_loss" else ".2f"
+            cell = _estimate(row["mean"], fmt)
+            if "difference_to_reference" in row:
+                cell += f" (Δ {_estimate(row['difference_to_reference'], '+.2e' if outcome == 'heldout_loss' else '+' + fmt)})"
+            cells.append(cell)
+        rows.append(f"| {role} | " + " | ".join(cells) + " |")
+    spreads = [
+        f"{summary['downstream'][o]['label']} {summary['downstream'][o]['seed_spread']:.3g}"
+        for o in outcomes if summary["downstream"][o].get("seed_spread") is not None
+    ]
+    note = f"\n\nSeed-to-seed spread (std of the reference over replicates): {', '.join(spreads)}." if spreads else ""
+    return head + "\n" + "\n".join(rows) + note
 
 
 def study_sections(study_dir: Path) -> list[Section]:
     study_dir = Path(study_dir)
     path = study_dir / SUMMARY
     summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else analyse(study_dir)
-    config = study_dir / "flash" / "config.yaml"
-    command = "numdev-train experiment=flash_stability " + " ".join(_extra_overrides(study_dir))
-    common = {
-        "command": command.strip(),
-        "config": config.read_text(encoding="utf-8") if config.is_file() else "",
-    }
-    precision = summary["pair_precision"]
-    lowp = summary["ratios"]["low_precision/flash"]["wasserstein"]
-    init = summary["ratios"]["init/flash"]["wasserstein"]
-    pairs = summary["pairs"]
-    table = "| pair | W1 at the end | W1 slope / step | R² | max abs at the end |\n| --- | --- | --- | --- | --- |\n" + "\n".join(
-        f"| {p['label']} | {p['wasserstein'][-1]:.3e} | {p['wasserstein_fit']['slope']:.3e} | "
-        f"{p['wasserstein_fit']['r2']:.2f} | {p['max_abs'][-1]:.3e} |"
-        for p in pairs.values()
+    overrides = _extra_overrides(study_dir)
+    command = "numdev-train " + " ".join(overrides) if any(o.startswith("experiment=") for o in overrides) else f"{COMMAND} {' '.join(overrides)}".strip()
+    replicates = len(summary["replicates"])
+    setting = (
+        f"{summary['under_test_backend']} vs {summary['reference_backend']}, {summary['precision']}, {summary['model']}, "
+        f"{summary['steps']} steps, {replicates} replicate(s)" + (" (one replicate: no intervals, no verdicts)" if replicates < 2 else "")
     )
-    extra_fig7 = []
+    metric = summary["primary_metric"]
+    fig7, fig8 = (Verdict(**summary["verdicts"][k]) for k in ("fig7", "fig8"))
+    extra7 = [f"Verdict: {fig7.text()}", f"Rule: {fig7.rule}.", f"Measure: {summary['growth_measure']}"]
     shadow = summary.get("shadow")
     if shadow and "out" in shadow:
-        line = (
-            f"Per call (Baseline computed beside every Flash call, every 25th step): output max |Δ| "
-            f"{shadow['out']['max_abs']:.2e} (in {shadow['out']['max_abs_layer']}), mean {shadow['out']['mean_abs']:.2e}"
-        )
+        line = f"Per call (the reference's attention computed beside every Flash call): output max |Δ| {shadow['out']['max_abs']:.2e} (in {shadow['out']['max_abs_layer']}), mean {shadow['out']['mean_abs']:.2e}"
         if "dq" in shadow:
             line += "; gradients max |Δ| " + ", ".join(f"{q} {shadow[q]['max_abs']:.2e}" for q in ("dq", "dk", "dv") if q in shadow)
-        extra_fig7.append(line + ".")
-    samples = summary.get("samples") or {}
-    scored = {role: s for role, s in samples.items() if s and s.get("scored")}
-    if scored:
-        extra_fig7.append(
-            "Samples at the end (colour / position match their captions): "
-            + "; ".join(f"{role} {s['colour_accuracy']:.0%} / {s['position_accuracy']:.0%}" for role, s in scored.items())
-        )
+        extra7.append(line + ".")
     title7, claim7 = STUDY_CLAIMS["fig7"]
     title8, claim8 = STUDY_CLAIMS["fig8"]
-    lowp_text = "undefined" if lowp is None else f"{lowp:.1f}x"
-    init_text = "undefined" if init is None else f"{init:.1f}x"
-    return [
+    paper_metric = summary["paper_metric"]
+    tables8 = roles_table(summary)
+    extra8 = [f"Verdict: {fig8.text()}", f"Rule: {fig8.rule}.", f"Distances: {METRIC_LABELS.get(metric, metric)} (primary)."]
+    if paper_metric != metric:
+        tables8 += f"\n\nThe same by the paper's metric, {METRIC_LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
+    sections = [
         Section(
-            title=title7,
-            claim=claim7,
-            measured=summary["caption_fig7"] + f" ({summary['flash_backend']} vs {summary['reference_backend']}, {precision}, {summary['model']}).",
-            figure=study_dir / "fig7.png",
-            holds=summary["fig7_gap_grows"],
-            verdict="the gap grows here" if summary["fig7_gap_grows"] else "the gap does not grow here",
-            extra=extra_fig7,
-            **common,
+            title=title7, claim=claim7, measured=summary["captions"].get("fig7", "") + f" ({setting}).",
+            figure=study_dir / "fig7.png", status=fig7.status, verdict=fig7.status, extra=extra7, command=command,
         ),
         Section(
-            title=title8,
-            claim=claim8,
-            measured=summary["caption_fig8"] + f". Fit: {summary['fit_method']}",
-            figure=study_dir / "fig8.png",
-            table_markdown=table,
-            holds=bool(lowp is not None and lowp > 1.0),
-            verdict=(
-                f"low precision/Flash = {lowp_text} (paper 2-5x), init/Flash = {init_text}"
-                if lowp is not None else "Flash's curve does not grow: no ratio"
-            ),
-            **common,
+            title=title8, claim=claim8, measured=summary["captions"]["fig8"], figure=study_dir / "fig8.png",
+            table_markdown=tables8, status=fig8.status, verdict=fig8.status, extra=extra8, command=command,
         ),
     ]
+    sections.append(Section(
+        title="Downstream — does Flash change what the model does?",
+        claim="Not measured in the paper: held-out diffusion loss and how well samples follow their captions, for every run; "
+        "a sibling's difference to the reference beside the seed-to-seed spread.",
+        measured=summary["captions"].get("downstream", "no held-out loss or caption scores in these runs"),
+        figure=study_dir / "downstream.png", table_markdown=downstream_table(summary), command=command,
+    ))
+    samples = [
+        (Path(s["path"]), f"{role} (replicate {s['replicate']}): samples at step {summary['steps']} with their captions"
+         + (f"; they match them: {agreement_text(s['scores'])}" if s["scores"].get("scored") else ""))
+        for role, s in ((r, summary["samples"][r]) for r in summary["role_order"] if r in summary.get("samples", {}))
+    ]
+    sections.append(Section(
+        title="The runs — training loss and samples",
+        claim="What a reader of the paper cannot see: the runs behind the curves.",
+        measured=f"Training loss of every run, one panel per role ({setting}); below, each role's final samples.",
+        figure=study_dir / "loss_curves.png", images=samples, command=command,
+    ))
+    return sections
 
 
 def _extra_overrides(study_dir: Path) -> list[str]:
@@ -84,4 +151,4 @@ def _extra_overrides(study_dir: Path) -> list[str]:
     if not path.is_file():
         return []
     task = yaml.safe_load(path.read_text(encoding="utf-8")).get("hydra", {}).get("overrides", {}).get("task", [])
-    return [o for o in task if not o.startswith(("experiment=", "hydra.sweep.dir="))]
+    return [o for o in task if not o.startswith("hydra.sweep.dir=")]

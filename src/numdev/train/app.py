@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from numdev.errors import RunFailed, user_facing
+from numdev.train.evaluation import agreement_text
 from numdev.train.run import train
 from numdev.workers import stop_worker_pools
 
@@ -41,7 +42,9 @@ def run(cfg: DictConfig) -> None:
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
-        summary += f"  (samples match their captions: colour {e['colour_accuracy']:.0%}, shape {e['shape_accuracy']:.0%})"
+        summary += f"  (samples match their captions: {agreement_text(e)})"
+    if run.get("stop_reason"):
+        summary += f"  (stopped: {run['stop_reason']})"
     if run.get("already_finished"):
         summary = f"already finished at step {run['final_step']}: nothing to do -> {cfg.run_dir}"
     print(summary)

@@ -68,3 +68,8 @@ def score_shapes(images: torch.Tensor, captions: list[str]) -> dict:
     n = sum(s is not None for s in samples)
     accuracy = {f"{k}_accuracy": (hits[k] / n if n else None) for k in ("colour", "shape", "position")}
     return {"scored": n, **accuracy, "samples": samples}
+
+
+def agreement_text(scores: dict) -> str:
+    """'colour 83%, shape 33%, position 11%': how the terminal and the report both say it."""
+    return ", ".join(f"{key} {scores[f'{key}_accuracy']:.0%}" for key in ("colour", "shape", "position"))

@@ -21,7 +21,7 @@ RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.polic
                      "callbacks.snapshots._target_", "callbacks.sibling.every_n_steps")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
-ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None}
+ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "callbacks.heldout.": None}
 
 
 def resolved(cfg: DictConfig) -> dict:

@@ -20,6 +20,7 @@ from numdev import schemas
 from numdev.atomic import remove_temporaries
 from numdev.config_schema import TRAIN, validate
 from numdev.errors import RunFailed
+from numdev.models.perturb import apply_init_perturbation
 from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.run_lock import RunLock
 from numdev.train import record
@@ -38,11 +39,14 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
     """The model, initialised from seed.init alone: the global RNG is forked, seeded, restored.
 
     Nothing else touches the initialisation, so runs that differ only in backend, precision,
-    data or noise seed start from bit-identical weights.
+    data or noise seed start from bit-identical weights. init_perturbation=ulp then moves every
+    weight one ulp (numdev.models.perturb).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(cfg, "init"))
-        return instantiate(cfg.model, attention=backend, _convert_="all")
+        model = instantiate(cfg.model, attention=backend, _convert_="all")
+    apply_init_perturbation(model, cfg.get("init_perturbation"))  # the study's one-ulp control
+    return model
 
 
 def build_module(cfg: DictConfig, model: torch.nn.Module) -> DiffusionModule:

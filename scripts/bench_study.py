@@ -1,0 +1,78 @@
+"""Wall time of the study, as `make demo` and the full study run it. Prints JSON.
+
+    python scripts/bench_study.py                       # the demo's study (one replicate)
+    python scripts/bench_study.py --which full          # the full study (3 replicates, joblib, 2 jobs x 1 thread)
+    python scripts/bench_study.py --which smoke --repeats 3
+
+Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
+times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
+median, each run's own time from its run.json, the command and the machine (numdev.provenance).
+Budgets (docs/study.md#budgets): demo study <= 6 min, full study ~20 min, smoke < 3 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from numdev.provenance import provenance
+
+COMMANDS = {
+    "demo": ["experiment=flash_stability", "study.replicate=0"],
+    "full": ["experiment=flash_stability"],
+    "smoke": ["experiment=flash_stability_smoke"],
+}
+BUDGET_S = {"demo": 360, "full": 1200, "smoke": 180}
+
+
+def run_seconds(study_dir: Path) -> dict[str, float]:
+    out = {}
+    for record in sorted(study_dir.glob("r*/*/run.json")):
+        run = json.loads(record.read_text())
+        start = datetime.datetime.strptime(run["started"], "%Y-%m-%dT%H:%M:%S%z")
+        end = datetime.datetime.strptime(run["finished"], "%Y-%m-%dT%H:%M:%S%z")
+        out[f"{record.parent.parent.name}/{record.parent.name}"] = (end - start).total_seconds()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--which", choices=sorted(COMMANDS), default="demo")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="extra numdev-train overrides")
+    args = parser.parse_args()
+    command = [*COMMANDS[args.which], "trainer.enable_progress_bar=false", *args.overrides]
+    repeats = []
+    for _ in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            study_dir = Path(tmp) / "study"
+            start = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "numdev.train.app", *command, f"hydra.sweep.dir={study_dir}"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
+            )
+            wall = time.perf_counter() - start
+            repeats.append({"wall_s": wall, "runs_s": run_seconds(study_dir)})
+    median = statistics.median(r["wall_s"] for r in repeats)
+    print(json.dumps({
+        "which": args.which,
+        "command": "numdev-train " + " ".join(command),
+        "threads_per_run": 1,
+        "parallel_jobs": 2,
+        "repeats": repeats,
+        "median_wall_s": median,
+        "budget_s": BUDGET_S[args.which],
+        "within_budget": median <= BUDGET_S[args.which],
+        "provenance": provenance(threads=1),
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The study's figures, drawn from summary.json's numbers (nothing is recomputed here).
+
+fig7.png            Flash vs Baseline over training: every replicate, their mean and its 95% band
+fig8.png            every role's distance to the reference (and to the truth run), mean and band
+loss_curves.png     the training loss of every run, one panel per role, replicates overlaid
+downstream.png      held-out loss and caption agreement of every run, per role
+
+Bands are the per-step 95% bootstrap interval of the mean over replicates (numdev.stats); with one
+replicate there is no band, only the line.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from numdev import stats
+from numdev.plotting import plt, save_png
+
+
+def draw_all(summary: dict, study_dir: Path) -> None:
+    fig7(summary, study_dir / "fig7.png")
+    fig8(summary, study_dir / "fig8.png")
+    loss_curves(summary, study_dir / "loss_curves.png")
+    downstream(summary, study_dir / "downstream.png")
+
+
+def _labels():
+    from numdev.analysis.study import METRIC_LABELS
+
+    return METRIC_LABELS
+
+
+def _band(ax, steps, values_by_rep: dict, colour, label: str, thin: bool = False) -> None:
+    curves = np.array(list(values_by_rep.values()), dtype=np.float64)  # (replicates, steps)
+    mean = curves.mean(axis=0)
+    if thin:
+        for curve in curves:
+            ax.plot(steps, curve, "-", color=colour, lw=0.6, alpha=0.45)
+    ax.plot(steps, mean, "o-", ms=2.5, color=colour, label=label)
+    if len(curves) >= 2:
+        bands = [stats.mean_interval(curves[:, i]) for i in range(curves.shape[1])]
+        ax.fill_between(steps, [b.low for b in bands], [b.high for b in bands], color=colour, alpha=0.2, lw=0)
+
+
+def fig7(summary: dict, path: Path) -> None:
+    role = summary["under_test"]
+    pair = summary["pairs"]["reference"].get(role) if role else None
+    metrics = [m for m in dict.fromkeys((summary["primary_metric"], summary["paper_metric"], "max_abs")) if m in summary["metrics"]]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        entry = (pair or {}).get(metric)
+        if entry:
+            _band(ax, entry["steps"], entry["values"], "C0", f"{len(entry['values'])} replicate(s), mean", thin=True)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(_labels().get(metric, metric))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Fig. 7 — Flash vs Baseline weights over training (whole model; band: 95% interval of the mean)")
+    save_png(fig, path)
+
+
+def fig8(summary: dict, path: Path) -> None:
+    metrics = list(dict.fromkeys((summary["primary_metric"], summary["paper_metric"])))
+    panels = [("reference", m) for m in metrics] + ([("truth", summary["primary_metric"])] if summary["pairs"].get("truth") else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.4), squeeze=False)
+    roles = summary["role_order"]
+    for ax, (against, metric) in zip(axes[0], panels):
+        for role in roles:
+            entry = summary["pairs"][against].get(role, {}).get(metric)
+            if not entry:
+                continue
+            slope = stats.Estimate(**entry["slope"])
+            _band(ax, entry["steps"], entry["values"], f"C{roles.index(role) % 10}", f"{role} (slope {slope.value:.1e})")
+        ax.set_yscale("symlog", linthresh=_linthresh(summary["pairs"][against], metric))
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"{_labels().get(metric, metric)} to the {against} run")
+        ax.set_title(f"against the {against}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Fig. 8 — each role's weight distance over training (mean over replicates, 95% band)")
+    save_png(fig, path)
+
+
+def _linthresh(pairs: dict, metric: str) -> float:
+    positive = [v for pair in pairs.values() if pair.get(metric) for values in pair[metric]["values"].values() for v in values if v > 0]
+    return float(min(positive)) if positive else 1e-12
+
+
+def loss_curves(summary: dict, path: Path) -> None:
+    roles = [r for r in summary["role_order"] if any((summary["loss_curves"].get(r) or {}).values())]
+    if not roles:
+        return
+    columns = min(4, len(roles))
+    rows = math.ceil(len(roles) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False, sharex=True, sharey=True)
+    reference = next((r for r, meta in summary["roles"].items() if meta["kind"] == "reference"), None)
+    for ax, role in zip(axes.flat, roles):
+        if reference is not None and role != reference:
+            for curve in summary["loss_curves"][reference].values():
+                if curve:
+                    ax.plot(curve["steps"], _smooth(curve["loss"]), color="0.6", lw=0.8)
+        for i, (replicate, curve) in enumerate(sorted(summary["loss_curves"][role].items())):
+            if curve:
+                ax.plot(curve["steps"], _smooth(curve["loss"]), color=f"C{i}", lw=1, label=f"r{replicate}")
+        ax.set_title(f"{role}" + (" (grey: reference)" if role != reference else ""), fontsize=9)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(roles):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.supxlabel("training step")
+    fig.supylabel("training loss (EMA 0.9)")
+    fig.suptitle("Training loss of every run")
+    save_png(fig, path)
+
+
+def _smooth(values, beta: float = 0.9) -> list[float]:
+    out, average = [], None
+    for v in values:
+        average = v if average is None else beta * average + (1 - beta) * v
+        out.append(average)
+    return out
+
+
+def downstream(summary: dict, path: Path) -> None:
+    outcomes = [o for o in summary["downstream"] if summary["downstream"][o]["roles"]]
+    if not outcomes:
+        return
+    fig, axes = plt.subplots(1, len(outcomes), figsize=(4.2 * len(outcomes), 3.8), squeeze=False)
+    for ax, outcome in zip(axes[0], outcomes):
+        entry = summary["downstream"][outcome]
+        roles = [r for r in summary["role_order"] if r in entry["roles"]]
+        for i, row in enumerate(entry["roles"][r] for r in roles):
+            values = list(row["per_replicate"].values())
+            ax.plot([i] * len(values), values, "o", color="0.5", ms=3)
+            mean = stats.Estimate(**row["mean"])
+            error = [[mean.value - mean.low], [mean.high - mean.value]] if mean.has_interval else None
+            ax.errorbar([i], [mean.value], yerr=error, fmt="s", color="C0", ms=5, capsize=3)
+        ax.set_xticks(range(len(roles)), roles, rotation=45, fontsize=8)
+        ax.set_title(entry["label"], fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Downstream: every run (grey) and the mean over replicates with its 95% interval")
+    save_png(fig, path)
