@@ -54,6 +54,8 @@ def test_ratio_interval_is_paired_and_is_the_ratio_of_means():
 def test_one_seed_has_no_interval_and_nonfinite_is_refused():
     one = mean_interval([2.0])
     assert one.n == 1 and not one.has_interval and math.isnan(one.low) and "n/a" in one.text()
+    two = mean_interval([2.0, 3.0])  # two seeds: a bootstrap interval would be a formality
+    assert not two.has_interval and two.as_dict()["low"] is None and two.value == 2.5
     with pytest.raises(ValueError, match="non-finite"):
         mean_interval([1.0, float("nan")])
     with pytest.raises(ValueError, match="as many"):

@@ -5,8 +5,9 @@ same seeds). Its 95% interval is a percentile bootstrap over seeds (`scipy.stats
 seeded, so a report is reproducible). Paired values (Flash and Baseline measured on the same
 seed's inputs) are resampled together, so the interval of a ratio keeps their correlation.
 
-With one seed there is nothing to resample: the interval is (nan, nan), shown as "n/a", and no
-verdict may rest on it (see numdev.verdicts).
+With fewer than MIN_SEEDS seeds there is no interval: a bootstrap over two values has three
+distinct resamples and its "95%" interval is little more than their range. The interval is then
+(nan, nan) — null in JSON — shown as "n/a", and no verdict may rest on it (see numdev.verdicts).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from scipy import stats as scipy_stats
 CONFIDENCE = 0.95
 RESAMPLES = 2000
 METHOD = "percentile"
+MIN_SEEDS = 3
 RULE = f"{int(CONFIDENCE * 100)}% percentile bootstrap over seeds ({RESAMPLES} resamples, scipy.stats.bootstrap)"
 
 
@@ -32,20 +34,26 @@ class Estimate:
     high: float
     n: int
 
+    def __post_init__(self):  # null (JSON) and nan both mean "no interval"
+        for name in ("value", "low", "high"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, math.nan)
+
     @property
     def has_interval(self) -> bool:
-        return self.n >= 2 and math.isfinite(self.low) and math.isfinite(self.high)
+        return self.n >= MIN_SEEDS and math.isfinite(self.low) and math.isfinite(self.high)
 
     def excludes(self, x: float) -> bool:
         """The interval lies wholly above or wholly below x."""
         return self.has_interval and (self.low > x or self.high < x)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """JSON-ready: nan (no interval, or an undefined value) becomes null."""
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
     def text(self, fmt: str = ".3g", unit: str = "") -> str:
         """'2.7x [2.4, 3.1]' — the value and its interval, or 'n/a' in place of the interval."""
-        interval = f"[{self.low:{fmt}}, {self.high:{fmt}}]" if self.has_interval else "[n/a: one seed]"
+        interval = f"[{self.low:{fmt}}, {self.high:{fmt}}]" if self.has_interval else f"[n/a: {self.n} seed(s)]"
         return f"{self.value:{fmt}}{unit} {interval}"
 
 
@@ -60,7 +68,7 @@ def _finite(values) -> np.ndarray:
 
 def _interval(data: tuple, statistic, seed: int, vectorized: bool) -> tuple[float, float]:
     n = len(data[0])
-    if n < 2:
+    if n < MIN_SEEDS:
         return math.nan, math.nan
     if all(np.ptp(d) == 0 for d in data):  # every seed equal: the bootstrap distribution is a point
         value = float(statistic(*data, axis=-1) if vectorized else statistic(*data))
