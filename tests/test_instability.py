@@ -72,7 +72,7 @@ def _inject(monkeypatch, step: int, layer: str = LAYER, loss_factor: float | Non
     monkeypatch.setattr(Attention, "forward", patched_forward)
 
 
-@pytest.mark.parametrize("policy", ["record", "skip", "stop"])
+@pytest.mark.parametrize("policy", ["record", "skip", "stop", "fail"])
 def test_a_nan_in_one_attention_layer_is_named_and_handled_by_the_policy(policy, tmp_path, monkeypatch):
     _inject(monkeypatch, step=2)
     run = train(compose_train(f"callbacks.instability.policy={policy}", "snapshot.every_n_steps=1", run_dir=tmp_path))
@@ -90,7 +90,7 @@ def test_a_nan_in_one_attention_layer_is_named_and_handled_by_the_policy(policy,
         assert not all(torch.isfinite(t).all() for t in after.values())  # the NaN update went in
     else:
         assert all(torch.equal(before[k], after[k]) for k in before)  # the update was not applied
-        assert {e["action"] for e in events} == {"skipped" if policy == "skip" else "stopped"}
+        assert {e["action"] for e in events} == {{"skip": "skipped", "stop": "stopped", "fail": "failed"}[policy]}
     if policy == "skip":
         assert run["status"] == "finished" and run["final_step"] == 4
         final = load_snapshot(tmp_path, 4)
@@ -98,10 +98,13 @@ def test_a_nan_in_one_attention_layer_is_named_and_handled_by_the_policy(policy,
         assert any(not torch.equal(final[k], after[k]) for k in final)  # training went on
         state = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["optimizer_states"][0]["state"]
         assert all(torch.isfinite(v).all() for s in state.values() for v in s.values())  # AdamW not polluted
-    if policy == "stop":
-        assert run["status"] == "stopped" and run["final_step"] == 3 and list_snapshots(tmp_path)[-1] == 3
+    if policy in ("stop", "fail"):
+        status = {"stop": "stopped", "fail": "failed"}[policy]
+        assert run["status"] == status and run["final_step"] == 3 and list_snapshots(tmp_path)[-1] == 3
         assert f"nonfinite_attention at step 2 in {LAYER}" in run["stop_reason"]
-        assert json.loads((tmp_path / "run.json").read_text())["status"] == "stopped"
+        assert json.loads((tmp_path / "run.json").read_text())["status"] == status
+    if policy == "fail":  # the first non-finite tensor and its step, for the console line
+        assert run["error"].startswith(f"nonfinite_attention at step 2 in {LAYER} (callbacks.instability.policy=fail)")
 
 
 def test_a_loss_spike_is_logged_to_json_and_tensorboard(tmp_path, monkeypatch):
