@@ -39,6 +39,7 @@ import scipy.stats
 import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
+from torch.utils.tensorboard import SummaryWriter
 
 from numdev.analysis.distances import compare, distance_rows, prepare, split_sets
 from numdev.atomic import write_json
@@ -48,7 +49,6 @@ from numdev.snapshot_store import SnapshotWriter, parameter_state
 from numdev.train.run import build_model
 from numdev.train.sibling import SiblingDistance
 from numdev.train.token_rows import TokenRows, embedding_name
-from torch.utils.tensorboard import SummaryWriter
 
 
 def timed(fn, repeats: int) -> dict:

@@ -5,13 +5,19 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
+from helpers import compose_train
+from hydra.utils import instantiate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import compose_train
-from hydra.utils import instantiate
-
-from numdev.analysis.distances import compare, distance_rows, max_abs_difference, prepare, wasserstein_1d, weight_distances
+from numdev.analysis.distances import (
+    compare,
+    distance_rows,
+    max_abs_difference,
+    prepare,
+    wasserstein_1d,
+    weight_distances,
+)
 from numdev.run_layout import DISTANCE_COLUMNS, MODEL_ROW
 from numdev.train.run import build_model
 

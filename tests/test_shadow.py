@@ -12,8 +12,8 @@ from numdev.attention import build_backend
 from numdev.models.attention import Attention
 from numdev.models.shadow import AttentionShadow
 from numdev.numerics import stage_formats
-from numdev.train.run import train
 from numdev.run_layout import read_shadow_csv
+from numdev.train.run import train
 
 
 def _layer(primary, kv_dim=None):

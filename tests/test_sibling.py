@@ -16,9 +16,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from numdev.analysis.compare import compare_runs
 from numdev.run_layout import MODEL_ROW as MODEL
 from numdev.run_layout import read_distances_csv as read_csv
+from numdev.snapshot_store import SnapshotError, SnapshotWriter
 from numdev.train.run import train
 from numdev.train.sibling import SiblingDistance, SiblingError
-from numdev.snapshot_store import SnapshotError, SnapshotWriter
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import run_cli
 
-from numdev.run_layout import read_distances_csv as read_csv
 from numdev.analysis.study import analyse
 from numdev.report.app import build_report
+from numdev.run_layout import read_distances_csv as read_csv
 
 # experiment=train_smoke's micro model, spelled as overrides (one experiment per command line).
 MICRO = [

@@ -26,7 +26,6 @@ from numdev.train.sibling import SiblingDistance
 from numdev.train.snapshots import WeightSnapshots
 
 
-
 def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
     """The model, initialised from seed.init alone: the global RNG is forked, seeded, restored.
 

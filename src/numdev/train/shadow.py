@@ -22,7 +22,6 @@ from numdev.models.shadow import AttentionShadow
 from numdev.run_layout import SHADOW_COLUMNS, SHADOW_CSV
 
 
-
 class ShadowDeviation(pl.Callback):
     def __init__(self, run_dir: str, backend=None, every_n_steps: int = 10, backward: bool = True):
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps <= 0:
