@@ -5,6 +5,9 @@ float32 -> bf16 -> float32 round trip as a no-op: the emulator's rounding would 
 `emulate_precision_casts` keeps every such cast; it is passed per compiled function (the
 `options` of torch.compile), so nothing global changes for the rest of the process.
 
+The row sum and the matmuls are not in the compiled steps (the caller runs them in ATen), and
+exp is ATen's (see `exp`): inductor's own differ from ATen's in the last bit.
+
 Only formats whose rounding is a native cast from float32 (fp32, bf16, fp16) are compiled; the
 bit-twiddling paths of round_to (fp8, tf32, custom formats, float64 working precision) run eagerly.
 A failed compile (no C++ compiler, an inductor error) warns once and falls back to eager, which

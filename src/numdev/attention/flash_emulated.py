@@ -1,8 +1,9 @@
 """A numeric re-implementation of the FlashAttention forward pass, every stage's format explicit.
 
-One Python loop over key/value blocks; all query blocks are processed at once (rows are
-independent, so this is numerically the same as looping over them too), and the n_q x n_k score
-matrix never exists: the largest temporary is (batch, heads, n_q, B_c).
+One Python loop over key/value blocks for each chunk of query rows; all query tiles of a chunk are
+processed at once (rows are independent, so this is numerically the same as looping over them
+too). Chunks are sized so a chunk's score block stays in cache (`query_chunk`); the n_q x n_k
+score matrix never exists: the largest temporary is (batch, heads, chunk rows, B_c).
 
 Variants:
   fa2  deferred normalisation (FlashAttention-2): O accumulates unnormalised, divided by l once.
@@ -16,9 +17,9 @@ nothing else.
 Each key/value block is three steps: the elementwise work up to P (`*_probs`), the two
 order-sensitive reductions in ATen (the row sum of P and the P.V matmul), and the elementwise
 merge into the running state (`*_merge`). `compile=True` runs the two elementwise steps through
-torch.compile (numdev.attention.compiled); the reductions stay in ATen either way, so compiled
-and eager outputs are bitwise identical (tests/test_flash_speed.py holds both to a frozen copy of
-the original implementation).
+torch.compile (numdev.attention.compiled); the reductions and exp stay in ATen either way, so
+compiled and eager outputs are bitwise identical (tests/test_flash_speed.py holds both, chunked
+or not, to a frozen copy of the implementation before the speed work).
 """
 
 from __future__ import annotations
