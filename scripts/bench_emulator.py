@@ -1,105 +1,159 @@
-"""Time and peak memory of the flash emulator against Baseline Attention on CPU; and the time of
-the whole paper-figure suite. Prints JSON.
+"""How fast the flash emulator runs, against PyTorch's CPU flash kernel and the FP64 golden. JSON out.
 
-    python scripts/bench_emulator.py                 # N = 1k, 4k, 16k and the figure suite
-    python scripts/bench_emulator.py --no-suite --lengths 1024 4096
+    python scripts/bench_emulator.py                          # N = 1k, 4k, 16k; paper and fa2; 1 thread
+    python scripts/bench_emulator.py --lengths 1024 --repeats 3 --out bench.json
 
-Each measurement runs in a fresh subprocess, so its peak resident memory (ru_maxrss) is its own;
-"extra" memory is the peak during the attention call minus the resident size just before it.
+For every N and preset it times, on the same bf16-valued inputs (batch 1, 1 head, d = 64, tiles
+64 x 64, no mask):
+  flash_kernel      torch SDPA with SDPBackend.FLASH_ATTENTION on bf16 tensors (the anchor)
+  golden            numdev's FP64 golden attention (the other anchor)
+  emulator          flash_emulated as sweeps run it (compile=True, query chunks)
+  emulator_eager    the same without torch.compile
+  before            the implementation before the speed work (tests/flash_reference.py)
+and reports medians over repeats (wall clock and this thread's CPU time), each emulator path's
+ratio to the flash kernel, and whether its outputs are bit-identical to `before`'s.
+The thread count is pinned (torch.set_num_threads) and recorded with the machine. On a shared
+machine only the thread-CPU-time ratios mean much; rerun on a quiet one for the numbers you quote.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
+import os
+import platform
+import statistics
 import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def measure(method: str, n: int, dim: int, block_c: int, repeats: int) -> dict:
+
+def machine(threads: int) -> dict:
     import torch
 
-    from numdev.attention import Baseline, FlashEmulated
-    from numdev.formats import round_to
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def timed(fn, repeats: int) -> tuple[dict, object]:
+    """Medians over `repeats` calls after one warm-up call (which also compiles), and the last output."""
+    out = fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start_wall, start_cpu = time.perf_counter(), time.thread_time()
+        out = fn()
+        cpu.append(time.thread_time() - start_cpu)
+        wall.append(time.perf_counter() - start_wall)
+    return {"wall_s": statistics.median(wall), "thread_cpu_s": statistics.median(cpu),
+            "wall_s_all": wall, "thread_cpu_s_all": cpu}, out
+
+
+def same_bits(a, b) -> bool:
+    import torch
+
+    nan = torch.isnan(b)
+    return bool(torch.equal(torch.isnan(a), nan) and torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0)))
+
+
+def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: int, seed: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flash_reference import reference_forward
+    from numdev.attention import FlashEmulated, golden_attention
     from numdev.numerics import stage_formats
 
-    torch.manual_seed(0)
-    q, k, v = (round_to(torch.randn(1, 1, n, dim), "bf16") for _ in range(3))
-    formats = stage_formats("paper", "bf16")
-    attention = FlashEmulated(formats, block_r=64, block_c=block_c) if method == "flash_emulated" else Baseline(formats)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, n, dim, generator=g).bfloat16() for _ in range(3))
+    scale = dim**-0.5
+    row = {"n": n}
+
+    def flash_kernel():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
     with torch.no_grad():
-        attention(q[:, :, :256], k[:, :, :256], v[:, :, :256])  # warm up kernels and the allocator
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            attention(q, k, v)
-            times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"method": method, "n": n, "dim": dim, "block_c": block_c, "seconds": min(times),
-            "extra_peak_bytes": max(0, peak - before)}
-
-
-def run_isolated(method: str, n: int, dim: int, block_c: int, repeats: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", method, str(n), str(dim), str(block_c), str(repeats)],
-        check=True, capture_output=True, text=True,
-    )
-    return json.loads(out.stdout)
-
-
-def figure_suite_seconds() -> dict:
-    import tempfile
-
-    seconds = {}
-    with tempfile.TemporaryDirectory() as root:
-        for experiment in ("fig3", "fig4", "fig5", "fig6", "fa3_table3"):
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={root}"],
-                           check=True, capture_output=True)
-            seconds[experiment] = time.perf_counter() - start
-    return {"per_experiment_seconds": seconds, "total_seconds": sum(seconds.values())}
+        row["flash_kernel"], _ = timed(flash_kernel, repeats)
+        q64, k64, v64 = (t.double() for t in (q, k, v))
+        row["golden"], _ = timed(lambda: golden_attention(q64, k64, v64, scale=scale), repeats)
+        qf, kf, vf = (t.float() for t in (q, k, v))
+        for preset in presets:
+            formats = stage_formats(preset, "bf16")
+            paths = {
+                "emulator": FlashEmulated(formats, block_r=block, block_c=block, variant=variant, compile=True),
+                "emulator_eager": FlashEmulated(formats, block_r=block, block_c=block, variant=variant),
+            }
+            cell = {}
+            before_emulator = paths["emulator_eager"]
+            cell["before"], before = timed(lambda: reference_forward(before_emulator, qf, kf, vf, scale, False),
+                                           repeats)
+            for name, emulator in paths.items():
+                cell[name], out = timed(lambda: emulator(qf, kf, vf, scale=scale), repeats)
+                cell[name]["bit_identical_to_before"] = same_bits(out, before)
+            for name in ("before", *paths):
+                for clock in ("wall_s", "thread_cpu_s"):
+                    cell[name][f"ratio_to_flash_kernel_{clock}"] = cell[name][clock] / row["flash_kernel"][clock]
+            row[preset] = cell
+    return row
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        method, n, dim, block_c, repeats = sys.argv[2], *map(int, sys.argv[3:7])
-        print(json.dumps(measure(method, n, dim, block_c, repeats)))
-        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--presets", nargs="+", default=["paper", "fa2"])
+    parser.add_argument("--variant", default="fa2", choices=["fa2", "fa1"])
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--block-c", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-suite", action="store_true", help="skip timing the paper-figure suite")
+    parser.add_argument("--block", type=int, default=64, help="B_r = B_c of the emulator")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (3 at N >= 16k)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
-    rows = []
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    report = {
+        "what": "flash emulator speed vs PyTorch's CPU flash kernel (bf16) and the FP64 golden",
+        "machine": machine(torch.get_num_threads()),
+        "shape": {"batch": 1, "heads": 1, "dim": args.dim, "causal": False},
+        "precision": "bf16",
+        "variant": args.variant,
+        "tiles": {"block_r": args.block, "block_c": args.block},
+        "seed": args.seed,
+        "lengths": [],
+    }
     for n in args.lengths:
-        pair = {m: run_isolated(m, n, args.dim, args.block_c, args.repeats if n < 16384 else 1)
-                for m in ("baseline", "flash_emulated")}
-        flash, base = pair["flash_emulated"], pair["baseline"]
-        rows.append({
-            "n": n,
-            "baseline_seconds": base["seconds"],
-            "flash_emulated_seconds": flash["seconds"],
-            "time_ratio_flash_over_baseline": flash["seconds"] / base["seconds"],
-            "baseline_extra_peak_mb": base["extra_peak_bytes"] / 2**20,
-            "flash_emulated_extra_peak_mb": flash["extra_peak_bytes"] / 2**20,
-            # One (N x B_c) float32 score block, and the N x N matrix the emulator must never build.
-            "score_block_mb": n * args.block_c * 4 / 2**20,
-            "n_by_n_mb": n * n * 4 / 2**20,
-        })
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    report = {"device": "cpu", "preset": "paper", "precision": "bf16", "dim": args.dim, "block_c": args.block_c,
-              "threads": __import__("torch").get_num_threads(), "lengths": rows}
-    if not args.no_suite:
-        report["figure_suite"] = figure_suite_seconds()
-    print(json.dumps(report, indent=2))
+        repeats = args.repeats if n < 16384 else min(args.repeats, 3)
+        row = bench_length(n, args.presets, args.variant, args.dim, args.block, repeats, args.seed)
+        row["repeats"] = repeats
+        report["lengths"].append(row)
+        summary = {p: round(row[p]["emulator"]["ratio_to_flash_kernel_thread_cpu_s"], 2) for p in args.presets}
+        print(f"N={n}: emulator / flash kernel (thread CPU time) {summary}", file=sys.stderr, flush=True)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
     main()

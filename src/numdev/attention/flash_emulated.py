@@ -1,8 +1,9 @@
 """A numeric re-implementation of the FlashAttention forward pass, every stage's format explicit.
 
-One Python loop over key/value blocks; all query blocks are processed at once (rows are
-independent, so this is numerically the same as looping over them too), and the n_q x n_k score
-matrix never exists: the largest temporary is (batch, heads, n_q, B_c).
+One Python loop over key/value blocks for each chunk of query rows; all query tiles of a chunk are
+processed at once (rows are independent, so this is numerically the same as looping over them
+too). Chunks are sized so a chunk's score block stays in cache (`query_chunk`); the n_q x n_k
+score matrix never exists: the largest temporary is (batch, heads, chunk rows, B_c).
 
 Variants:
   fa2  deferred normalisation (FlashAttention-2): O accumulates unnormalised, divided by l once.
@@ -12,19 +13,29 @@ Every write to the running state (m, l, O) is rounded to its stage's format.
 With causal masking a tile that lies wholly above the diagonal is skipped, as kernels do; B_r
 therefore matters for fa1 with causal masking (partly masked tiles still rescale O), and for
 nothing else.
+
+Each key/value block is three steps: the elementwise work up to P (`*_probs`), the two
+order-sensitive reductions in ATen (the row sum of P and the P.V matmul), and the elementwise
+merge into the running state (`*_merge`). `compile=True` runs the two elementwise steps through
+torch.compile (numdev.attention.compiled); the reductions and exp stay in ATen either way, so
+compiled and eager outputs are bitwise identical (tests/test_flash_speed.py holds both, chunked
+or not, to a frozen copy of the implementation before the speed work).
 """
 
 from __future__ import annotations
 
 import torch
 
+from numdev.attention import compiled
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
-from numdev.formats import round_to
+from numdev.formats import FloatFormat, round_to
 from numdev.numerics import StageFormats, stage_formats, working_input
 
 VARIANTS = ("fa2", "fa1")
 _NEG_INF = float("-inf")
+_CHUNK_ELEMENTS = 128 * 1024  # float32 elements of one per-chunk score block: 512 KiB
+_MIN_CHUNK_ROWS = 16
 
 
 @register("flash_emulated")
@@ -36,12 +47,20 @@ class FlashEmulated(AttentionBackend):
         block_c: int | None = None,
         sram: int | None = None,
         variant: str = "fa2",
+        compile: bool = False,
+        query_chunk: int | None = None,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
         self.formats = formats if formats is not None else stage_formats("fa2", "fp32")
         self.block_r, self.block_c, self.sram = block_r, block_c, sram
         self.variant = variant
+        self.compile = bool(compile)
+        if query_chunk is not None and (
+            not isinstance(query_chunk, int) or isinstance(query_chunk, bool) or query_chunk < _MIN_CHUNK_ROWS
+        ):
+            raise ValueError(f"query_chunk={query_chunk!r} must be an integer >= {_MIN_CHUNK_ROWS} (or null: automatic)")
+        self.query_chunk = None if query_chunk is None else int(query_chunk)
         resolve_tiles(1, 1, 1, block_r, block_c, sram)  # reject bad tile sizes at construction
         self.last_tiles = None  # the tiles of the latest call, for result records
 
@@ -60,33 +79,57 @@ class FlashEmulated(AttentionBackend):
         f = self.formats
         out_dtype = q.dtype
         q, k, v = (working_input(t, f) for t in (q, k, v))
-        batch, heads, n_q, _ = q.shape
-        n_k = k.shape[2]
+        n_q, n_k = q.shape[2], k.shape[2]
         tiles = self.last_tiles = self.tiles(n_q, n_k, q.shape[-1])
-        state = _State.empty(batch, heads, n_q, v.shape[-1], q.dtype, q.device)
-        query_index = torch.arange(n_q, device=q.device)[:, None]  # (Nq, 1)
+        scale = torch.tensor(scale, dtype=q.dtype)  # rounded once, as ATen rounds a Python scalar
+        steps = _STEPS[self.variant]
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if self.compile and not grad and compiled.supports(f):
+            steps = tuple(compiled.compiled(step, f) for step in steps)
+        chunks = [
+            self._attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps)
+            for rows in _row_chunks(n_q, self._chunk_rows(tiles, v.shape[-1]))
+        ]
+        return (chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)).to(out_dtype)
+
+    def _chunk_rows(self, tiles, dim_v: int) -> int:
+        if self.query_chunk is not None:
+            return self.query_chunk
+        # Keep one chunk's score block and accumulator (float32) within ~512 KiB each, so every
+        # per-block pass runs from cache instead of memory (measured best of 1k/2k/4k rows at d=64).
+        return max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // max(tiles.block_c, dim_v))
+
+    def _attend(self, q, k, v, scale, causal, rows: slice, tiles, n_q: int, steps) -> torch.Tensor:
+        """The normalised output of the query rows `rows` (q holds just those rows)."""
+        f = self.formats
+        probs_step, merge_step = steps
+        batch, heads, n_rows, _ = q.shape
+        row_max = torch.full((batch, heads, n_rows, 1), _NEG_INF, dtype=q.dtype, device=q.device)
+        row_sum = torch.zeros_like(row_max)
+        out = torch.zeros(batch, heads, n_rows, v.shape[-1], dtype=q.dtype, device=q.device)
+        query_index = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (rows, 1)
         # Last query row of each row's tile: a tile is skipped when all its keys lie beyond it.
         tile_last_row = (query_index // tiles.block_r + 1) * tiles.block_r - 1
-        update = _update_fa2 if self.variant == "fa2" else _update_fa1
-        for start in range(0, n_k, tiles.block_c):
-            stop = min(start + tiles.block_c, n_k)
-            if causal and start > n_q - 1:
+        last_needed_key = min(n_q - 1, int(tile_last_row[-1]))  # causal: no later tile is visible
+        for start in range(0, k.shape[2], tiles.block_c):
+            stop = min(start + tiles.block_c, k.shape[2])
+            if causal and start > last_needed_key:
                 break  # every remaining tile lies above the diagonal
-            scores = round_to(q @ k[:, :, start:stop].transpose(-1, -2) * scale, f.score)  # (B, H, Nq, Bc)
-            active = None
+            masked = active = None
             if causal:
-                key_index = torch.arange(start, stop, device=q.device)[None, :]
-                scores = scores.masked_fill(key_index > query_index, _NEG_INF)
-                active = (tile_last_row >= start).view(1, 1, n_q, 1)
-            new_state = update(state, scores, v[:, :, start:stop], f)
-            state = new_state if active is None else state.where(active, new_state)
+                masked = torch.arange(start, stop, device=q.device)[None, :] > query_index  # (rows, Bc)
+                active = (tile_last_row >= start).view(1, 1, n_rows, 1)
+            raw_scores = q @ k[:, :, start:stop].transpose(-1, -2)  # (B, H, rows, Bc)
+            block = probs_step(raw_scores, scale, row_max, masked, f=f)
+            # The two order-sensitive reductions stay in ATen, whichever path runs the rest.
+            block_sum = block["probs"].sum(dim=-1, keepdim=True)
+            raw_pv = block["matmul_probs"] @ v[:, :, start:stop]
+            row_max, row_sum, out = merge_step(row_max, row_sum, out, block, block_sum, raw_pv, active, f=f)
         if self.variant == "fa2":
-            row_sum = state.row_sum.masked_fill(state.row_sum == 0, 1.0)  # rows that saw no key
+            row_sum = row_sum.masked_fill(row_sum == 0, 1.0)  # rows that saw no key
             inverse_sum = round_to(1.0 / row_sum, f.stats)
-            out = round_to(state.out * inverse_sum, f.output)
-        else:
-            out = round_to(state.out, f.output)
-        return out.to(out_dtype)
+            return round_to(out * inverse_sum, f.output)
+        return round_to(out, f.output)
 
     def describe(self):
         tiles = self.last_tiles.describe() if self.last_tiles is not None else {}
@@ -99,27 +142,16 @@ class FlashEmulated(AttentionBackend):
         }
 
 
-class _State:
-    """Running row max m, row sum l (B, H, Nq, 1) and output accumulator O (B, H, Nq, Dv)."""
+def _row_chunks(n_q: int, chunk_rows: int) -> list[slice]:
+    """Query rows split into near-equal chunks of at most chunk_rows (rows are independent).
 
-    def __init__(self, row_max, row_sum, out):
-        self.row_max, self.row_sum, self.out = row_max, row_sum, out
-
-    @classmethod
-    def empty(cls, batch, heads, n_q, dim_v, dtype, device):
-        shape = (batch, heads, n_q, 1)
-        return cls(
-            torch.full(shape, _NEG_INF, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(batch, heads, n_q, dim_v, dtype=dtype, device=device),
-        )
-
-    def where(self, keep_new: torch.Tensor, new: _State) -> _State:
-        return _State(
-            torch.where(keep_new, new.row_max, self.row_max),
-            torch.where(keep_new, new.row_sum, self.row_sum),
-            torch.where(keep_new, new.out, self.out),
-        )
+    Near-equal, so no chunk is a sliver: BLAS may take another path for a matrix of one row, and
+    the matmul's bits must not depend on where a row falls.
+    """
+    count = -(-n_q // chunk_rows)
+    size, longer = divmod(n_q, count)  # the first `longer` chunks hold one row more
+    bounds = [i * size + min(i, longer) for i in range(count + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 def _finite_or_zero(row_max: torch.Tensor) -> torch.Tensor:
@@ -127,32 +159,70 @@ def _finite_or_zero(row_max: torch.Tensor) -> torch.Tensor:
     return row_max.masked_fill(row_max == _NEG_INF, 0.0)
 
 
-def _update_fa2(state: _State, scores, values, f: StageFormats) -> _State:
-    new_max = round_to(torch.maximum(state.row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
+def _round_again(x: torch.Tensor, fmt: FloatFormat, held: FloatFormat) -> torch.Tensor:
+    """x (already rounded to `held`) rounded to fmt; rounding is idempotent, so a repeat is skipped."""
+    return x if fmt == held else round_to(x, fmt)
+
+
+def _scores(raw_scores, scale, masked, f: StageFormats):
+    scores = round_to(raw_scores * scale, f.score)
+    return scores if masked is None else scores.masked_fill(masked, _NEG_INF)
+
+
+def _keep_active(active, new, old):
+    """Rows of a tile that lies wholly above the diagonal keep their old state (the tile is skipped)."""
+    return new if active is None else torch.where(active, new, old)
+
+
+def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
+    scores = _scores(raw_scores, scale, masked, f)
+    new_max = round_to(torch.maximum(row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
     shift = _finite_or_zero(new_max)
-    alpha = round_to(torch.exp(state.row_max - shift), f.rescale)
+    alpha = round_to(compiled.exp(row_max - shift), f.rescale)
     # S - m is held in the score format before exp, as any kernel storing S in that format would.
-    probs = round_to(torch.exp(round_to(scores - shift, f.score)), f.stats)  # P, as computed
-    row_sum = round_to(round_to(alpha * state.row_sum, f.stats) + probs.sum(dim=-1, keepdim=True), f.stats)
-    pv = round_to(round_to(probs, f.prob) @ values, f.accum)  # P is converted for the P.V matmul
-    out = round_to(round_to(alpha * state.out, f.accum) + pv, f.accum)
-    return _State(new_max, row_sum, out)
+    probs = round_to(compiled.exp(round_to(scores - shift, f.score)), f.stats)  # P, as computed
+    matmul_probs = _round_again(probs, f.prob, f.stats)  # P is converted for the P.V matmul
+    return {"new_max": new_max, "alpha": alpha, "probs": probs, "matmul_probs": matmul_probs}
 
 
-def _update_fa1(state: _State, scores, values, f: StageFormats) -> _State:
-    block_max = round_to(scores.amax(dim=-1, keepdim=True), f.stats)
-    probs = round_to(torch.exp(round_to(scores - _finite_or_zero(block_max), f.score)), f.prob)
-    block_sum = round_to(probs.sum(dim=-1, keepdim=True), f.stats)
-    new_max = torch.maximum(state.row_max, block_max)
-    shift = _finite_or_zero(new_max)
-    alpha_old = round_to(torch.exp(state.row_max - shift), f.rescale)
-    alpha_block = round_to(torch.exp(block_max - shift), f.rescale)
-    row_sum = round_to(
-        round_to(alpha_old * state.row_sum, f.stats) + round_to(alpha_block * block_sum, f.stats), f.stats
+def _fa2_merge(row_max, row_sum, out, block, block_sum, raw_pv, active, *, f: StageFormats):
+    alpha = block["alpha"]
+    new_sum = round_to(round_to(alpha * row_sum, f.stats) + block_sum, f.stats)
+    pv = round_to(raw_pv, f.accum)
+    new_out = round_to(round_to(alpha * out, f.accum) + pv, f.accum)
+    return (
+        _keep_active(active, block["new_max"], row_max),
+        _keep_active(active, new_sum, row_sum),
+        _keep_active(active, new_out, out),
     )
-    kept = round_to(round_to(state.row_sum * alpha_old, f.stats) * state.out, f.accum)
-    added = round_to(alpha_block * round_to(probs @ values, f.accum), f.accum)
+
+
+def _fa1_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
+    scores = _scores(raw_scores, scale, masked, f)
+    block_max = round_to(scores.amax(dim=-1, keepdim=True), f.stats)
+    probs = round_to(compiled.exp(round_to(scores - _finite_or_zero(block_max), f.score)), f.prob)
+    return {"block_max": block_max, "probs": probs, "matmul_probs": probs}
+
+
+def _fa1_merge(row_max, row_sum, out, block, block_sum, raw_pv, active, *, f: StageFormats):
+    block_max = block["block_max"]
+    block_sum = round_to(block_sum, f.stats)
+    new_max = torch.maximum(row_max, block_max)
+    shift = _finite_or_zero(new_max)
+    alpha_old = round_to(compiled.exp(row_max - shift), f.rescale)
+    alpha_block = round_to(compiled.exp(block_max - shift), f.rescale)
+    old_sum = round_to(alpha_old * row_sum, f.stats)
+    new_sum = round_to(old_sum + round_to(alpha_block * block_sum, f.stats), f.stats)
+    kept = round_to(old_sum * out, f.accum)
+    added = round_to(alpha_block * round_to(raw_pv, f.accum), f.accum)
     # Rows with no visible key so far keep l = 0; dividing by 1 leaves their O = 0.
-    divisor = row_sum.masked_fill(row_sum == 0, 1.0)
-    out = round_to(round_to(kept + added, f.accum) / divisor, f.accum)
-    return _State(new_max, row_sum, out)
+    divisor = new_sum.masked_fill(new_sum == 0, 1.0)
+    new_out = round_to(round_to(kept + added, f.accum) / divisor, f.accum)
+    return (
+        _keep_active(active, new_max, row_max),
+        _keep_active(active, new_sum, row_sum),
+        _keep_active(active, new_out, out),
+    )
+
+
+_STEPS = {"fa2": (_fa2_probs, _fa2_merge), "fa1": (_fa1_probs, _fa1_merge)}

@@ -1,0 +1,156 @@
+"""The flash emulator's fast paths (query chunking, skipped repeat roundings, torch.compile) give
+bit for bit the outputs of the implementation they replaced (tests/flash_reference.py, frozen)."""
+
+import warnings
+
+import pytest
+import torch
+
+from flash_reference import reference_forward
+from numdev.attention import FlashEmulated, golden_attention
+from numdev.attention import compiled
+from numdev.attention.flash_emulated import _row_chunks
+from numdev.numerics import PRESETS, stage_formats
+
+PRECISIONS = ("bf16", "fp16", "fp32", "fp64", "fp8_e4m3", "fp8_e5m2")
+COMPILED_PRECISIONS = ("bf16", "fp16", "fp32")  # the others always run eagerly (compiled.supports)
+
+# (batch, heads, n_q, n_k, dim, causal, tiles, query_chunk): self and cross attention, causal with
+# n_q > n_k and n_q < n_k, ragged last tiles, chunk edges that do and do not meet tile edges, a
+# scale that is not a power of two (dim 48), and no tiles (each preset's own rule).
+CASES = {
+    "self-causal": (1, 2, 100, 100, 32, True, (16, 16), None),
+    "cross-chunked": (2, 1, 70, 333, 16, False, (32, 64), 24),
+    "causal-tall-ragged": (1, 2, 200, 130, 48, True, (64, 13), 70),
+    "causal-wide": (1, 1, 130, 257, 64, True, (16, 64), 50),
+    "preset-tiles": (1, 2, 200, 200, 48, False, (None, None), 64),
+}
+
+
+def _inputs(batch, heads, n_q, n_k, dim, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((batch, heads, n_q, dim), (batch, heads, n_k, dim), (batch, heads, n_k, dim))
+    return tuple(torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in shapes)
+
+
+def assert_same_bits(got: torch.Tensor, expected: torch.Tensor):
+    """Equal bit patterns, NaN anywhere counted equal to NaN (payloads aside)."""
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    nan = torch.isnan(expected)
+    assert torch.equal(torch.isnan(got), nan), "NaN in different places"
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}[got.dtype]
+    differ = (got.view(ints) != expected.view(ints)) & ~nan
+    assert not differ.any(), f"{int(differ.sum())} of {got.numel()} outputs differ, max |d| {(got - expected)[differ].abs().max()}"
+
+
+def _check(preset, precision, variant, case, compile):
+    batch, heads, n_q, n_k, dim, causal, (block_r, block_c), query_chunk = CASES[case]
+    dtype = torch.float64 if precision == "fp64" else torch.float32
+    q, k, v = _inputs(batch, heads, n_q, n_k, dim, dtype)
+    emulator = FlashEmulated(
+        stage_formats(preset, precision), block_r=block_r, block_c=block_c, variant=variant,
+        compile=compile, query_chunk=query_chunk,
+    )
+    scale = dim**-0.5
+    with torch.no_grad():
+        got = emulator(q, k, v, scale=scale, causal=causal)
+        expected = reference_forward(emulator, q, k, v, scale, causal)
+    assert_same_bits(got, expected)
+
+
+DEFAULT_CASES = ("self-causal", "cross-chunked", "causal-tall-ragged")  # the rest: slow
+
+
+@pytest.mark.parametrize(
+    "case", [c if c in DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
+)
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_eager_path_matches_frozen_reference(preset, precision, variant, case):
+    _check(preset, precision, variant, case, compile=False)
+
+
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+@pytest.mark.parametrize("preset, precision", [("paper", "bf16"), ("fa2", "fp32")])
+def test_compiled_path_matches_frozen_reference(preset, precision, variant):
+    """fa2/fp32 keeps every exp unrounded in the output: it caught inductor's own exp (Sleef),
+    which differs from ATen's in the last bit; compiled steps therefore call ATen's exp."""
+    _check(preset, precision, variant, "causal-tall-ragged", compile=True)
+    assert not compiled._broken, f"compile fell back to eager, nothing was tested: {compiled._broken}"
+    assert torch._inductor.config.emulate_precision_casts is False  # set per function, not globally
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+@pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_compiled_path_matches_frozen_reference_everywhere(preset, precision, variant, case):
+    _check(preset, precision, variant, case, compile=True)
+    assert not compiled._broken, f"compile fell back to eager, nothing was tested: {compiled._broken}"
+
+
+def test_compile_is_skipped_where_it_is_not_proven():
+    assert compiled.supports(stage_formats("paper", "bf16"))
+    assert compiled.supports(stage_formats("fa2", "fp16"))
+    for precision in ("fp64", "fp8_e4m3", "fp8_e5m2", "tf32", "e5m7"):
+        assert not compiled.supports(stage_formats("paper", precision))
+
+
+def test_failed_compile_falls_back_to_the_same_bits(monkeypatch):
+    def broken_compile(fn, **options):
+        def run(*args, **kwargs):
+            raise RuntimeError("no C++ compiler\nsecond line")
+        return run
+
+    monkeypatch.setattr(compiled, "_broken", [])
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    compiled._compiled.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="running eagerly: RuntimeError: no C\\+\\+ compiler$"):
+            _check("paper", "bf16", "fa2", "self-causal", compile=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned once, then quiet
+            _check("paper", "bf16", "fa1", "self-causal", compile=True)
+    finally:
+        compiled._compiled.cache_clear()
+
+
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+def test_chunked_and_compiled_emulator_keeps_exact_gradients_in_fp64(variant):
+    """Under autograd the eager steps run (compile is for no-grad sweeps), chunked or not."""
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 90, 70, 16, torch.float64))
+    upstream = torch.randn(1, 2, 90, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad((golden_attention(q, k, v, causal=True) * upstream).sum(), (q, k, v))
+    emulator = FlashEmulated(stage_formats("paper", "fp64"), block_c=16, variant=variant, compile=True,
+                             query_chunk=20)
+    out = emulator(q, k, v, causal=True)
+    for expected, got in zip(grads, torch.autograd.grad((out * upstream).sum(), (q, k, v))):
+        assert (expected - got).abs().max() < 1e-10
+
+
+def test_compiled_emulator_runs_under_autograd_in_bf16():
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 2, 64, 64, 16))
+    emulator = FlashEmulated(stage_formats("paper", "bf16"), block_c=16, compile=True, query_chunk=16)
+    out = emulator(q, k, v, causal=True)
+    with torch.no_grad():
+        assert_same_bits(out.detach(), reference_forward(emulator, q, k, v, 0.25, True))
+    out.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_row_chunks_are_near_equal_and_cover_every_row():
+    for n_q, rows in ((100, 16), (2049, 2048), (4096, 2048), (5, 16), (1, 16)):
+        chunks = _row_chunks(n_q, rows)
+        sizes = [c.stop - c.start for c in chunks]
+        assert [i for c in chunks for i in range(c.start, c.stop)] == list(range(n_q))
+        assert max(sizes) <= rows and max(sizes) - min(sizes) <= 1
+    assert [c.stop - c.start for c in _row_chunks(2049, 2048)] == [1025, 1024]  # never a 1-row sliver
+
+
+@pytest.mark.parametrize("bad", [0, 8, 2.5, True, "64"])
+def test_bad_query_chunk_is_a_one_line_error(bad):
+    with pytest.raises((ValueError, TypeError), match="query_chunk") as info:
+        FlashEmulated(query_chunk=bad)
+    assert "\n" not in str(info.value)
