@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from numdev.attention.checks import round_masked
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
 from numdev.formats import round_to
@@ -36,13 +37,15 @@ class FlashEmulated(AttentionBackend):
         block_c: int | None = None,
         sram: int | None = None,
         variant: str = "fa2",
+        tile_rule: str | None = None,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
         self.formats = formats if formats is not None else stage_formats("fa2", "fp32")
         self.block_r, self.block_c, self.sram = block_r, block_c, sram
         self.variant = variant
-        resolve_tiles(1, 1, 1, block_r, block_c, sram)  # reject bad tile sizes at construction
+        self.tile_rule = tile_rule  # numdev.attention.tiles: explicit, sram, cpu_sdpa, default
+        resolve_tiles(1, 1, 1, block_r, block_c, sram, tile_rule)  # reject bad tiles at construction
         self.last_tiles = None  # the tiles of the latest call, for result records
 
     def tiles(self, n_q: int, n_k: int, head_dim: int):
@@ -53,7 +56,7 @@ class FlashEmulated(AttentionBackend):
             self.block_r,
             self.block_c,
             self.sram,
-            cpu_sdpa_rule=self.formats.preset.startswith("cpu_sdpa"),
+            self.tile_rule,
         )
 
     def forward(self, q, k, v, scale, causal):
@@ -128,11 +131,11 @@ def _finite_or_zero(row_max: torch.Tensor) -> torch.Tensor:
 
 
 def _update_fa2(state: _State, scores, values, f: StageFormats) -> _State:
-    new_max = round_to(torch.maximum(state.row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
+    new_max = round_masked(torch.maximum(state.row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
     shift = _finite_or_zero(new_max)
     alpha = round_to(torch.exp(state.row_max - shift), f.rescale)
     # S - m is held in the score format before exp, as any kernel storing S in that format would.
-    probs = round_to(torch.exp(round_to(scores - shift, f.score)), f.stats)  # P, as computed
+    probs = round_to(torch.exp(round_masked(scores - shift, f.score)), f.stats)  # P, as computed
     row_sum = round_to(round_to(alpha * state.row_sum, f.stats) + probs.sum(dim=-1, keepdim=True), f.stats)
     pv = round_to(round_to(probs, f.prob) @ values, f.accum)  # P is converted for the P.V matmul
     out = round_to(round_to(alpha * state.out, f.accum) + pv, f.accum)
@@ -140,8 +143,8 @@ def _update_fa2(state: _State, scores, values, f: StageFormats) -> _State:
 
 
 def _update_fa1(state: _State, scores, values, f: StageFormats) -> _State:
-    block_max = round_to(scores.amax(dim=-1, keepdim=True), f.stats)
-    probs = round_to(torch.exp(round_to(scores - _finite_or_zero(block_max), f.score)), f.prob)
+    block_max = round_masked(scores.amax(dim=-1, keepdim=True), f.stats)
+    probs = round_to(torch.exp(round_masked(scores - _finite_or_zero(block_max), f.score)), f.prob)
     block_sum = round_to(probs.sum(dim=-1, keepdim=True), f.stats)
     new_max = torch.maximum(state.row_max, block_max)
     shift = _finite_or_zero(new_max)

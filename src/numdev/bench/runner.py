@@ -22,7 +22,7 @@ def run_bench(cfg: DictConfig, log=print) -> list[dict]:
     shape = Shape(**cfg.shape)
     formats = instantiate(cfg.numerics)
     generator = instantiate(cfg.inputs)
-    methods = {label: instantiate(node) for label, node in cfg.methods.items()}
+    methods = {label: instantiate(node) for label, node in cfg.methods.items() if node is not None}
     pairs = [tuple(pair) for pair in cfg.pairs]
     for pair in pairs:
         missing = [label for label in pair if label not in methods]
@@ -39,6 +39,7 @@ def run_bench(cfg: DictConfig, log=print) -> list[dict]:
         "numerics": formats.describe(),
         "tiles": dict(cfg.get("tiles") or {}),
         "variant": cfg.get("variant"),
+        "setting": cfg.get("setting_name"),
         "overrides": list(cfg.get("overrides") or []),
     }
     records = []
@@ -58,6 +59,7 @@ def run_bench(cfg: DictConfig, log=print) -> list[dict]:
                  "knobs": method.describe(), "metrics": metrics}
             )
             log(f"seed {seed} {label:>12} vs golden: max {metrics['max_abs']:.3e}  rmse {metrics['rmse']:.3e}  ({seconds:.2f} s)")
+            warn_nonfinite(label, metrics, outputs[label].numel(), log)
         for a, b in pairs:
             metrics = deviation(outputs[a], outputs[b])
             records.append(
@@ -80,3 +82,10 @@ def _check_inputs(q, k, v, formats) -> None:
         )
 
 
+
+
+def warn_nonfinite(label: str, metrics: dict, size: int, log=print) -> None:
+    """Say loudly when an output holds NaN/Inf: its metrics cover only the finite values."""
+    if metrics.get("nonfinite"):
+        log(f"WARNING: {label}: {metrics['nonfinite']} of {size} output values are NaN/Inf; "
+            "the metrics above use the finite ones only, and no claim is judged on this record")
