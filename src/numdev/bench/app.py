@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from numdev.atomic import append_jsonl
@@ -21,10 +24,18 @@ def main(cfg: DictConfig) -> None:
     with open_dict(cfg):
         cfg.experiment_name = cfg.name
         cfg.overrides = list(hydra_cfg.overrides.task)
-    records = run_bench(cfg)
-    results = Path(hydra_cfg.runtime.output_dir) / "results.jsonl"
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    runner = instantiate(cfg.runner) if cfg.get("runner") is not None else run_bench
+    records = runner(cfg)
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    results = run_dir / "results.jsonl"
     append_jsonl(results, records)
     print(f"{len(records)} records -> {results}")
+    if cfg.get("figure") and hydra_cfg.mode == RunMode.RUN:  # a sweep draws its figure when it ends
+        from numdev.bench.figures import announce, make_figure
+
+        announce(cfg.figure, make_figure(cfg.figure, run_dir), run_dir)
 
 
 if __name__ == "__main__":
