@@ -44,9 +44,10 @@ FIGURE = Figure(
     demo_overrides=("shape.seq_q=2048",),
 )
 PROMOTABLE = ("score", "stats", "rescale", "prob", "accum")
-# The paper-like cell and the real-kernel cells the sentences and the verdict are about.
-PAPER_LIKE = {"inputs": "uniform", "variant": "fa1", "formats": "paper", "tiles": "64"}
-FA2_CELL = {"inputs": "uniform", "variant": "fa2", "formats": "fa2", "tiles": "64"}
+# The paper-like cell and the real-kernel cell the sentences and the verdict are about (at the
+# grid's reference tile, B_c=64 by default).
+PAPER_LIKE = {"inputs": "uniform", "variant": "fa1", "formats": "paper"}
+FA2_CELL = {"inputs": "uniform", "variant": "fa2", "formats": "fa2"}
 ABOUT_10X = (5.0, 20.0)  # "about 10x": within a factor of two of 10
 
 
@@ -62,9 +63,14 @@ def formats_for(name: str, precision: str):
 class Grid:
     """The numdev-bench runner of experiment=reconcile (conf/experiment/reconcile.yaml)."""
 
-    def __init__(self, inputs, variants, formats, block_c, sram: int, block_r: int = 64, kernels: bool = True):
+    def __init__(self, inputs, variants, formats, block_c, sram: int, block_r: int = 64, kernels: bool = True,
+                 reference_block_c: int = 64):
         self.inputs, self.variants, self.formats = list(inputs), list(variants), list(formats)
         self.block_c, self.sram, self.block_r, self.kernels = [int(c) for c in block_c], int(sram), int(block_r), kernels
+        # The tile of the cells the sentences and verdict name (the paper-like and the fa2 cell).
+        self.reference_block_c = int(reference_block_c)
+        if self.reference_block_c not in self.block_c:
+            raise ValueError(f"runner.reference_block_c={reference_block_c} must be one of runner.block_c={self.block_c}")
         unknown = [name for name in self.inputs if name not in GENERATORS]
         if unknown:
             raise ValueError(f"runner.inputs: unknown {unknown}: use {', '.join(GENERATORS)}")
@@ -81,7 +87,8 @@ class Grid:
         shape = Shape(**cfg.shape)
         precision = str(cfg.numerics.precision)
         causal = bool(cfg.causal)
-        common = {"experiment": cfg.get("experiment_name"), "shape": asdict(shape), "causal": causal, "precision": precision}
+        common = {"experiment": cfg.get("experiment_name"), "shape": asdict(shape), "causal": causal, "precision": precision,
+                  "reference_tiles": str(self.reference_block_c)}
         records = []
 
         def record(method, seed, cell, out, golden, seconds, knobs):
@@ -153,23 +160,24 @@ def _x(estimate) -> str:
     return f"{estimate.value:.3g}x"
 
 
-def sentences(r: dict) -> tuple[dict, str, str, str]:
+def sentences(r: dict, tile: str = "64") -> tuple[dict, str, str, str]:
     """The three findings, each one sentence, plus the verdict parts behind them."""
+    paper_cell, fa2_cell = {**PAPER_LIKE, "tiles": tile}, {**FA2_CELL, "tiles": tile}
     parts = {}
-    paper = r.get(_key(**PAPER_LIKE))
+    paper = r.get(_key(**paper_cell))
     if paper is None:
-        s1 = "The paper-like cell (uniform inputs, fa1, paper preset, B_c=64) is not in this grid."
+        s1 = f"The paper-like cell (uniform inputs, fa1, paper preset, B_c={tile}) is not in this grid."
     else:
-        others = [f"{inp} {r[_key(**{**PAPER_LIKE, 'inputs': inp})]['max_abs'].value:.2g}x"
-                  for inp in ("normal", "outliers") if _key(**{**PAPER_LIKE, "inputs": inp}) in r]
+        others = [f"{inp} {r[_key(**{**paper_cell, 'inputs': inp})]['max_abs'].value:.2g}x"
+                  for inp in ("normal", "outliers") if _key(**{**paper_cell, "inputs": inp}) in r]
         top = max((k for k in r if k[0] == "flash"), key=lambda k: r[k]["max_abs"].value)
         parts["paper-like cell ~10x"] = range_verdict(paper["max_abs"], *ABOUT_10X, what="paper-like flash/baseline max |Δ|")
         about = "the paper's ~10x" if parts["paper-like cell ~10x"].status == HOLDS else "not the paper's ~10x at this N"
-        s1 = (f"The paper-like cell (U[0,1) inputs, FA1, every stage in bf16, B_c=64) gives flash/baseline "
+        s1 = (f"The paper-like cell (U[0,1) inputs, FA1, every stage in bf16, B_c={tile}) gives flash/baseline "
               f"{_x(paper['max_abs'])} by max |Δ| and {_x(paper['mean_abs'])} by mean |Δ| ({about})"
               + (f"; the same cell gives {', '.join(others)} with the other inputs" if others else "")
               + f"; the largest cell is {'/'.join(top[1:])} at {r[top]['max_abs'].value:.3g}x.")
-    promoted = {s: r[_key(**{**PAPER_LIKE, "formats": s})] for s in PROMOTABLE if _key(**{**PAPER_LIKE, "formats": s}) in r}
+    promoted = {s: r[_key(**{**paper_cell, "formats": s})] for s in PROMOTABLE if _key(**{**paper_cell, "formats": s}) in r}
     if promoted and paper is not None:
         ranked = sorted(promoted, key=lambda s: promoted[s]["mean_abs"].value)
         best = ranked[0]
@@ -179,7 +187,7 @@ def sentences(r: dict) -> tuple[dict, str, str, str]:
     else:
         s2 = "No single-stage promotion of the paper-like cell is in this grid."
     kernels = [(label, r[key]) for label, key in (
-        ("fa2 emulation (FA2, fa2 preset, B_c=64)", _key(**FA2_CELL)),
+        (f"fa2 emulation (FA2, fa2 preset, B_c={tile})", _key(**fa2_cell)),
         ("cpu_sdpa emulation", ("cpu_sdpa", "uniform", "None", "None", "None")),
         ("PyTorch's CPU flash kernel", ("sdpa_flash", "uniform", "None", "None", "None")),
     ) if key in r]
@@ -196,7 +204,7 @@ def sentences(r: dict) -> tuple[dict, str, str, str]:
 def summarise(rows, out_dir: Path) -> dict:
     rows, note = split_finite(rows)
     r = ratios(rows)
-    parts, s1, s2, s3 = sentences(r)
+    parts, s1, s2, s3 = sentences(r, next(iter({str(x.get("reference_tiles", "64")) for x in rows}), "64"))
     inputs = [i for i in ("normal", "uniform", "outliers") if any(k[1] == i for k in r)]
     row_labels = sorted({(k[2], k[3]) for k in r if k[0] == "flash"},
                         key=lambda vf: (vf[0], ["paper", *PROMOTABLE, "fa2"].index(vf[1]) if vf[1] in ["paper", *PROMOTABLE, "fa2"] else 99))

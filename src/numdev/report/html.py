@@ -19,6 +19,7 @@ class Section:
     table_markdown: str = ""
     holds: bool | None = None
     verdict: str = ""  # overrides the plain holds/differs label
+    status: str | None = None  # a numdev.verdicts status (holds, fails, partly, not measurable): wins over holds
     extra: list[str] = field(default_factory=list)
 
 
@@ -59,7 +60,13 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "") 
         parts.append(f"<p>{html.escape(intro)}</p>")
     for s in sections:
         verdict = ""
-        if s.holds is not None:
+        if s.status is not None:
+            from numdev.verdicts import HOLDS, SYMBOLS
+
+            css = "holds" if s.status == HOLDS else "differs"
+            label = s.verdict or s.status  # the verdict text starts with its symbol
+            verdict = f"<span class='{css}'>{html.escape(label if label.startswith(SYMBOLS[s.status]) else SYMBOLS[s.status] + ' ' + label)}</span>"
+        elif s.holds is not None:
             label = html.escape(s.verdict or ("holds here" if s.holds else "differs here"))
             verdict = f"<span class='holds'>✓ {label}</span>" if s.holds else f"<span class='differs'>✗ {label}</span>"
         parts.append(f"<section><h2>{html.escape(s.title)} {verdict}</h2><div class='pair'>")
