@@ -59,7 +59,7 @@ def collect(outputs: Path) -> dict:
             print(f"phase1_results: no finished run of {name} under {outputs}/bench/{name}: skipped", file=sys.stderr)
             continue
         summary = json.loads((run / f"{name}.json").read_text())
-        figures[name] = {"run": str(run), "command": command_of(run, name), **{k: summary.get(k) for k in (
+        figures[name] = {"run": str(run.relative_to(outputs)), "command": command_of(run, name), **{k: summary.get(k) for k in (
             "caption", "status", "verdict", "verdict_rule", "parts", "sentences", "provenance")}}
     return figures
 
@@ -107,7 +107,7 @@ def main() -> None:
         r = figures["reconcile"]
         sentences = "\n".join(f"{i}. {s}" for i, s in enumerate(r.get("sentences") or [], start=1))
         replace_block(ROOT / "docs" / "microbenchmark.md", "phase1-reconcile",
-                      f"{sentences}\n\nFrom `{r['command']}` ({r['run']}); figure: reconcile.png in that directory.")
+                      f"{sentences}\n\nFrom `{r['command']}` (run `<outputs>/{r['run']}`, figure reconcile.png there).")
     print(json.dumps({n: f["status"] for n, f in figures.items()}, indent=2))
 
 

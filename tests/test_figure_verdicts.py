@@ -137,3 +137,10 @@ def test_registry_lists_every_figure_once_with_its_module():
     for name in BENCH_FIGURES:
         assert FIGURES[name].module == f"numdev.figures.{name}" and FIGURES[name].claim
     assert not math.isnan(len(FIGURES))
+
+
+def test_a_flat_curve_is_not_measurable_not_nan():
+    from numdev.verdicts import monotone_verdict
+
+    verdict = monotone_verdict([1, 2, 3], [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], "increasing")
+    assert verdict.status == NOT_MEASURABLE and "flat" in verdict.detail

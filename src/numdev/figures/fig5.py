@@ -68,6 +68,7 @@ def summarise(rows, out_dir: Path) -> dict:
     tiles = sorted({f"{r.get('knobs.a.tiles.block_r')}x{r.get('knobs.a.tiles.block_c')}" for r in pairs})
     precision = "/".join(sorted({r["numerics.precision"] for r in pairs}))
     fig.suptitle(f"Fig. 5: deviation against N ({precision}; tiles B_r x B_c requested {', '.join(tiles)}; bands: range over seeds)")
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     save_png(fig, out_dir / "fig5.png")
     verdict = combine(parts) if parts else unmeasurable("growth with N", "no pair records")
     caption = (
