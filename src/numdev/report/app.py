@@ -56,6 +56,7 @@ def bench_section(sweep: Path) -> Section:
         holds=summary.get("claim_holds"),
         verdict=summary.get("verdict", ""),
         status=summary.get("status"),
+        extra=[f"Verdict: {summary['verdict']}", f"Rule: {summary['verdict_rule']}"] if summary.get("verdict_rule") else [],
     )
 
 

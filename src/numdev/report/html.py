@@ -63,9 +63,8 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "") 
         if s.status is not None:
             from numdev.verdicts import HOLDS, SYMBOLS
 
-            css = "holds" if s.status == HOLDS else "differs"
-            label = s.verdict or s.status  # the verdict text starts with its symbol
-            verdict = f"<span class='{css}'>{html.escape(label if label.startswith(SYMBOLS[s.status]) else SYMBOLS[s.status] + ' ' + label)}</span>"
+            css = "holds" if s.status == HOLDS else "differs"  # green only when the whole claim holds
+            verdict = f"<span class='{css}'>{html.escape(SYMBOLS[s.status] + ' ' + s.status)}</span>"
         elif s.holds is not None:
             label = html.escape(s.verdict or ("holds here" if s.holds else "differs here"))
             verdict = f"<span class='holds'>✓ {label}</span>" if s.holds else f"<span class='differs'>✗ {label}</span>"
