@@ -63,7 +63,8 @@ def test_reconcile_sentences_and_verdict(small_grid, tmp_path):
     assert "the paper's ~10x" in s1 and "B_c=16" in s1
     # Which single stage removes most of it: the lower mean ratio of the two promoted here.
     best = min(("stats", "accum"), key=lambda s: ratios[("flash", "uniform", "fa1", s, "16")]["mean_abs"].value)
-    assert s2.startswith(f"Promoting one stage to fp32 in that cell, {best} removes most of it")
+    assert s2.startswith(f"Promoting one stage to fp32 in that cell, {best} lowers it most")
+    assert "FA1 with the fa2 formats" in s2
     assert "PyTorch's CPU flash kernel" in s3
     assert summary["provenance"]["seeds"] == [0, 1, 2]
 

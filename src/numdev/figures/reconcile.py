@@ -181,9 +181,13 @@ def sentences(r: dict, tile: str = "64") -> tuple[dict, str, str, str]:
     if promoted and paper is not None:
         ranked = sorted(promoted, key=lambda s: promoted[s]["mean_abs"].value)
         best = ranked[0]
-        s2 = (f"Promoting one stage to fp32 in that cell, {best} removes most of it: {_x(promoted[best]['max_abs'])} by max, "
-              f"{_x(promoted[best]['mean_abs'])} by mean (then "
-              + ", ".join(f"{s} {promoted[s]['mean_abs'].value:.2g}x" for s in ranked[1:]) + ", by mean).")
+        all_fp32 = r.get(_key(**{**paper_cell, "formats": "fa2"}))
+        rest = ", ".join(f"{s} {promoted[s]['mean_abs'].value:.2g}x" for s in ranked[1:])
+        s2 = (f"Promoting one stage to fp32 in that cell, {best} lowers it most: to {_x(promoted[best]['max_abs'])} by max, "
+              f"{_x(promoted[best]['mean_abs'])} by mean" + (f" (then {rest}, by mean)" if rest else "")
+              + ("" if promoted[best]["mean_abs"].value < 1.5 else "; no single stage removes it")
+              + (f"; FA1 with the fa2 formats (score, stats, rescale and accum all fp32) gives {_x(all_fp32['mean_abs'])} by mean."
+                 if all_fp32 is not None else "."))
     else:
         s2 = "No single-stage promotion of the paper-like cell is in this grid."
     kernels = [(label, r[key]) for label, key in (
