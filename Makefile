@@ -22,7 +22,7 @@ train: $(STAMP)
 	$(BIN)/numdev-train
 
 bench-figures: $(STAMP)
-	for e in fig3 fig4 fig5 fig6 fa3_table3; do $(BIN)/numdev-bench experiment=$$e || exit 1; done
+	for e in $$($(BIN)/numdev-figure --list bench); do $(BIN)/numdev-bench experiment=$$e || exit 1; done
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q

@@ -75,9 +75,9 @@ def same_bits(a, b) -> bool:
 def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: int, seed: int) -> dict:
     import torch
     import torch.nn.functional as F
+    from flash_reference import reference_forward
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flash_reference import reference_forward
     from numdev.attention import FlashEmulated, golden_attention
     from numdev.numerics import stage_formats
 
@@ -103,10 +103,10 @@ def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: i
             }
             cell = {}
             before_emulator = paths["emulator_eager"]
-            cell["before"], before = timed(lambda: reference_forward(before_emulator, qf, kf, vf, scale, False),
+            cell["before"], before = timed(lambda e=before_emulator: reference_forward(e, qf, kf, vf, scale, False),
                                            repeats)
             for name, emulator in paths.items():
-                cell[name], out = timed(lambda: emulator(qf, kf, vf, scale=scale), repeats)
+                cell[name], out = timed(lambda e=emulator: e(qf, kf, vf, scale=scale), repeats)
                 cell[name]["bit_identical_to_before"] = same_bits(out, before)
             for name in ("before", *paths):
                 for clock in ("wall_s", "thread_cpu_s"):

@@ -24,7 +24,7 @@ def main() -> None:
         q = torch.randn(batch, heads, n_q, dim, generator=g).bfloat16()
         k, v = (torch.randn(batch, heads, n_k, dim, generator=g).bfloat16() for _ in range(2))
         kernel = build_backend("sdpa_flash")(q, k, v, causal=causal).double()
-        emulated = FlashEmulated(stage_formats("cpu_sdpa", "bf16"))(q, k, v, causal=causal).double()
+        emulated = FlashEmulated(stage_formats("cpu_sdpa", "bf16"), tile_rule="cpu_sdpa")(q, k, v, causal=causal).double()
         baseline = Baseline(stage_formats("paper", "bf16"))(q, k, v, causal=causal).double()
         emu_gap, base_gap = (emulated - kernel).abs(), (baseline - kernel).abs()
         rows.append({

@@ -2,15 +2,17 @@
 item 8), kept as the reference that every fast path must match bit for bit.
 
 Do not edit it to follow the emulator: it is the "today's outputs" the fast paths are held to.
-Rounding comes from numdev.formats.round_to, so fixes there apply to both sides.
+Rounding comes from numdev.formats.round_to, so fixes there apply to both sides; the one semantic
+fix since it was frozen (masked scores stay -inf in formats without inf: round_masked) is applied here too.
 """
 
 from __future__ import annotations
 
 import torch
 
+from numdev.attention.checks import round_masked
 from numdev.formats import round_to
-from numdev.numerics import working_input
+from numdev.numerics import StageFormats, working_input
 
 _NEG_INF = float("-inf")
 
@@ -80,11 +82,11 @@ def _finite_or_zero(row_max: torch.Tensor) -> torch.Tensor:
 
 
 def _update_fa2(state: _State, scores, values, f: StageFormats) -> _State:
-    new_max = round_to(torch.maximum(state.row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
+    new_max = round_masked(torch.maximum(state.row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
     shift = _finite_or_zero(new_max)
     alpha = round_to(torch.exp(state.row_max - shift), f.rescale)
     # S - m is held in the score format before exp, as any kernel storing S in that format would.
-    probs = round_to(torch.exp(round_to(scores - shift, f.score)), f.stats)  # P, as computed
+    probs = round_to(torch.exp(round_masked(scores - shift, f.score)), f.stats)  # P, as computed
     row_sum = round_to(round_to(alpha * state.row_sum, f.stats) + probs.sum(dim=-1, keepdim=True), f.stats)
     pv = round_to(round_to(probs, f.prob) @ values, f.accum)  # P is converted for the P.V matmul
     out = round_to(round_to(alpha * state.out, f.accum) + pv, f.accum)
@@ -92,8 +94,8 @@ def _update_fa2(state: _State, scores, values, f: StageFormats) -> _State:
 
 
 def _update_fa1(state: _State, scores, values, f: StageFormats) -> _State:
-    block_max = round_to(scores.amax(dim=-1, keepdim=True), f.stats)
-    probs = round_to(torch.exp(round_to(scores - _finite_or_zero(block_max), f.score)), f.prob)
+    block_max = round_masked(scores.amax(dim=-1, keepdim=True), f.stats)
+    probs = round_to(torch.exp(round_masked(scores - _finite_or_zero(block_max), f.score)), f.prob)
     block_sum = round_to(probs.sum(dim=-1, keepdim=True), f.stats)
     new_max = torch.maximum(state.row_max, block_max)
     shift = _finite_or_zero(new_max)

@@ -78,7 +78,7 @@ def test_tiles_from_sram_cpu_rule_and_clamping():
     )
     t = resolve_tiles(4096, 4096, 128, sram=100_000)  # B_c = ceil(M / 4d) = 196, B_r = min(B_c, d)
     assert (t.block_r, t.block_c) == (128, 196)
-    assert [resolve_tiles(n, 2000, 64, cpu_sdpa_rule=True).block_r for n in (100, 500, 1000)] == [32, 64, 256]
+    assert [resolve_tiles(n, 2000, 64, rule="cpu_sdpa").block_r for n in (100, 500, 1000)] == [32, 64, 256]
     clamped = resolve_tiles(100, 50, 64, block_r=128, block_c=128)
     assert (clamped.block_r, clamped.block_c, clamped.clamped) == (100, 50, True)
     assert clamped.describe()["requested_c"] == 128
@@ -100,7 +100,7 @@ def test_cpu_sdpa_preset_models_pytorch_cpu_flash_kernel(shape):
     *dims, causal = shape
     q, k, v = (t.bfloat16() for t in _qkv(*dims))
     kernel = build_backend("sdpa_flash")(q, k, v, causal=causal).double()
-    emulated = FlashEmulated(stage_formats("cpu_sdpa", "bf16"))(q, k, v, causal=causal).double()
+    emulated = FlashEmulated(stage_formats("cpu_sdpa", "bf16"), tile_rule="cpu_sdpa")(q, k, v, causal=causal).double()
     baseline = Baseline(stage_formats("paper", "bf16"))(q, k, v, causal=causal).double()
     emu_gap = (emulated - kernel).abs().mean()
     base_gap = min((baseline - kernel).abs().mean(), (baseline - emulated).abs().mean())
@@ -113,7 +113,7 @@ def test_cpu_sdpa_preset_models_pytorch_cpu_flash_kernel(shape):
 def test_cpu_sdpa_preset_matches_kernel_in_fp32():
     q, k, v = (t.float() for t in _qkv(2, 2, 600, 600, 64))
     kernel = build_backend("sdpa_flash")(q, k, v)
-    emulated = FlashEmulated(stage_formats("cpu_sdpa", "fp32"))(q, k, v)
+    emulated = FlashEmulated(stage_formats("cpu_sdpa", "fp32"), tile_rule="cpu_sdpa")(q, k, v)
     assert (emulated - kernel).abs().max() < 1e-6
 
 

@@ -49,50 +49,53 @@ def _figure(tmp_path, experiment, *overrides):
     sweep = _only(tmp_path, f"outputs/bench/{experiment}/multirun_*")
     assert (sweep / f"{experiment}.png").stat().st_size > 10_000
     assert (sweep / "table.csv").exists()
-    return json.loads((sweep / f"{experiment}.json").read_text())
+    summary = json.loads((sweep / f"{experiment}.json").read_text())
+    assert summary["provenance"]["seeds"] == [0, 1, 2] and summary["verdict_rule"]
+    return summary
 
 
 def test_fig3_deviation_falls_with_mantissa_bits(tmp_path):
-    summary = _figure(tmp_path, "fig3", "shape.seq_q=1024")
-    assert summary["claim_holds"], summary["caption"]
+    summary = _figure(tmp_path, "fig3", "shape.seq_q=256")
+    assert summary["status"] == "holds", summary["verdict"]
     numbers = summary["max_abs"]
     assert numbers["bf16"] > 5 * numbers["fp16"] > 5 * numbers["fp32"] > 5 * numbers["fp64"]
 
 
-def test_fig4_paper_preset_flash_is_several_times_baseline_at_bf16(tmp_path):
-    summary = _figure(tmp_path, "fig4")  # the default shape: N = 4096, d = 64, tiles 64 x 64
-    ratios = summary["ratio_mean_abs"]
-    # Measured 2026-11-22: paper/bf16 2.2x in mean |Δ| (2.7x in max), fa2/bf16 1.0x.
-    assert ratios["paper/bf16"] > 1.8
-    assert ratios["fa2/bf16"] < 1.2 and ratios["fa2/fp16"] < 1.2
-    assert summary["ratio_max_abs"]["paper/bf16"] > 2
+def test_fig4_paper_like_is_about_10x_and_real_kernels_go_the_other_way(tmp_path):
+    # 64 key/value blocks as at the paper's N=4096, B_c=64, on a CI-small shape.
+    summary = _figure(tmp_path, "fig4", "shape.seq_q=1024", "shape.dim=16", "tiles.block_c=16", "numerics.precision=bf16,fp32")
+    ratio = summary["ratio"]
+    # Measured 2026-11-23: paper_like 9.5-11.9x (max) per seed; real_kernel 0.55-0.6x.
+    assert ratio["paper_like/bf16"]["max_abs"]["value"] >= 5 and ratio["paper_like/bf16"]["mean_abs"]["value"] >= 5
+    assert ratio["real_kernel/bf16"]["max_abs"]["value"] <= 1.2
+    assert summary["parts"]["paper_like"]["status"] == "holds" and summary["parts"]["real_kernel"]["status"] == "fails"
+    assert summary["status"] == "partly" and not summary["claim_holds"]  # never green on half the claim
 
 
-def test_fig5_deviation_grows_with_sequence_length(tmp_path):
-    summary = _figure(tmp_path, "fig5", "shape.seq_q=512,2048,8192")
-    # Relative to the output's size, flash's error grows with N (more rescalings); the baseline's
-    # does not. Measured 2026-11-22 (bf16, tiles 64 x 64): 512 -> 8192 gives 3.9x vs 1.1x.
-    assert summary["relative_rmse_growth"]["flash"] > 2.5, summary["caption"]
-    assert summary["relative_rmse_growth"]["baseline"] < 1.5
-    # In absolute terms the flash - baseline gap grows too once the tiles outnumber the shrinkage
-    # of the outputs (they average over more keys): from N = 2048 to 8192.
-    assert summary["mean_abs"]["8192"] > summary["mean_abs"]["2048"]
-    assert summary["std"]["8192"] > summary["std"]["2048"]
+def test_fig5_both_settings_and_the_papers_metric(tmp_path):
+    summary = _figure(tmp_path, "fig5", "shape.seq_q=256,1024,4096", "shape.dim=16")
+    growth = summary["growth"]
+    # The paper-like flash - baseline gap grows with N in every metric (more blocks to swamp).
+    assert all(growth[f"paper_like/{m}"] > 1.5 for m in ("max_abs", "mean_abs", "std")), growth
+    assert summary["parts"]["paper_like max |Δ|"]["status"] == "holds"
+    assert set(summary["mean_signed_vs_golden"]) == {f"{s}/{m}" for s in ("paper_like", "real_kernel") for m in ("flash", "baseline")}
 
 
 def test_fig6_larger_key_blocks_deviate_less(tmp_path):
     summary = _figure(
         tmp_path, "fig6", "shape.seq_q=1024", "numerics.precision=bf16,fp16", "tiles.block_r=16,128", "tiles.block_c=16,128",
     )
-    assert summary["claim_holds"], summary["caption"]
-    assert summary["square_ratio"]["bf16"]["16x128"] == 1.0  # B_r changes nothing
-    assert summary["swapped_ratio"]["bf16"]["16x128"] > 1.2  # B_c = 16 instead of 128 (measured 1.44x)
-    assert summary["area_ratio"]["bf16"] > 1.2  # 16x16 -> 128x128 (measured 1.44x at N=1024)
+    tiles = summary["tiles"]["bf16"]
+    assert tiles["square_ratio"]["16x128"] == 1.0  # B_r changes nothing, by construction
+    assert tiles["swapped_ratio"]["16x128"] > 1.2  # B_c = 16 instead of 128 (measured 1.44x)
+    assert summary["parts"]["(a) bf16"]["status"] == "holds" and summary["parts"]["(b) bf16"]["status"] == "holds"
+    # (c) with two tile areas Kendall's test cannot see a trend: not measurable, so never green.
+    assert summary["parts"]["(c) bf16"]["status"] == "not measurable" and summary["status"] == "partly"
 
 
 def test_fa3_table3_fa2_style_flash_beats_baseline(tmp_path):
-    summary = _figure(tmp_path, "fa3_table3", "shape.seq_q=1024", "shape.heads=2")
-    assert summary["claim_holds"], summary["caption"]
+    summary = _figure(tmp_path, "fa3_table3", "shape.seq_q=512", "shape.heads=2")
+    assert summary["status"] == "holds", summary["verdict"]
     rmse = summary["rmse"]
     # Same orders of magnitude as FA3's Table 3 (fp16 ~1e-4, fp8 ~1e-2).
     assert 3e-5 < rmse["fp16/flash"] < 1e-3 and 3e-3 < rmse["fp8_e4m3/flash"] < 1e-1

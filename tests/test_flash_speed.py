@@ -5,10 +5,9 @@ import warnings
 
 import pytest
 import torch
-
 from flash_reference import reference_forward
-from numdev.attention import FlashEmulated, golden_attention
-from numdev.attention import compiled
+
+from numdev.attention import FlashEmulated, compiled, golden_attention
 from numdev.attention.flash_emulated import _row_chunks
 from numdev.numerics import PRESETS, stage_formats
 

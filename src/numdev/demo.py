@@ -1,6 +1,8 @@
 """numdev-demo: the main job on the embedded defaults (CPU), both phases and the report.
 
-1. the microbenchmark figures (Figs. 3-6 and FA3's Table 3), one sweep after another;
+1. the microbenchmark figures (Figs. 3-6, FA3's Table 3, the reconciliation and the bias), one
+   sweep after another, each at demo size (3 seeds; smaller N: numdev.figures.<name>.FIGURE's
+   demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
 2. the training study with one replicate (numdev-train experiment=flash_stability study.replicate=0:
    every role of conf/study once; one replicate gives no intervals, so its verdicts read
    "not measurable": the full study, three replicates, is the same command without study.replicate=0);
@@ -21,8 +23,15 @@ import time
 from pathlib import Path
 
 from numdev.errors import fail
+from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
 
-BENCH_EXPERIMENTS = ("fig3", "fig4", "fig5", "fig6", "fa3_table3")
+
+def latest_run(output_root: Path, app: str, name: str) -> Path:
+    """The newest run of a bench figure: a sweep (multirun_*) or a single-run grid (reconcile, bias)."""
+    runs = sorted((p.parent for p in (output_root / app / name).glob(f"*/{name}.json")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(f"no finished run of {name} under {output_root / app / name}")
+    return runs[-1]
 
 
 def latest_sweep(output_root: Path, app: str, name: str) -> Path:
@@ -34,17 +43,19 @@ def latest_sweep(output_root: Path, app: str, name: str) -> Path:
 
 def run_bench_figures(output_root: Path) -> dict[str, Path]:
     figures = {}
-    for i, experiment in enumerate(BENCH_EXPERIMENTS, start=1):
-        print(f"[bench {i}/{len(BENCH_EXPERIMENTS)}] numdev-bench experiment={experiment}", flush=True)
+    for i, experiment in enumerate(BENCH_FIGURES, start=1):
+        overrides = list(FIGURES[experiment].demo_overrides)
+        print(f"[bench {i}/{len(BENCH_FIGURES)}] numdev-bench experiment={experiment} {' '.join(overrides)}".rstrip(), flush=True)
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}"],
+            [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}", *overrides],
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        sweep = latest_sweep(output_root, "bench", experiment)
+        sweep = latest_run(output_root, "bench", experiment)
         summary = json.loads((sweep / f"{experiment}.json").read_text())
-        print(f"    {time.perf_counter() - start:.0f} s: {summary['caption']}\n    -> {sweep / (experiment + '.png')}", flush=True)
+        print(f"    {time.perf_counter() - start:.0f} s: {summary['caption']}\n    verdict: {summary['verdict']}\n"
+              f"    -> {sweep / (experiment + '.png')}", flush=True)
         figures[experiment] = sweep / f"{experiment}.png"
     return figures
 

@@ -15,10 +15,14 @@ float64) and then rounded, once, to its format. So a matmul is modelled as an ac
 working precision rounded to the stage's format, as tensor cores accumulate in FP32.
 
 Presets name the common combinations for a run precision p:
-  paper     every stage in p: the setting that gives the paper's ~10x at BF16
+  paper     every stage in p. Alone it does not give the paper's ~10x at BF16: that needs FA1
+            (normalise at every block), all-positive inputs (U[0, 1)) and many key/value blocks
+            (N=4096, B_c=64); with N(0, 1) inputs the same emulation gives about 3x
+            (numdev-bench experiment=reconcile, docs/microbenchmark.md)
   fa2       FP32 score/stats/rescale/accum, input/prob/output in p: FlashAttention-2 and
             PyTorch's own kernels
-  cpu_sdpa  fa2, plus PyTorch's CPU flash tile rule for the emulator's tiles
+  cpu_sdpa  the fa2 formats under the name of PyTorch's CPU flash kernel; its tiles come from
+            the tile rule (tiles.rule=cpu_sdpa, numdev.attention.tiles), not from this label
 """
 
 from __future__ import annotations

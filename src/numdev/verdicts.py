@@ -104,6 +104,8 @@ def monotone_verdict(x, values_by_x, direction: str, what: str = "the deviation"
             ys.append(float(v))
     if len(set(xs)) < 3 or not np.isfinite(ys).all():
         return Verdict(NOT_MEASURABLE, rule, "fewer than 3 x values, or non-finite values")
+    if len(set(ys)) == 1:  # Kendall's tau is undefined on a flat curve
+        return Verdict(NOT_MEASURABLE, rule, f"every value equals {ys[0]:.3g}: a flat curve has no trend")
     sign = 1 if direction == "increasing" else -1
     tau, _ = scipy_stats.kendalltau(xs, ys)
     alternative = "greater" if sign > 0 else "less"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from numdev.attention.checks import causal_mask
+from numdev.attention.checks import causal_mask, round_masked
 from numdev.attention.registry import AttentionBackend, register
 from numdev.formats import round_to
 from numdev.numerics import StageFormats, stage_formats, working_input
@@ -30,7 +30,7 @@ class Baseline(AttentionBackend):
             scores = scores.masked_fill(causal_mask(q.shape[2], key_index, q.device), float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True)
         row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # fully masked rows
-        exps = round_to(torch.exp(round_to(scores - row_max, f.score)), f.stats)
+        exps = round_to(torch.exp(round_masked(scores - row_max, f.score)), f.stats)
         row_sum = round_to(exps.sum(dim=-1, keepdim=True), f.stats)
         probs = round_to(exps / row_sum, f.prob)
         out = round_to(round_to(probs @ v, f.accum), f.output)

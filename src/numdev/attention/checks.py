@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from numdev.formats import FloatFormat, parse_format, round_to
+
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -36,3 +38,17 @@ def count_nonfinite(**tensors: torch.Tensor) -> dict[str, int]:
 def causal_mask(n_q: int, key_index: torch.Tensor, device) -> torch.Tensor:
     """(n_q, len(key_index)) bool, True where the key lies after the query (top-left aligned)."""
     return key_index[None, :] > torch.arange(n_q, device=device)[:, None]
+
+
+def round_masked(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
+    """round_to for score-like tensors where -inf marks a masked score (or a row that has seen no
+    key yet): -inf is a mask, not a number, so it stays -inf in every format.
+
+    Formats without infinities (fp8_e4m3) have no -inf to round to (round_to gives NaN, as the
+    format says); real FP8 kernels apply the mask in FP32 registers and never convert it.
+    """
+    fmt = parse_format(fmt)
+    if fmt.has_inf:
+        return round_to(x, fmt)  # -inf rounds to -inf already; no extra pass
+    masked = x == float("-inf")
+    return round_to(x.masked_fill(masked, 0.0), fmt).masked_fill(masked, float("-inf"))

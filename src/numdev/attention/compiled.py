@@ -63,7 +63,7 @@ def compiled(step, formats: StageFormats):
     return _compiled(step, formats)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(step, formats: StageFormats):
     # A fresh code object per (step, formats): dynamo keeps its cache, and its recompile limit,
     # per code object, so a sweep over many format sets never spills into silent eager fallback.
@@ -82,7 +82,7 @@ def _compiled(step, formats: StageFormats):
                 return fast(*args)
             except Exception as error:  # noqa: BLE001 - any compile failure: fall back, same bits
                 _broken.append(f"{type(error).__name__}: {error}".splitlines()[0])
-                warnings.warn(f"torch.compile of the flash emulator failed, running eagerly: {_broken[0]}")
+                warnings.warn(f"torch.compile of the flash emulator failed, running eagerly: {_broken[0]}", stacklevel=2)
         return step(*args, f=f)
 
     return run

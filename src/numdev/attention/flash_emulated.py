@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from numdev.attention import compiled
+from numdev.attention.checks import round_masked
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
 from numdev.formats import FloatFormat, round_to
@@ -49,6 +50,7 @@ class FlashEmulated(AttentionBackend):
         variant: str = "fa2",
         compile: bool = False,
         query_chunk: int | None = None,
+        tile_rule: str | None = None,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
@@ -61,7 +63,8 @@ class FlashEmulated(AttentionBackend):
         ):
             raise ValueError(f"query_chunk={query_chunk!r} must be an integer >= {_MIN_CHUNK_ROWS} (or null: automatic)")
         self.query_chunk = None if query_chunk is None else int(query_chunk)
-        resolve_tiles(1, 1, 1, block_r, block_c, sram)  # reject bad tile sizes at construction
+        self.tile_rule = tile_rule  # numdev.attention.tiles: explicit, sram, cpu_sdpa, default
+        resolve_tiles(1, 1, 1, block_r, block_c, sram, tile_rule)  # reject bad tiles at construction
         self.last_tiles = None  # the tiles of the latest call, for result records
 
     def tiles(self, n_q: int, n_k: int, head_dim: int):
@@ -72,7 +75,7 @@ class FlashEmulated(AttentionBackend):
             self.block_r,
             self.block_c,
             self.sram,
-            cpu_sdpa_rule=self.formats.preset.startswith("cpu_sdpa"),
+            self.tile_rule,
         )
 
     def forward(self, q, k, v, scale, causal):
@@ -176,11 +179,11 @@ def _keep_active(active, new, old):
 
 def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
     scores = _scores(raw_scores, scale, masked, f)
-    new_max = round_to(torch.maximum(row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
+    new_max = round_masked(torch.maximum(row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
     shift = _finite_or_zero(new_max)
     alpha = round_to(compiled.exp(row_max - shift), f.rescale)
     # S - m is held in the score format before exp, as any kernel storing S in that format would.
-    probs = round_to(compiled.exp(round_to(scores - shift, f.score)), f.stats)  # P, as computed
+    probs = round_to(compiled.exp(round_masked(scores - shift, f.score)), f.stats)  # P, as computed
     matmul_probs = _round_again(probs, f.prob, f.stats)  # P is converted for the P.V matmul
     return {"new_max": new_max, "alpha": alpha, "probs": probs, "matmul_probs": matmul_probs}
 
@@ -199,8 +202,8 @@ def _fa2_merge(row_max, row_sum, out, block, block_sum, raw_pv, active, *, f: St
 
 def _fa1_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
     scores = _scores(raw_scores, scale, masked, f)
-    block_max = round_to(scores.amax(dim=-1, keepdim=True), f.stats)
-    probs = round_to(compiled.exp(round_to(scores - _finite_or_zero(block_max), f.score)), f.prob)
+    block_max = round_masked(scores.amax(dim=-1, keepdim=True), f.stats)
+    probs = round_to(compiled.exp(round_masked(scores - _finite_or_zero(block_max), f.score)), f.prob)
     return {"block_max": block_max, "probs": probs, "matmul_probs": probs}
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from numdev.atomic import append_jsonl
@@ -24,13 +27,23 @@ def run(cfg: DictConfig) -> None:
     with open_dict(cfg):
         cfg.experiment_name = cfg.name
         cfg.overrides = list(hydra_cfg.overrides.task)
-    results = Path(hydra_cfg.runtime.output_dir) / "results.jsonl"
-    # Each record is appended as soon as it is computed (one atomic append: concurrent runs sharing
-    # the file keep every record), so a method that fails later loses none of the earlier ones.
-    records = run_bench(cfg, emit=lambda record: append_jsonl(results, [record]))
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    results = run_dir / "results.jsonl"
+    if cfg.get("runner") is not None:  # a whole-grid experiment (numdev.figures.reconcile, bias): records at its end
+        records = instantiate(cfg.runner)(cfg)
+        append_jsonl(results, records)
+    else:
+        # Each record is appended as soon as it is computed (one atomic append: concurrent runs sharing
+        # the file keep every record), so a method that fails later loses none of the earlier ones.
+        records = run_bench(cfg, emit=lambda record: append_jsonl(results, [record]))
     skipped = sum(r["kind"] == "skipped" for r in records)
     print(f"{len(records)} records -> {results}" + (f" ({skipped} skipped: not enough memory)" if skipped else ""))
+    if cfg.get("figure") and hydra_cfg.mode == RunMode.RUN:  # a sweep draws its figure when it ends
+        from numdev.bench.figures import announce, make_figure
 
+        announce(cfg.figure, make_figure(cfg.figure, run_dir), run_dir)
 
 
 def main() -> None:

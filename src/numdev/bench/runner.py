@@ -29,7 +29,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
     shape = Shape(**cfg.shape)
     formats = instantiate(cfg.numerics)
     generator = instantiate(cfg.inputs)
-    methods = {label: instantiate(node) for label, node in cfg.methods.items()}
+    methods = {label: instantiate(node) for label, node in cfg.methods.items() if node is not None}
     pairs = [tuple(pair) for pair in cfg.pairs]
     for pair in pairs:
         missing = [label for label in pair if label not in methods]
@@ -46,6 +46,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
         "numerics": formats.describe(),
         "tiles": dict(cfg.get("tiles") or {}),
         "variant": cfg.get("variant"),
+        "setting": cfg.get("setting_name"),
         "overrides": list(cfg.get("overrides") or []),
     }
     limit = memory.limit_bytes(cfg.get("memory_limit_gb"))
@@ -87,6 +88,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
                  "knobs": method.describe(), "metrics": metrics}
             )
             log(f"seed {seed} {label:>12} vs golden: max {metrics['max_abs']:.3e}  rmse {metrics['rmse']:.3e}  ({seconds:.2f} s)")
+            warn_nonfinite(label, metrics, outputs[label].numel(), log)
         for a, b in pairs:
             if a in skipped or b in skipped:
                 add({**common, "kind": "skipped", "method": f"{a}-{b}", "a": a, "b": b, "seed": int(seed),
@@ -113,3 +115,10 @@ def _check_inputs(q, k, v, formats) -> None:
         )
 
 
+
+
+def warn_nonfinite(label: str, metrics: dict, size: int, log=print) -> None:
+    """Say loudly when an output holds NaN/Inf: its metrics cover only the finite values."""
+    if metrics.get("nonfinite"):
+        log(f"WARNING: {label}: {metrics['nonfinite']} of {size} output values are NaN/Inf; "
+            "the metrics above use the finite ones only, and no claim is judged on this record")

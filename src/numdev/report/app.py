@@ -18,17 +18,16 @@ import yaml
 
 from numdev.atomic import WriteError, read_json, write_bytes, write_text
 from numdev.errors import fail
+from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
 from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
 
-BENCH_ORDER = ("fig3", "fig4", "fig5", "fig6", "fa3_table3")
-
 
 def latest_bench_sweeps(output_root: Path) -> list[Path]:
-    """The newest finished sweep (one with its figure summary) of every bench figure."""
+    """The newest finished sweep or single-run grid (one with its figure summary) of every bench figure."""
     sweeps = []
     for name in BENCH_ORDER:
-        done = sorted(p.parent for p in (output_root / "bench" / name).glob(f"multirun_*/{name}.json"))
+        done = sorted((p.parent for p in (output_root / "bench" / name).glob(f"*/{name}.json")), key=lambda p: p.stat().st_mtime)
         if done:
             sweeps.append(done[-1])
     return sweeps
@@ -42,8 +41,10 @@ def bench_section(sweep: Path) -> Section:
     summary = read_json(summaries[0], "figure summary")
     name = summary["figure"]
     title, claim = BENCH_CLAIMS[name]
-    overrides = _task_overrides(sweep / "multirun.yaml")
-    config = (sweep / "0" / ".hydra" / "config.yaml")
+    overrides = _task_overrides(sweep / "multirun.yaml") or _run_overrides(sweep / ".hydra" / "overrides.yaml")
+    config = sweep / "0" / ".hydra" / "config.yaml"
+    if not config.exists():  # a single-run grid (experiment=reconcile, bias)
+        config = sweep / ".hydra" / "config.yaml"
     return Section(
         title=title,
         claim=claim,
@@ -54,7 +55,18 @@ def bench_section(sweep: Path) -> Section:
         table_markdown=summary.get("table", ""),
         holds=summary.get("claim_holds"),
         verdict=summary.get("verdict", ""),
+        status=summary.get("status"),
+        extra=[f"Verdict: {summary['verdict']}", f"Rule: {summary['verdict_rule']}"] if summary.get("verdict_rule") else [],
     )
+
+
+def _run_overrides(overrides_yaml: Path) -> list[str]:
+    if not overrides_yaml.exists():
+        return []
+    try:
+        return [str(o) for o in (yaml.safe_load(overrides_yaml.read_text()) or []) if not str(o).startswith("output_root=")]
+    except yaml.YAMLError:
+        raise ValueError(f"{overrides_yaml}: not a Hydra overrides.yaml: the file is corrupt") from None
 
 
 def _task_overrides(multirun_yaml: Path) -> list[str]:

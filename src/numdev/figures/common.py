@@ -1,0 +1,125 @@
+"""What every figure module shares: picking rows, per-seed values, spread drawn as error bars or
+bands, non-finite records set aside, and the summary (caption, numbers, verdict, provenance)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from numdev.formats import parse_format
+from numdev.provenance import provenance
+from numdev.stats import RULE as INTERVAL_RULE
+from numdev.verdicts import NOT_MEASURABLE, Verdict
+
+PAIR = "flash-baseline"
+
+
+def select(rows, kind, method=None, **equal):
+    """Rows of one kind ('vs_golden' or 'pair'), optionally one method, and fields equal to values
+    (dots in field names written as '__': setting='paper_like', numerics__precision='bf16')."""
+    wanted = {key.replace("__", "."): value for key, value in equal.items()}
+    return [
+        r for r in rows
+        if r["kind"] == kind and (method is None or r["method"] == method)
+        and all(str(r.get(k)) == str(v) for k, v in wanted.items())
+    ]
+
+
+def split_finite(rows):
+    """(rows with finite outputs, a note on those set aside). A record whose output held NaN/Inf
+    is never used for a number or a verdict; the figure says how many there were."""
+    kept = [r for r in rows if not float(r.get("metrics.nonfinite") or 0)]
+    bad = len(rows) - len(kept)
+    note = f"{bad} record(s) with NaN/Inf outputs left out" if bad else ""
+    return kept, note
+
+
+def per_seed(rows, key_fn, metric) -> dict:
+    """{key: {seed: value}} for one metric."""
+    out = defaultdict(dict)
+    for r in rows:
+        out[key_fn(r)][int(r["seed"])] = float(r[f"metrics.{metric}"])
+    return dict(out)
+
+
+def paired(a: dict, b: dict) -> tuple[list, list]:
+    """Values of two {seed: value} maps on the seeds they share, in seed order."""
+    seeds = sorted(set(a) & set(b))
+    return [a[s] for s in seeds], [b[s] for s in seeds]
+
+
+def values(by_seed: dict | None) -> list[float]:
+    return [by_seed[s] for s in sorted(by_seed)] if by_seed else []
+
+
+def mean(by_seed: dict | None) -> float:
+    vals = values(by_seed)
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def spread(by_seed_list) -> tuple[list, list, list]:
+    """(means, distance down to the smallest seed, up to the largest) for error bars."""
+    means, lows, highs = [], [], []
+    for by_seed in by_seed_list:
+        vals = values(by_seed)
+        if not vals:
+            means.append(math.nan), lows.append(0.0), highs.append(0.0)
+            continue
+        m = float(np.mean(vals))
+        means.append(m), lows.append(m - min(vals)), highs.append(max(vals) - m)
+    return means, lows, highs
+
+
+def errorbar(ax, xs, by_seed_list, fmt="o-", **kwargs):
+    """Mean over seeds with a bar from the smallest to the largest seed."""
+    means, lows, highs = spread(by_seed_list)
+    ax.errorbar(xs, means, yerr=[lows, highs], fmt=fmt, capsize=3, **kwargs)
+    return means
+
+
+def band(ax, xs, by_seed_list, style="o-", **kwargs):
+    """Mean over seeds as a line, the range over seeds as a shaded band."""
+    means, lows, highs = spread(by_seed_list)
+    line = ax.plot(xs, means, style, **kwargs)[0]
+    ax.fill_between(xs, [m - lo for m, lo in zip(means, lows)], [m + hi for m, hi in zip(means, highs)],
+                    color=line.get_color(), alpha=0.2, lw=0)
+    return means
+
+
+def mantissa_bits(precision: str) -> int:
+    return parse_format(precision).mantissa_bits
+
+
+def seeds_of(rows) -> list[int]:
+    return sorted({int(r["seed"]) for r in rows})
+
+
+def spread_sentence(rows) -> str:
+    n = len(seeds_of(rows))
+    return (f"{n} seed(s); points are means over seeds, bars/bands the range over seeds; intervals are "
+            f"the {INTERVAL_RULE}.")
+
+
+def unmeasurable(rule: str, why: str) -> Verdict:
+    return Verdict(NOT_MEASURABLE, rule, why)
+
+
+def summary(name: str, caption: str, verdict: Verdict, rows, parts: dict | None = None, note: str = "", **numbers) -> dict:
+    """The figure's summary.json body: caption, verdict (status, rule, detail), parts, numbers and
+    provenance. `claim_holds` is True only when the whole claim holds."""
+    if note:
+        caption = f"{caption} ({note}.)"
+    return {
+        "figure": name,
+        "caption": caption,
+        "status": verdict.status,
+        "verdict": verdict.text(),
+        "verdict_rule": verdict.rule,
+        "claim_holds": verdict.status == "holds",
+        "parts": {k: v.as_dict() for k, v in (parts or {}).items()},
+        "nonfinite_note": note,
+        **numbers,
+        "provenance": provenance(seeds=seeds_of(rows)),
+    }

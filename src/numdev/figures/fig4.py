@@ -1,0 +1,84 @@
+"""Fig. 4: Flash and Baseline against the FP64 golden value, per format, in the paper-like and the
+real-kernel setting (conf/setting). The claim "about 10x at BF16" is judged in each setting and
+combined, so it cannot show green while real kernels go the other way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from numdev.figures import Figure
+from numdev.figures.common import (
+    errorbar,
+    mantissa_bits,
+    mean,
+    paired,
+    per_seed,
+    select,
+    split_finite,
+    spread_sentence,
+    summary,
+    unmeasurable,
+)
+from numdev.plotting import plt, save_png
+from numdev.stats import ratio_interval
+from numdev.verdicts import combine, range_verdict
+
+FIGURE = Figure(
+    "fig4",
+    "Fig. 4 — against the FP64 golden value",
+    "At BF16, Flash Attention shows about 10x the deviation of Baseline Attention from the FP64 golden value.",
+    phase="bench",
+    module=__name__,
+    demo_overrides=("shape.seq_q=2048", "tiles.block_c=32"),
+)
+# "About 10x": the ratio's interval lies within a factor of two of 10.
+ABOUT_10X = (5.0, 20.0)
+
+
+def setting_of(row) -> str:
+    return row.get("setting") or f"preset {row['numerics.preset']}"
+
+
+def summarise(rows, out_dir: Path) -> dict:
+    golden, note = split_finite(select(rows, "vs_golden"))
+    settings = sorted({setting_of(r) for r in golden}, key=lambda s: (s != "paper_like", s))
+    precisions = sorted({r["numerics.precision"] for r in golden}, key=mantissa_bits)
+    key = lambda r: (setting_of(r), r["numerics.precision"], r["method"])  # noqa: E731
+    err = {m: per_seed(golden, key, m) for m in ("max_abs", "mean_abs")}
+    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.3), squeeze=False, sharey=True)
+    ratios, parts = {}, {}
+    for ax, setting in zip(axes[0], settings):
+        xs = list(range(len(precisions)))
+        for offset, method in ((-0.12, "flash"), (0.12, "baseline")):
+            errorbar(ax, [x + offset for x in xs], [err["max_abs"].get((setting, p, method)) for p in precisions],
+                     "o" if method == "flash" else "s", label=f"{method} vs golden")
+        for x, p in zip(xs, precisions):
+            f, b = (err["max_abs"].get((setting, p, m), {}) for m in ("flash", "baseline"))
+            fm, bm = (err["mean_abs"].get((setting, p, m), {}) for m in ("flash", "baseline"))
+            if not f or not b:
+                continue
+            est_max, est_mean = ratio_interval(*paired(f, b)), ratio_interval(*paired(fm, bm))
+            ratios[f"{setting}/{p}"] = {"max_abs": est_max.as_dict(), "mean_abs": est_mean.as_dict()}
+            ax.annotate(f"{est_max.value:.2g}x", (x, max(mean(f), mean(b))), ha="center", va="bottom", fontsize=8)
+            if p == "bf16":
+                parts[setting] = range_verdict(est_max, *ABOUT_10X, what=f"{setting} bf16 flash/baseline max |Δ|")
+        ax.set_yscale("log")
+        ax.set_xticks(xs, precisions)
+        ax.set_title(setting)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("max |Δ| vs FP64 golden")
+    axes[0][0].legend()
+    fig.suptitle("Fig. 4: deviation from the FP64 golden value (mean over seeds, bars: range; labels: flash/baseline)")
+    save_png(fig, out_dir / "fig4.png")
+    verdict = combine(parts) if parts else unmeasurable("the bf16 ratio in every setting", "no bf16 records")
+    def text(s, p, m):
+        e = ratios.get(f"{s}/{p}", {}).get(m)
+        return f"{e['value']:.2g}x [{e['low']:.2g}, {e['high']:.2g}]" if e and e["n"] > 1 else (f"{e['value']:.2g}x" if e else "n/a")
+    caption = (
+        "Flash/baseline ratio against the FP64 golden value at bf16 (max |Δ|; mean |Δ|): "
+        + "; ".join(f"{s} {text(s, 'bf16', 'max_abs')}; {text(s, 'bf16', 'mean_abs')}" for s in settings)
+        + ". Other formats: "
+        + "; ".join(f"{s}/{p} {text(s, p, 'max_abs')}" for s in settings for p in precisions if p != "bf16")
+        + f". {spread_sentence(golden)}"
+    )
+    return summary("fig4", caption, verdict, golden, parts=parts, note=note, ratio=ratios)

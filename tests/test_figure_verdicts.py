@@ -1,0 +1,146 @@
+"""Each figure's verdict rule on synthetic per-seed rows: where the claim holds, where it fails,
+and where it is not measurable (one seed, too few points, or non-finite outputs left out)."""
+
+import math
+
+import pytest
+
+from numdev.figures import BENCH_FIGURES, FIGURES, fa3_table3, fig3, fig4, fig5, fig6
+from numdev.verdicts import FAILS, HOLDS, NOT_MEASURABLE, PARTLY
+
+SEEDS = (0, 1, 2)
+
+
+def _row(kind, method, seed, metrics, **fields):
+    row = {"kind": kind, "method": method, "seed": seed, "job": "0", **{k.replace("__", "."): v for k, v in fields.items()}}
+    row.update({f"metrics.{k}": v for k, v in {"nonfinite": 0, **metrics}.items()})
+    return row
+
+
+def _jitter(value, seed):
+    return value * (1 + 0.02 * (seed - 1))
+
+
+# --- Fig. 3: monotone in mantissa bits (Kendall) -------------------------------------------------
+
+
+def _fig3_rows(values_by_precision, seeds=SEEDS, nonfinite=0):
+    return [_row("pair", "flash-baseline", s, {"max_abs": _jitter(v, s), "mean_abs": v / 10, "std": v / 5, "nonfinite": nonfinite},
+                 numerics__precision=p) for p, v in values_by_precision.items() for s in seeds]
+
+
+@pytest.mark.parametrize("values, status", [
+    ({"bf16": 4e-3, "fp16": 4e-4, "fp32": 7e-8, "fp64": 7e-16}, HOLDS),
+    ({"bf16": 7e-16, "fp16": 7e-8, "fp32": 4e-4, "fp64": 4e-3}, FAILS),
+    ({"bf16": 4e-3, "fp16": 4e-4}, NOT_MEASURABLE),  # two formats: no trend to test
+])
+def test_fig3_verdict(tmp_path, values, status):
+    assert fig3.summarise(_fig3_rows(values), tmp_path)["status"] == status
+
+
+def test_fig3_non_finite_records_are_never_judged(tmp_path):
+    rows = _fig3_rows({"bf16": 4e-3, "fp16": 4e-4, "fp32": 7e-8, "fp64": 7e-16}, nonfinite=5)
+    summary = fig3.summarise(rows, tmp_path)
+    assert summary["status"] == NOT_MEASURABLE and "NaN/Inf" in summary["caption"]
+
+
+# --- Fig. 4: "about 10x" per setting, combined --------------------------------------------------
+
+
+def _fig4_rows(ratio_by_setting, seeds=SEEDS):
+    rows = []
+    for setting, ratio in ratio_by_setting.items():
+        for s in seeds:
+            base = _jitter(3e-3, s)
+            for method, value in (("baseline", base), ("flash", base * ratio)):
+                rows.append(_row("vs_golden", method, s, {"max_abs": value, "mean_abs": value / 5}, setting=setting,
+                                 numerics__precision="bf16", numerics__preset="paper"))
+    return rows
+
+
+@pytest.mark.parametrize("ratios, seeds, status", [
+    ({"paper_like": 10.0, "real_kernel": 9.0}, SEEDS, HOLDS),
+    ({"paper_like": 10.0, "real_kernel": 0.7}, SEEDS, PARTLY),  # never green on half the claim
+    ({"paper_like": 1.0, "real_kernel": 0.7}, SEEDS, FAILS),
+    ({"paper_like": 10.0, "real_kernel": 0.7}, (0,), NOT_MEASURABLE),  # one seed: no interval
+])
+def test_fig4_verdict(tmp_path, ratios, seeds, status):
+    summary = fig4.summarise(_fig4_rows(ratios, seeds), tmp_path)
+    assert summary["status"] == status, summary["verdict"]
+    assert summary["claim_holds"] == (status == HOLDS)
+
+
+# --- Fig. 5: growth with N, every metric and setting --------------------------------------------
+
+
+def _fig5_rows(growth, lengths=(256, 1024, 4096), seeds=SEEDS):
+    rows = []
+    for setting in ("paper_like", "real_kernel"):
+        for n in lengths:
+            value = 1e-3 * (n / 256) ** growth
+            for s in seeds:
+                rows.append(_row("pair", "flash-baseline", s, {"max_abs": _jitter(value, s), "mean_abs": _jitter(value, s) / 10,
+                                                               "std": _jitter(value, s) / 5}, setting=setting, shape__seq_q=n, numerics__precision="bf16"))
+                rows.append(_row("vs_golden", "flash", s, {"max_abs": value, "mean_signed": value / 100, "rel_rmse": value},
+                                 setting=setting, shape__seq_q=n, numerics__precision="bf16"))
+    return rows
+
+
+@pytest.mark.parametrize("growth, lengths, status", [
+    (0.5, (256, 1024, 4096), HOLDS),
+    (-0.5, (256, 1024, 4096), FAILS),
+    (0.5, (256, 1024), NOT_MEASURABLE),
+])
+def test_fig5_verdict(tmp_path, growth, lengths, status):
+    assert fig5.summarise(_fig5_rows(growth, lengths), tmp_path)["status"] == status
+
+
+# --- Fig. 6: (a) swap ratio interval, (b) square change below 5%, (c) monotone in area ----------
+
+
+def _fig6_rows(slope, seeds=SEEDS):
+    """Error set by B_c only (as in the emulator): err ∝ B_c ** slope."""
+    return [_row("vs_golden", "flash", s, {"max_abs": _jitter(1e-2 * (c / 16) ** slope, s)}, numerics__precision=p,
+                 tiles__block_r=r, tiles__block_c=c)
+            for p in ("bf16", "fp16") for r in (16, 32, 64) for c in (16, 32, 64) for s in seeds]
+
+
+@pytest.mark.parametrize("slope, seeds, status", [
+    (-0.5, SEEDS, HOLDS),  # larger B_c, less error: (a), (b), (c) all hold
+    (0.5, SEEDS, PARTLY),  # (a) and (c) fail, (b) holds by construction: never green
+    (-0.5, (0,), NOT_MEASURABLE),
+])
+def test_fig6_verdict(tmp_path, slope, seeds, status):
+    summary = fig6.summarise(_fig6_rows(slope, seeds), tmp_path)
+    assert summary["status"] == status, summary["verdict"]
+    if len(seeds) > 1:
+        assert summary["parts"]["(b) bf16"]["status"] == HOLDS
+
+
+# --- FA3 Table 3: flash RMSE below baseline at each format --------------------------------------
+
+
+def _fa3_rows(ratio, seeds=SEEDS):
+    return [_row("vs_golden", m, s, {"rmse": _jitter(base * (ratio if m == "flash" else 1), s)}, numerics__precision=p)
+            for p, base in (("fp16", 3e-4), ("fp8_e4m3", 2e-2)) for m in ("baseline", "flash") for s in seeds]
+
+
+@pytest.mark.parametrize("ratio, seeds, status", [(0.6, SEEDS, HOLDS), (1.5, SEEDS, FAILS), (0.6, (0,), NOT_MEASURABLE)])
+def test_fa3_verdict(tmp_path, ratio, seeds, status):
+    summary = fa3_table3.summarise(_fa3_rows(ratio, seeds), tmp_path)
+    assert summary["status"] == status and "| fp16 | flash |" in summary["table"]
+
+
+def test_registry_lists_every_figure_once_with_its_module():
+    assert BENCH_FIGURES == ("fig3", "fig4", "fig5", "fig6", "fa3_table3", "reconcile", "bias")
+    assert {"fig7", "fig8"} <= set(FIGURES) and FIGURES["fig8"].phase == "study"
+    for name in BENCH_FIGURES:
+        assert FIGURES[name].module == f"numdev.figures.{name}" and FIGURES[name].claim
+    assert not math.isnan(len(FIGURES))
+
+
+def test_a_flat_curve_is_not_measurable_not_nan():
+    from numdev.verdicts import monotone_verdict
+
+    verdict = monotone_verdict([1, 2, 3], [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], "increasing")
+    assert verdict.status == NOT_MEASURABLE and "flat" in verdict.detail
