@@ -10,8 +10,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from numdev.atomic import append_jsonl
+from numdev.bench.echo import settings_line
 from numdev.bench.runner import run_bench
 from numdev.errors import user_facing
+from numdev.provenance import provenance
 
 
 @hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
@@ -21,7 +23,11 @@ def main(cfg: DictConfig) -> None:
     with open_dict(cfg):
         cfg.experiment_name = cfg.name
         cfg.overrides = list(hydra_cfg.overrides.task)
+    job = hydra_cfg.job.num if hydra_cfg.mode.name == "MULTIRUN" else None
+    print(settings_line(cfg, dict(hydra_cfg.runtime.choices), job), flush=True)
     records = run_bench(cfg)
+    block = provenance(seeds=[int(s) for s in cfg.seeds])
+    records = [{**record, "provenance": block} for record in records]  # each record says where it was measured
     results = Path(hydra_cfg.runtime.output_dir) / "results.jsonl"
     append_jsonl(results, records)
     print(f"{len(records)} records -> {results}")
