@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from numdev.commands import command, tensorboard
 from numdev.errors import fail
 
 BENCH_EXPERIMENTS = ("fig3", "fig4", "fig5", "fig6", "fa3_table3")
@@ -31,10 +32,15 @@ def latest_sweep(output_root: Path, app: str, name: str) -> Path:
     return sweeps[-1]
 
 
+def _root(output_root: Path) -> list[str]:
+    """The output_root override as the user would type it (nothing for the default)."""
+    return [] if output_root == Path("outputs") else [f"output_root={output_root}"]
+
+
 def run_bench_figures(output_root: Path) -> dict[str, Path]:
     figures = {}
     for i, experiment in enumerate(BENCH_EXPERIMENTS, start=1):
-        print(f"[bench {i}/{len(BENCH_EXPERIMENTS)}] numdev-bench experiment={experiment}", flush=True)
+        print(f"[bench {i}/{len(BENCH_EXPERIMENTS)}] {command('numdev-bench', f'experiment={experiment}', *_root(output_root))}", flush=True)
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}"],
@@ -49,7 +55,7 @@ def run_bench_figures(output_root: Path) -> dict[str, Path]:
 
 
 def run_study(output_root: Path) -> Path:
-    print("[study] numdev-train experiment=flash_stability (4 sibling runs: reference, flash, init, fp32)", flush=True)
+    print(f"[study] {command('numdev-train', 'experiment=flash_stability', *_root(output_root))} (4 sibling runs: reference, flash, init, fp32)", flush=True)
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "numdev.train.app", "experiment=flash_stability", f"output_root={output_root}",
@@ -82,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     minutes = (time.perf_counter() - start) / 60
     print(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
     if study is not None:
-        print(f"TensorBoard: tensorboard --logdir {study}   then http://localhost:6006")
+        print(f"TensorBoard: {tensorboard(study)}   then http://localhost:6006")
+    print(f"again:       {command('numdev-report', '--outputs', output_root)}   (the report from the latest runs)")
 
 
 if __name__ == "__main__":

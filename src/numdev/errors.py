@@ -39,6 +39,28 @@ def user_facing(program: str):
     return decorate
 
 
+def checked_overrides(program: str, app: str):
+    """Decorate a Hydra app's entry point (outside @hydra.main): before Hydra composes, an override
+    whose key belongs to another option of its group or to the other app is one line naming the fix
+    (numdev.config_groups.override_mistake), where Hydra's own hint would point the wrong way."""
+    from numdev.config_groups import override_mistake, register_resolver
+
+    register_resolver()  # --help lists the app's own groups (conf/hydra/help/numdev.yaml)
+
+    def decorate(main):
+        @functools.wraps(main)
+        def wrapper(*args, **kwargs):
+            if not args and not kwargs:  # the command line, not a test passing a config
+                mistake = override_mistake(app, sys.argv[1:])
+                if mistake:
+                    _exit(program, mistake)
+            return main(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
 def fail(program: str, error: BaseException | str):
     """Print `program: error: <error>` (one line) on stderr and exit 2: for the argparse commands."""
     _exit(program, error)

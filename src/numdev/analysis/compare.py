@@ -3,9 +3,11 @@ from the saved safetensors files, on any machine, whatever launched the runs.
 
     numdev-compare RUN_A RUN_B [-o OUT_DIR] [--strict]
 
-Writes distances.csv (one row per step and tensor, plus `__model__` for the whole model) and
-distances.png (max |Δ| and Wasserstein-1 over training) into OUT_DIR (default: RUN_A/compare_<B>).
-Steps that only one run has are reported and skipped; --strict makes them an error.
+Writes distances.csv (one row per step and tensor, plus `__model__` for the whole model),
+distances.png (max |Δ| and Wasserstein-1 over training) and compare.json (the runs, the final
+distances and provenance) into OUT_DIR (default: RUN_A/compare_<B>). Steps that only one run has
+are reported and skipped; --strict makes them an error. The same run twice is refused; two runs
+whose weights are bit-identical at every step get a loud warning (all curves are zero).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from pathlib import Path
 
 from numdev import tables
 from numdev.analysis.distances import weight_distances
-from numdev.atomic import WriteError, write_text
+from numdev.atomic import WriteError, write_json, write_text
 from numdev.errors import fail
+from numdev.provenance import provenance
 from numdev.train.snapshots import list_snapshots, load_snapshot
 
 MODEL = "__model__"
@@ -26,6 +29,11 @@ COLUMNS = {"step": int, "tensor": str, "max_abs": float, "wasserstein": float}
 
 def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
     """Rows {step, tensor, max_abs, wasserstein} for every snapshot step both runs have."""
+    if _same_directory(run_a, run_b):
+        raise ValueError(
+            f"{run_a} and {run_b} are the same run directory: its distance to itself is zero at every step; "
+            "give two different runs (e.g. .../reference and .../flash of a study)"
+        )
     steps_a, steps_b = set(list_snapshots(run_a)), set(list_snapshots(run_b))
     common = sorted(steps_a & steps_b)
     only_a, only_b = sorted(steps_a - steps_b), sorted(steps_b - steps_a)
@@ -44,7 +52,21 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
             raise ValueError(f"step {step}: {error}") from None
         rows.append({"step": step, "tensor": MODEL, **distances["model"]})
         rows.extend({"step": step, "tensor": name, **m} for name, m in distances["per_tensor"].items())
+    if all(r["max_abs"] == 0 for r in rows):
+        log(
+            f"WARNING: the weights of {run_a} and {run_b} are bit-identical at every compared step "
+            f"({len(common)} steps): every distance is 0. Expected only for the same config run twice "
+            "(a determinism check) or copies of one run; otherwise check the two paths."
+        )
     return rows
+
+
+def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
+    a, b = Path(run_a), Path(run_b)
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)  # symlinks, bind mounts, ./x vs x
+    except OSError:
+        return False  # a missing run: list_snapshots names it
 
 
 def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
@@ -90,12 +112,17 @@ def main(argv: list[str] | None = None) -> None:
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=lambda m: print(m, file=sys.stderr))
         write_text(out / "distances.csv", rows_to_csv(rows))
         plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
+        steps, w1 = model_curve(rows, "wasserstein")
+        _, max_abs = model_curve(rows, "max_abs")
+        write_json(out / "compare.json", {
+            "run_a": str(Path(args.run_a).resolve()), "run_b": str(Path(args.run_b).resolve()), "steps": steps,
+            "final": {"step": steps[-1], "max_abs": max_abs[-1], "wasserstein": w1[-1]},
+            "bit_identical": all(r["max_abs"] == 0 for r in rows), "provenance": provenance(),
+        })
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
-    steps, w1 = model_curve(rows, "wasserstein")
-    _, max_abs = model_curve(rows, "max_abs")
     print(f"{len(steps)} steps compared; at step {steps[-1]}: max |Δ| {max_abs[-1]:.3e}, W1 {w1[-1]:.3e}")
-    print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}")
+    print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}\n-> {out / 'compare.json'}")
 
 
 if __name__ == "__main__":

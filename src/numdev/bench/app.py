@@ -12,10 +12,11 @@ from omegaconf import DictConfig, open_dict
 from numdev.atomic import append_jsonl
 from numdev.bench.echo import settings_line
 from numdev.bench.runner import run_bench
-from numdev.errors import user_facing
+from numdev.errors import checked_overrides, user_facing
 from numdev.provenance import provenance
 
 
+@checked_overrides("numdev-bench", "bench")
 @hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
 @user_facing("numdev-bench")
 def main(cfg: DictConfig) -> None:

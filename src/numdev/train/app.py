@@ -15,7 +15,7 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from numdev.errors import user_facing
+from numdev.errors import checked_overrides, user_facing
 from numdev.train.run import train
 
 # conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
@@ -24,6 +24,7 @@ from numdev.train.run import train
 warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 
 
+@checked_overrides("numdev-train", "train")
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
 def main(cfg: DictConfig) -> None:
