@@ -37,10 +37,23 @@ def _root(output_root: Path) -> list[str]:
     return [] if output_root == Path("outputs") else [f"output_root={output_root}"]
 
 
+# What the demo prints: each step as a command that runs as printed (tests/test_readme_commands.py).
+def bench_command(experiment: str, output_root: Path) -> str:
+    return command("numdev-bench", f"experiment={experiment}", *_root(output_root))
+
+
+def study_command(output_root: Path) -> str:
+    return command("numdev-train", "experiment=flash_stability", *_root(output_root))
+
+
+def report_command(output_root: Path) -> str:
+    return command("numdev-report", "--outputs", output_root)
+
+
 def run_bench_figures(output_root: Path) -> dict[str, Path]:
     figures = {}
     for i, experiment in enumerate(BENCH_EXPERIMENTS, start=1):
-        print(f"[bench {i}/{len(BENCH_EXPERIMENTS)}] {command('numdev-bench', f'experiment={experiment}', *_root(output_root))}", flush=True)
+        print(f"[bench {i}/{len(BENCH_EXPERIMENTS)}] {bench_command(experiment, output_root)}", flush=True)
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}"],
@@ -55,7 +68,7 @@ def run_bench_figures(output_root: Path) -> dict[str, Path]:
 
 
 def run_study(output_root: Path) -> Path:
-    print(f"[study] {command('numdev-train', 'experiment=flash_stability', *_root(output_root))} (4 sibling runs: reference, flash, init, fp32)", flush=True)
+    print(f"[study] {study_command(output_root)} (4 sibling runs: reference, flash, init, fp32)", flush=True)
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "numdev.train.app", "experiment=flash_stability", f"output_root={output_root}",
@@ -89,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
     if study is not None:
         print(f"TensorBoard: {tensorboard(study)}   then http://localhost:6006")
-    print(f"again:       {command('numdev-report', '--outputs', output_root)}   (the report from the latest runs)")
+    print(f"again:       {report_command(output_root)}   (the report from the latest runs)")
 
 
 if __name__ == "__main__":
