@@ -120,3 +120,25 @@ def test_help_lists_only_the_apps_own_groups(app, foreign, tmp_path):
         assert f"\n{group}: " in groups, group
     for name in foreign:
         assert name not in groups, name
+
+
+def test_a_shadow_that_is_the_training_backend_warns(tmp_path):
+    """attention@shadow=baseline with attention=baseline: every per-call deviation is 0, said loudly."""
+    from types import SimpleNamespace
+
+    from numdev.attention import build_backend
+    from numdev.models.attention import Attention
+    from numdev.train.shadow import ShadowDeviation
+
+    model = torch.nn.Sequential(Attention(32, 4, build_backend("baseline")))
+    callback = ShadowDeviation(str(tmp_path), backend=build_backend("baseline"))
+    with pytest.warns(UserWarning, match="attention@shadow is the training backend itself"):
+        callback.setup(None, SimpleNamespace(model=model), "fit")
+    callback.teardown(None, None, "fit")
+    other = ShadowDeviation(str(tmp_path), backend=build_backend("sdpa_math"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        other.setup(None, SimpleNamespace(model=model), "fit")  # another backend: no warning
+    other.teardown(None, None, "fit")

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import numdev
 from numdev.atomic import write_json, write_text
+from numdev.provenance import provenance
 
 CONFIG = "config.yaml"
 RUN = "run.json"
@@ -88,6 +89,8 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
         "torch": torch.__version__,
         "lightning": lightning.__version__,
         "started": previous.get("started", _now()),
+        # machine, versions, git commit + dirty, seeds (init, data, noise), date: numdev.provenance
+        "provenance": provenance(seeds=[int(v) for v in cfg.seed.values()]),
     }
     if resumed_from is not None:
         record["resumes"] = [*previous.get("resumes", []), {"from_step": resumed_from, "at": _now()}]
