@@ -70,7 +70,16 @@ def _as_run(command: str) -> list[str]:
     words = [READER_MADE.get(w, re.sub(r"<[^>]*>", "x", w)) for w in shlex.split(command) if w not in ("...", "\\")]
     if words[0] == "make":
         return ["make", "-n", *words[1:]]
+    if "-m" in words or "--multirun" in words:  # Hydra's --help ignores -m: ask about the sweep's first job
+        words = [_first_value(w) for w in words if w not in ("-m", "--multirun")]
     return [*words, "--help"]
+
+
+def _first_value(word: str) -> str:
+    key, sep, value = word.partition("=")
+    if not sep or value.startswith(("[", "'", '"')) or "," not in value:
+        return word
+    return f"{key}={value.split(',')[0]}"
 
 
 def _missing_script(program: str) -> str | None:

@@ -89,4 +89,4 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
 
 def _details(summary: str, block: dict) -> str:
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _rows(block))
-    return f"<details><summary>{html.escape(summary)}</summary><table>{rows}</table></details>"
+    return f"<details open><summary>{html.escape(summary)}</summary><table>{rows}</table></details>"

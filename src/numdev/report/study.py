@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from numdev.analysis.study import SUMMARY, analyse
+from numdev.commands import script
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import Section
 
@@ -15,7 +16,7 @@ def study_sections(study_dir: Path) -> list[Section]:
     path = study_dir / SUMMARY
     summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else analyse(study_dir)
     config = study_dir / "flash" / "config.yaml"
-    command = "numdev-train experiment=flash_stability " + " ".join(_extra_overrides(study_dir))
+    command = " ".join([script("numdev-train"), "experiment=flash_stability", *_extra_overrides(study_dir)])
     common = {
         "command": command.strip(),
         "config": config.read_text(encoding="utf-8") if config.is_file() else "",
