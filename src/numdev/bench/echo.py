@@ -1,18 +1,14 @@
-"""What numdev-bench tells the user: the settings each job runs with, and what to run after a sweep.
+"""What numdev-bench echoes: the settings each job runs with, in one compact line.
 
-A sweep of many jobs is only readable when each job says in one line what it computed, and a
-finished sweep is only useful when the user knows the next command (numdev-gather, the figure).
+A sweep of many jobs is only readable when each job says in one line what it computed
+(what to run after it: numdev.next_steps).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from numdev.commands import command
 
 
 def _stages(numerics: DictConfig) -> str:
@@ -45,27 +41,3 @@ def settings_line(cfg: DictConfig, choices: dict, job: int | None) -> str:
     ]
     prefix = "numdev-bench" + (f" job {job}" if job is not None else "")
     return f"{prefix}: " + " | ".join(p for p in parts if p)
-
-
-class NextSteps(Callback):
-    """Hydra callback (conf/bench.yaml): at the end of a run or sweep, print what to run next."""
-
-    def on_run_end(self, config: DictConfig, **kwargs) -> None:
-        run_dir = Path(config.hydra.run.dir)
-        print(f"next: {command('numdev-gather', run_dir)}   (the records as {run_dir / 'table.csv'})")
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep = Path(config.hydra.sweep.dir)
-        jobs = sum(1 for p in sweep.glob("*/results.jsonl"))
-        lines = [f"sweep done: {jobs} job(s) in {sweep}"]
-        table = sweep / "table.csv"
-        if table.is_file():  # an experiment's figure callback gathered it already
-            lines.append(f"      table:  {table}")
-        else:
-            lines.append(f"next: {command('numdev-gather', sweep)}   (one table of every job: {table})")
-        figures = sorted(sweep.glob("*.png"))
-        for figure in figures:
-            lines.append(f"      figure: {figure}")
-        if figures:
-            lines.append(f"      {command('numdev-report', '--bench', sweep)}   (the figure beside the paper's claim, as HTML)")
-        print("\n".join(lines))
