@@ -99,6 +99,7 @@ def test_overrides_that_belong_elsewhere_are_named(app, args, expected):
         ("bench", ["numerics=fa2", "numerics.accum=bf16", "tiles.block_c=32", "shape.seq_q=128"]),
         ("bench", ["-m", "experiment=fig4", "hydra/launcher=joblib"]),
         ("train", ["data.nope=1"]),  # a key no option has: Hydra's own error names it
+        ("bench", ["numerics=fastest", "numerics.precision=fp16"]),  # an unknown option: Hydra lists the options
     ],
 )
 def test_valid_overrides_pass_the_check(app, args):

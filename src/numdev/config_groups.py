@@ -175,8 +175,8 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             continue  # a sweep over the group's options, or options that write elsewhere: Hydra checks
         top = key.split(".")[0]
         option = chosen[group]
-        if top in option_keys(group, option):
-            continue
+        if option not in options(group) or top in option_keys(group, option):
+            continue  # an unknown option: Hydra's own error lists the options
         having = [opt for opt in options(group) if top in option_keys(group, opt)]
         if having:
             fix = f"{group}={having[0]}"
