@@ -52,13 +52,19 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
             raise ValueError(f"step {step}: {error}") from None
         rows.append({"step": step, "tensor": MODEL, **distances["model"]})
         rows.extend({"step": step, "tensor": name, **m} for name, m in distances["per_tensor"].items())
-    if all(r["max_abs"] == 0 for r in rows):
-        log(
-            f"WARNING: the weights of {run_a} and {run_b} are bit-identical at every compared step "
-            f"({len(common)} steps): every distance is 0. Expected only for the same config run twice "
-            "(a determinism check) or copies of one run; otherwise check the two paths."
-        )
     return rows
+
+
+def identical_warning(run_a, run_b, rows: list[dict]) -> str | None:
+    """Two runs whose weights are bit-identical at every step: all curves are 0. Say it loudly."""
+    if not all(r["max_abs"] == 0 for r in rows):
+        return None
+    steps = len({r["step"] for r in rows})
+    return (
+        f"WARNING: the weights of {run_a} and {run_b} are bit-identical at every compared step ({steps} steps): "
+        "every distance is 0. Expected only for the same config run twice (a determinism check) or copies of "
+        "one run; otherwise check the two paths."
+    )
 
 
 def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
@@ -121,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         })
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
+    if warning := identical_warning(args.run_a, args.run_b, rows):
+        print(warning, file=sys.stderr)
     print(f"{len(steps)} steps compared; at step {steps[-1]}: max |Δ| {max_abs[-1]:.3e}, W1 {w1[-1]:.3e}")
     print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}\n-> {out / 'compare.json'}")
 
