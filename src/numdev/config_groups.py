@@ -12,7 +12,7 @@ It feeds `--help` (the `numdev_groups` resolver) and the override checks in numd
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -26,7 +26,7 @@ def conf_dir() -> Path:
     return Path(numdev.conf.__file__).parent
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: Path) -> dict:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8")) or {}

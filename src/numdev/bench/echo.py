@@ -10,7 +10,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 
-
 def _stages(numerics: DictConfig) -> str:
     """'bf16 everywhere' or 'bf16: input score prob output; fp32: stats rescale accum'."""
     from numdev.numerics import STAGES
