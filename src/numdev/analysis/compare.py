@@ -34,6 +34,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
             f"{run_a} and {run_b} are the same run directory: its distance to itself is zero at every step; "
             "give two different runs (e.g. .../reference and .../flash of a study)"
         )
+    for run in (run_a, run_b):
+        _not_a_sweep(Path(run))
     steps_a, steps_b = set(list_snapshots(run_a)), set(list_snapshots(run_b))
     common = sorted(steps_a & steps_b)
     only_a, only_b = sorted(steps_a - steps_b), sorted(steps_b - steps_a)
@@ -65,6 +67,16 @@ def identical_warning(run_a, run_b, rows: list[dict]) -> str | None:
         "every distance is 0. Expected only for the same config run twice (a determinism check) or copies of "
         "one run; otherwise check the two paths."
     )
+
+
+def _not_a_sweep(path: Path) -> None:
+    """A sweep or study directory holds runs: name them instead of 'no snapshots here'."""
+    if (path / "weights").is_dir() or not path.is_dir():
+        return
+    runs = sorted(p.parent.parent.name for p in path.glob("*/weights/index.json"))
+    if runs:
+        shown = ", ".join(str(path / r) for r in runs[:4]) + (", ..." if len(runs) > 4 else "")
+        raise ValueError(f"{path} is a sweep of {len(runs)} runs, not one run: compare two of them ({shown})")
 
 
 def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
