@@ -151,3 +151,31 @@ def test_a_shadow_that_is_the_training_backend_warns(tmp_path):
         warnings.simplefilter("error")
         other.setup(None, SimpleNamespace(model=model), "fit")  # another backend: no warning
     other.teardown(None, None, "fit")
+
+
+def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monkeypatch, capsys):
+    """Past the command-line check (e.g. an experiment adds the key): the constructor's TypeError is named."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from numdev.config_groups import unexpected_key
+
+    assert unexpected_key("data", "root") == (
+        "data.root is not a setting of the chosen data: it is one of data=folder; "
+        "choose that option too (data=folder data.root=...) instead of +data.root"
+    )
+    assert unexpected_key("data", "nope") == "data.nope is not a setting of data: remove +data.nope (see --help for the keys it has)"
+    # through numdev-train, with the command-line check bypassed (an experiment could add the key)
+    import sys
+
+    from numdev.train import app
+
+    monkeypatch.setattr("numdev.config_groups.override_mistake", lambda app, args: None)
+    monkeypatch.setattr(sys, "argv", ["numdev-train", "+data.root=/x", "experiment=train_smoke", f"output_root={tmp_path}",
+                                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
+    with pytest.raises(SystemExit) as exit_:
+        try:
+            app.main()
+        finally:
+            GlobalHydra.instance().clear()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == "numdev-train: error: " + unexpected_key("data", "root")

@@ -183,3 +183,13 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
                     f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
     return None
+
+
+def unexpected_key(node: str, name: str) -> str:
+    """The message for `+data.root=...` that reached a constructor without that argument."""
+    group = node.split(".")[0]
+    having = [opt for opt in options(group) if name in option_keys(group, opt)] if (conf_dir() / group).is_dir() else []
+    if having:
+        return (f"{node}.{name} is not a setting of the chosen {group}: it is one of {' or '.join(f'{group}={h}' for h in having)}; "
+                f"choose that option too ({group}={having[0]} {node}.{name}=...) instead of +{node}.{name}")
+    return f"{node}.{name} is not a setting of {node}: remove +{node}.{name} (see --help for the keys it has)"
