@@ -43,7 +43,7 @@ def _other_machine(block: dict) -> dict:
 def test_the_header_names_the_machine_every_result_came_from(tmp_path):
     block = provenance(seeds=[0, 1, 2])
     page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", block)], None, tmp_path / "report").read_text()
-    assert "<section id='provenance'>" in page
+    assert "<header id='provenance'>" in page
     assert page.index("id='provenance'") < page.index("Fig. 3")  # a header: before the figures
     assert f"Every result in this report was measured on: <b>{machine_line(block)}</b>" in page
     assert "different machines" not in page
@@ -110,7 +110,7 @@ def report_of_a_study(tmp_path_factory):
 @pytest.mark.slow
 def test_the_report_of_a_study_has_its_marked_sections(report_of_a_study):
     page = report_of_a_study.read_text()
-    assert "<section id='provenance'>" in page and "Every result in this report was measured on" in page
+    assert "<header id='provenance'>" in page and "Every result in this report was measured on" in page
     for anchor in ("loss-curves", "samples"):
         if not _study_has(anchor):
             pytest.skip(f"the study's report has no section id {anchor!r} in this tree yet (report/study.py)")

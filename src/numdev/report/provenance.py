@@ -55,7 +55,7 @@ def _rows(block: dict) -> list[tuple[str, str]]:
 
 
 def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
-    """The <section id="provenance"> at the top of the report.
+    """The <header id="provenance"> at the top of the report (a header, not a <section>: sections are figures).
 
     sources: what the report shows (e.g. "Fig. 3 sweep") -> the provenance block of its file (None: unknown).
     generated_by: the provenance of the process writing the report (the report's own date and commit).
@@ -63,7 +63,7 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
     groups: dict[tuple | None, list[str]] = {}
     for label, block in sources.items():
         groups.setdefault(origin(block), []).append(label)
-    parts = [f"<section id='{ANCHOR}'><h2>Provenance: where these numbers come from</h2>"]
+    parts = [f"<header id='{ANCHOR}'><h2>Provenance: where these numbers come from</h2>"]
     if len(groups) == 1:
         (key, labels), = groups.items()
         block = sources[labels[0]]
@@ -83,7 +83,7 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
                 + "</li>"
             )
         parts.append("</ul>")
-    parts.append(f"<p class='machine'>Report written by: {html.escape(machine_line_or_unknown(generated_by))}</p></section>")
+    parts.append(f"<p class='machine'>Report written by: {html.escape(machine_line_or_unknown(generated_by))}</p></header>")
     return "".join(parts)
 
 
