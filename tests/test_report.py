@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from PIL import Image
 import numdev.report.study
 from numdev.provenance import machine_line, provenance
 from numdev.report.app import build_report
+from numdev.report.html import LOSS_CURVES, SAMPLES
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -90,8 +92,11 @@ def test_bench_records_carry_provenance_and_the_sweep_says_what_next(tmp_path):
 
 
 def _study_has(anchor: str) -> bool:
-    """Whether this tree's study report renders a section with this id (the study's loss curves, sample grids)."""
-    return f'"{anchor}"' in inspect.getsource(numdev.report.study)
+    """Whether this tree's study report makes a section with this id (the study's loss curves, sample grids):
+    report/study.py sets Section(anchor=LOSS_CURVES / SAMPLES) (numdev.report.html), or the literal id."""
+    constant = {LOSS_CURVES: "LOSS_CURVES", SAMPLES: "SAMPLES"}[anchor]
+    source = inspect.getsource(numdev.report.study)
+    return re.search(rf"anchor\s*=\s*(\w+\.)?{constant}\b|anchor\s*=\s*[\"']{anchor}[\"']", source) is not None
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +116,7 @@ def report_of_a_study(tmp_path_factory):
 def test_the_report_of_a_study_has_its_marked_sections(report_of_a_study):
     page = report_of_a_study.read_text()
     assert "<header id='provenance'>" in page and "Every result in this report was measured on" in page
-    for anchor in ("loss-curves", "samples"):
+    for anchor in (LOSS_CURVES, SAMPLES):
         if not _study_has(anchor):
             pytest.skip(f"the study's report has no section id {anchor!r} in this tree yet (report/study.py)")
         assert f"id='{anchor}'" in page or f'id="{anchor}"' in page, anchor
@@ -121,7 +126,7 @@ def test_the_report_of_a_study_has_its_marked_sections(report_of_a_study):
 def test_headless_chromium_shows_the_marked_sections(report_of_a_study, tmp_path):
     if not any(shutil.which(b) for b in BROWSERS):
         pytest.skip("no headless Chromium on this machine (apt install chromium)")
-    required = ["provenance", *(a for a in ("loss-curves", "samples") if _study_has(a))]
+    required = ["provenance", *(a for a in (LOSS_CURVES, SAMPLES) if _study_has(a))]
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "screenshot_report.py"), str(report_of_a_study), "-o", str(tmp_path / "shot.png"),
          "--require", *required],

@@ -9,6 +9,11 @@ from pathlib import Path
 
 from numdev.report.provenance import machine_line_or_unknown
 
+# Stable HTML ids of the report's study sections (Section.anchor): scripts/screenshot_report.py and
+# tests/test_report.py look for them. The provenance header's id is numdev.report.provenance.ANCHOR.
+LOSS_CURVES = "loss-curves"  # the study's training loss curves, side by side
+SAMPLES = "samples"  # the study's sample grids with their captions
+
 
 @dataclass
 class Section:
