@@ -90,6 +90,7 @@ def test_an_override_for_another_option_or_app_is_one_line_naming_the_fix(tmp_pa
         ("bench", ["experiment=flash_stability"], "experiment=flash_stability is a numdev-train experiment"),
         ("bench", ["-m", "trainer.max_steps=3,4"], "trainer.max_steps is a setting of numdev-train, not of numdev-bench"),
         ("train", ["numerics=fa2"], "numerics is a config group of numdev-bench, not of numdev-train"),
+        ("bench", ["-m", "numerics.precision=bf16,fp16", "--help"], "--help with a sweep (a,b,c): Hydra's help cannot read sweeps"),
     ],
 )
 def test_overrides_that_belong_elsewhere_are_named(app, args, expected):
@@ -106,6 +107,7 @@ def test_overrides_that_belong_elsewhere_are_named(app, args, expected):
         ("train", ["attention@shadow=baseline", "callbacks.shadow.every_n_steps=5"]),
         ("bench", ["numerics=fa2", "numerics.accum=bf16", "tiles.block_c=32", "shape.seq_q=128"]),
         ("bench", ["-m", "experiment=fig4", "hydra/launcher=joblib"]),
+        ("bench", ["-m", "seeds=[0,1,2]", "--help"]),  # a list, not a sweep
         ("train", ["data.nope=1"]),  # a key no option has: Hydra's own error names it
         ("bench", ["numerics=fastest", "numerics.precision=fp16"]),  # an unknown option: Hydra lists the options
     ],

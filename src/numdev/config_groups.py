@@ -140,6 +140,9 @@ def override_mistake(app: str, args: list[str]) -> str | None:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except HydraException:
         return None  # a syntax error: Hydra's own message is the right one
+    if {"--help", "-h"} & set(args) and any(o.is_sweep_override() for o in overrides):
+        return ("--help with a sweep (a,b,c): Hydra's help cannot read sweeps and would fail on them; "
+                "drop -m and give one value of each to see the groups and that job's config")
     mine = app_defaults(app)
     other = [a for a in APPS if a != app]
     me = script(f"numdev-{app}")
