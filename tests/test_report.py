@@ -60,8 +60,17 @@ def test_results_from_two_machines_are_said_to_be_so(tmp_path):
     block = provenance(seeds=[0])
     other = _other_machine(block)
     page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", other)], None, tmp_path / "report").read_text()
-    assert "come from different machines or commits (2 origins)" in page
+    assert "come from different machines (2 origins)" in page
     assert machine_line(block) in page and machine_line(other) in page and "AMD EPYC 7B13" in page
+
+
+def test_results_from_two_commits_on_one_machine_are_said_to_be_so(tmp_path):
+    block = provenance(seeds=[0])
+    other = json.loads(json.dumps(block))
+    other["git"]["commit"] = "0123456789abcdef"
+    page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", other)], None, tmp_path / "report").read_text()
+    assert "come from one machine but different code (versions or commits) (2 origins)" in page
+    assert "@ 0123456789" in page
 
 
 def test_files_written_before_provenance_read_unknown(tmp_path):

@@ -71,15 +71,17 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
         if key is not None:
             parts.append(_details("the full block", block))
     else:
+        machines = {key[:4] if key else None for key in groups}
+        what = "different machines" if len(machines) > 1 else "one machine but different code (versions or commits)"
         parts.append(
-            "<p class='warn'>The results in this report come from different machines or commits "
-            f"({len(groups)} origins): compare numbers across them with care, results differ between CPUs.</p><ul>"
+            f"<p class='warn'>The results in this report come from {what} ({len(groups)} origins): compare numbers "
+            "across them with care, results differ between CPUs and between versions.</p><ul>"
         )
         for key, labels in groups.items():
             block = sources[labels[0]]
             parts.append(
                 f"<li><b>{html.escape(machine_line_or_unknown(block))}</b>: {html.escape(', '.join(labels))}"
-                + (_details("the full block", block) if key is not None else "")
+                + (_details("the full block", block, open_=False) if key is not None else "")
                 + "</li>"
             )
         parts.append("</ul>")
@@ -87,6 +89,6 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
     return "".join(parts)
 
 
-def _details(summary: str, block: dict) -> str:
+def _details(summary: str, block: dict, open_: bool = True) -> str:
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _rows(block))
-    return f"<details open><summary>{html.escape(summary)}</summary><table>{rows}</table></details>"
+    return f"<details{' open' if open_ else ''}><summary>{html.escape(summary)}</summary><table>{rows}</table></details>"
