@@ -38,7 +38,7 @@ def test_compare_of_a_sweep_names_its_runs(tmp_path):
     _run(tmp_path / "sweep", "flash", 0.5)
     result = run_cli("numdev.analysis.compare", str(tmp_path / "sweep"), str(tmp_path / "sweep" / "flash"), cwd=tmp_path, check=False)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert f"{tmp_path / 'sweep'} is a sweep of 2 runs, not one run: compare two of them ({tmp_path / 'sweep' / 'flash'}, " in result.stderr
+    assert f"{tmp_path / 'sweep'} is a sweep holding 2 run(s), not one run: compare two runs ({tmp_path / 'sweep' / 'flash'}, " in result.stderr
 
 
 def test_compare_warns_loudly_when_two_runs_are_bit_identical(tmp_path):

@@ -76,7 +76,10 @@ def _not_a_sweep(path: Path) -> None:
     runs = sorted(p.parent.parent.name for p in path.glob("*/weights/index.json"))
     if runs:
         shown = ", ".join(str(path / r) for r in runs[:4]) + (", ..." if len(runs) > 4 else "")
-        raise ValueError(f"{path} is a sweep of {len(runs)} runs, not one run: compare two of them ({shown})")
+        raise ValueError(
+            f"{path / 'weights' / 'index.json'} does not exist: {path} is a sweep holding {len(runs)} run(s), "
+            f"not one run: compare two runs ({shown})"
+        )
 
 
 def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
