@@ -31,7 +31,7 @@ def study(tmp_path_factory):
 
 def test_the_study_runs_four_siblings_and_writes_the_summary(study):
     study_dir, result = study
-    assert "low-precision/Flash" in result.stdout and "tensorboard --logdir" in result.stdout
+    assert "low-precision/Flash" in result.stdout and "TensorBoard: " in result.stdout and " --logdir " in result.stdout
     for role in ("reference", "flash", "init", "fp32"):
         record = json.loads((study_dir / role / "run.json").read_text())
         assert record["status"] == "finished" and record["final_step"] == 6
