@@ -3,8 +3,11 @@
     python scripts/screenshot_report.py [outputs/report/index.html] [-o screenshot.png]
 
 Prints JSON: the browser used, the screenshot's size, and how much of it is not background (a
-blank or broken page reads near 0), and how many of the page's images the browser decoded.
-Needs chromium (or google-chrome) on PATH: `apt install chromium` on Debian/Ubuntu.
+blank or broken page reads near 0), how many of the page's images the browser decoded, and which
+of the report's marked sections the rendered page has (MARKERS: the HTML ids numdev-report gives
+them: the provenance header, the study's loss curves and sample grids). --require ID ... exits 1
+when one of them is missing. Needs chromium (or google-chrome) on PATH: `apt install chromium` on
+Debian/Ubuntu.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import tempfile
 from pathlib import Path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# The stable section ids of a numdev report (numdev/report/provenance.py ANCHOR, report/study.py).
+MARKERS = ("provenance", "loss-curves", "samples")
 
 
 def find_browser() -> str | None:
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
 
-def screenshot(page: Path, out: Path, width: int = 1200, height: int = 9000) -> dict:
+def screenshot(page: Path, out: Path, width: int = 1200, height: int = 9000, markers=MARKERS) -> dict:
     browser = find_browser()
     if browser is None:
         raise FileNotFoundError(f"no headless browser found (tried {', '.join(BROWSERS)}): install chromium")
@@ -58,20 +63,31 @@ def screenshot(page: Path, out: Path, width: int = 1200, height: int = 9000) -> 
         "non_background_fraction": not_background,
         "images_in_dom": dom.count("<img"),
         "sections_in_dom": dom.count("<section"),
+        "markers": {marker: _has_id(dom, marker) for marker in markers},
     }
+
+
+def _has_id(dom: str, marker: str) -> bool:
+    return f'id="{marker}"' in dom or f"id='{marker}'" in dom
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("page", nargs="?", default="outputs/report/index.html")
     parser.add_argument("-o", "--out", help="PNG path (default: beside the page, screenshot.png)")
+    parser.add_argument("--require", nargs="*", default=[], metavar="ID",
+                        help=f"section ids that must be in the rendered page (e.g. {' '.join(MARKERS)})")
     args = parser.parse_args(argv)
     page = Path(args.page)
     try:
-        result = screenshot(page, Path(args.out) if args.out else page.parent / "screenshot.png")
+        markers = tuple(dict.fromkeys([*MARKERS, *args.require]))
+        result = screenshot(page, Path(args.out) if args.out else page.parent / "screenshot.png", markers=markers)
     except (FileNotFoundError, subprocess.SubprocessError) as error:
         sys.exit(f"screenshot_report: error: {error}")
     print(json.dumps(result, indent=2))
+    missing = [marker for marker in args.require if not result["markers"][marker]]
+    if missing:
+        sys.exit(f"screenshot_report: error: the rendered page has no section with id {', '.join(missing)}")
 
 
 if __name__ == "__main__":

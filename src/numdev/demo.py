@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from numdev.commands import command, tensorboard
 from numdev.errors import fail
 from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
 
@@ -41,11 +42,29 @@ def latest_sweep(output_root: Path, app: str, name: str) -> Path:
     return sweeps[-1]
 
 
+def _root(output_root: Path) -> list[str]:
+    """The output_root override as the user would type it (nothing for the default)."""
+    return [] if output_root == Path("outputs") else [f"output_root={output_root}"]
+
+
+# What the demo prints: each step as a command that runs as printed (tests/test_readme_commands.py).
+def bench_command(experiment: str, output_root: Path) -> str:
+    return command("numdev-bench", f"experiment={experiment}", *_root(output_root), *FIGURES[experiment].demo_overrides)
+
+
+def study_command(output_root: Path) -> str:
+    return command("numdev-train", *STUDY, *_root(output_root))
+
+
+def report_command(output_root: Path) -> str:
+    return command("numdev-report", "--outputs", output_root)
+
+
 def run_bench_figures(output_root: Path) -> dict[str, Path]:
     figures = {}
     for i, experiment in enumerate(BENCH_FIGURES, start=1):
         overrides = list(FIGURES[experiment].demo_overrides)
-        print(f"[bench {i}/{len(BENCH_FIGURES)}] numdev-bench experiment={experiment} {' '.join(overrides)}".rstrip(), flush=True)
+        print(f"[bench {i}/{len(BENCH_FIGURES)}] {bench_command(experiment, output_root)}", flush=True)
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}", *overrides],
@@ -64,7 +83,7 @@ STUDY = ("experiment=flash_stability", "study.replicate=0")  # one replicate: th
 
 
 def run_study(output_root: Path) -> Path:
-    print(f"[study] numdev-train {' '.join(STUDY)} (every role once; one replicate: no intervals, no verdicts)", flush=True)
+    print(f"[study] {study_command(output_root)} (every role once; one replicate: no intervals, no verdicts)", flush=True)
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "numdev.train.app", *STUDY, f"output_root={output_root}", "trainer.enable_progress_bar=false"],
@@ -96,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     minutes = (time.perf_counter() - start) / 60
     print(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
     if study is not None:
-        print(f"TensorBoard: tensorboard --logdir {study}   then http://localhost:6006")
+        print(f"TensorBoard: {tensorboard(study)}   then http://localhost:6006")
+    print(f"again:       {report_command(output_root)}   (the report from the latest runs)")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ def user_facing(program: str):
                 if isinstance(cause, TypeError):  # a config value of the wrong type reached a constructor
                     found = re.search(r"full_key: (\S+)", str(error))
                     key = found.group(1) if found else "the config"
+                    extra = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
+                    if extra:  # a key added with +key=... that the chosen option does not take
+                        from numdev.config_groups import unexpected_key
+
+                        _exit(program, unexpected_key(key, extra.group(1)))
                     _exit(program, f"{key}: {cause}: a value under {key} has the wrong type")
                 if not isinstance(cause, USER_ERRORS):
                     raise
@@ -44,6 +49,28 @@ def user_facing(program: str):
                 _exit(program, error)
             except RunFailed as error:
                 _exit(program, error, error.exit_code)
+
+        return wrapper
+
+    return decorate
+
+
+def checked_overrides(program: str, app: str):
+    """Decorate a Hydra app's entry point (outside @hydra.main): before Hydra composes, an override
+    whose key belongs to another option of its group or to the other app is one line naming the fix
+    (numdev.config_groups.override_mistake), where Hydra's own hint would point the wrong way."""
+    from numdev import config_groups
+
+    config_groups.register_resolver()  # --help lists the app's own groups (conf/hydra/help/numdev.yaml)
+
+    def decorate(main):
+        @functools.wraps(main)
+        def wrapper(*args, **kwargs):
+            if not args and not kwargs:  # the command line, not a test passing a config
+                mistake = config_groups.override_mistake(app, sys.argv[1:])
+                if mistake:
+                    _exit(program, mistake)
+            return main(*args, **kwargs)
 
         return wrapper
 

@@ -7,7 +7,9 @@ Writes distances.csv (one row per step and weight set, plus `__model__` for the 
 columns of numdev.run_layout.DISTANCE_COLUMNS, defined in numdev.analysis.distances) and
 distances.png (the model's curves over training) into OUT_DIR (default: RUN_A/compare_<B>).
 Token-embedding rows that neither run's captions index (their token_rows.json) are their own set.
-Steps that only one run has are reported and skipped; --strict makes them an error.
+Steps that only one run has are reported and skipped; --strict makes them an error. Also writes
+compare.json (the runs, the final distances and provenance). The same run twice is refused; two runs
+whose weights are bit-identical at every step get a loud warning (all curves are zero).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import sys
 from pathlib import Path
 
 from numdev.analysis.distances import check_same_architecture, compare, distance_rows, prepare
-from numdev.atomic import WriteError, write_text
+from numdev.atomic import WriteError, write_json, write_text
 from numdev.errors import fail
-from numdev.run_layout import MODEL_ROW, TOKEN_ROWS, distances_to_csv, indexed_rows, read_token_rows
+from numdev.provenance import provenance
+from numdev.run_layout import INDEX, MODEL_ROW, TOKEN_ROWS, WEIGHTS_DIR, distances_to_csv, indexed_rows, read_token_rows
 from numdev.snapshot_store import list_snapshots, load_snapshot
 
 PANELS = (
@@ -32,6 +35,13 @@ PANELS = (
 
 def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
     """Rows (numdev.run_layout.DISTANCE_COLUMNS) for every snapshot step both runs have; run_b is the reference."""
+    if _same_directory(run_a, run_b):
+        raise ValueError(
+            f"{run_a} and {run_b} are the same run directory: its distance to itself is zero at every step; "
+            "give two different runs (e.g. .../reference and .../flash of a study)"
+        )
+    for run in (run_a, run_b):
+        _not_a_sweep(Path(run))
     steps_a, steps_b = set(list_snapshots(run_a)), set(list_snapshots(run_b))
     common = sorted(steps_a & steps_b)
     only_a, only_b = sorted(steps_a - steps_b), sorted(steps_b - steps_a)
@@ -55,6 +65,39 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
         except ValueError as error:
             raise ValueError(f"step {step}: {error}") from None
     return rows
+
+
+def identical_warning(run_a, run_b, rows: list[dict]) -> str | None:
+    """Two runs whose weights are bit-identical at every step: all curves are 0. Say it loudly."""
+    if not all(r["max_abs"] == 0 for r in rows):
+        return None
+    steps = len({r["step"] for r in rows})
+    return (
+        f"WARNING: the weights of {run_a} and {run_b} are bit-identical at every compared step ({steps} steps): "
+        "every distance is 0. Expected only for the same config run twice (a determinism check) or copies of "
+        "one run; otherwise check the two paths."
+    )
+
+
+def _not_a_sweep(path: Path) -> None:
+    """A sweep or study directory holds runs: name them instead of 'no snapshots here'."""
+    if (path / WEIGHTS_DIR).is_dir() or not path.is_dir():
+        return
+    runs = sorted(p.parent.parent.name for p in path.glob(f"*/{WEIGHTS_DIR}/{INDEX}"))
+    if runs:
+        shown = ", ".join(str(path / r) for r in runs[:4]) + (", ..." if len(runs) > 4 else "")
+        raise ValueError(
+            f"{path / WEIGHTS_DIR / INDEX} does not exist: {path} is a sweep holding {len(runs)} run(s), "
+            f"not one run: compare two runs ({shown})"
+        )
+
+
+def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
+    a, b = Path(run_a), Path(run_b)
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)  # symlinks, bind mounts, ./x vs x
+    except OSError:
+        return False  # a missing run: list_snapshots names it
 
 
 def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
@@ -92,14 +135,22 @@ def main(argv: list[str] | None = None) -> None:
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=lambda m: print(m, file=sys.stderr))
         write_text(out / "distances.csv", distances_to_csv(rows))
         plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
+        last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
+        steps = sorted({r["step"] for r in rows})
+        write_json(out / "compare.json", {
+            "run_a": str(Path(args.run_a).resolve()), "run_b": str(Path(args.run_b).resolve()), "steps": steps,
+            "final": {k: v for k, v in last.items() if k != "tensor"},
+            "bit_identical": all(r["max_abs"] == 0 for r in rows), "provenance": provenance(),
+        })
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
-    last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
+    if warning := identical_warning(args.run_a, args.run_b, rows):
+        print(warning, file=sys.stderr)
     print(
-        f"{len({r['step'] for r in rows})} steps compared; at step {last['step']}: max |Δ| {last['max_abs']:.3e}, "
+        f"{len(steps)} steps compared; at step {last['step']}: max |Δ| {last['max_abs']:.3e}, "
         f"mean |Δ| {last['mean_abs']:.3e}, W1/std {last['w1_over_std']:.3e}, pooled W1 {last['pooled_wasserstein']:.3e}"
     )
-    print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}")
+    print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}\n-> {out / 'compare.json'}")
 
 
 if __name__ == "__main__":

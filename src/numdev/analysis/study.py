@@ -475,7 +475,9 @@ class StudyAnalysis(Callback):
         except (FileNotFoundError, ValueError, WriteError) as error:
             print(f"numdev-study: the analysis did not run: {error}", file=sys.stderr)
             return
-        print(f"TensorBoard: .venv/bin/tensorboard --logdir {study_dir}")
+        from numdev.commands import tensorboard
+
+        print(f"TensorBoard: {tensorboard(study_dir)}")
 
 
 def main(argv: list[str] | None = None) -> None:

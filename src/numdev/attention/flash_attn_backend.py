@@ -1,4 +1,4 @@
-"""The flash-attn package (Dao-AILab), when installed on a CUDA machine: `pip install 'numdev[cuda]'`."""
+"""The flash-attn package (Dao-AILab), when installed on a CUDA machine: `.venv/bin/pip install -e '.[cuda]'`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from numdev.attention.registry import AttentionBackend, register
 class FlashAttn(AttentionBackend):
     def unsupported_reason(self, q):
         if importlib.util.find_spec("flash_attn") is None:
-            return "the flash-attn package is not installed (it builds only with CUDA: pip install 'numdev[cuda]' on a GPU machine)"
+            return "the flash-attn package is not installed (it builds only with CUDA: .venv/bin/pip install -e '.[cuda]' on a GPU machine)"
         if q.device.type != "cuda":
             return f"flash-attn runs on CUDA only, not {q.device.type}"
         if q.dtype not in (torch.float16, torch.bfloat16):

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 from pathlib import Path
 
 import yaml
 
 from numdev.atomic import WriteError, read_json, write_bytes, write_text
+from numdev.commands import script
 from numdev.errors import fail
 from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
+from numdev.provenance import provenance
+from numdev.report import provenance as report_provenance
 from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
 
@@ -50,13 +54,14 @@ def bench_section(sweep: Path) -> Section:
         claim=claim,
         measured=summary["caption"],
         figure=sweep / f"{name}.png",
-        command="numdev-bench " + " ".join(overrides),
+        command=" ".join([script("numdev-bench"), *overrides]),
         config=config.read_text() if config.exists() else "",
         table_markdown=summary.get("table", ""),
         holds=summary.get("claim_holds"),
         verdict=summary.get("verdict", ""),
         status=summary.get("status"),
         extra=[f"Verdict: {summary['verdict']}", f"Rule: {summary['verdict_rule']}"] if summary.get("verdict_rule") else [],
+        provenance=summary.get("provenance") or _first_record_provenance(sweep),
     )
 
 
@@ -67,6 +72,17 @@ def _run_overrides(overrides_yaml: Path) -> list[str]:
         return [str(o) for o in (yaml.safe_load(overrides_yaml.read_text()) or []) if not str(o).startswith("output_root=")]
     except yaml.YAMLError:
         raise ValueError(f"{overrides_yaml}: not a Hydra overrides.yaml: the file is corrupt") from None
+
+
+def _first_record_provenance(sweep: Path) -> dict | None:
+    """Sweeps made before figure summaries carried provenance: the block of a job's bench records, if any."""
+    for results in sorted(sweep.glob("*/results.jsonl"))[:1]:
+        try:
+            first = results.read_text(encoding="utf-8").split("\n", 1)[0]
+            return json.loads(first).get("provenance")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None
 
 
 def _task_overrides(multirun_yaml: Path) -> list[str]:
@@ -81,10 +97,15 @@ def _task_overrides(multirun_yaml: Path) -> list[str]:
 
 def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path) -> Path:
     sections = [bench_section(sweep) for sweep in bench_sweeps]
+    sources = {f"{s.title.split(':')[0]} ({sweep})": s.provenance for s, sweep in zip(sections, bench_sweeps)}
     if study_dir is not None:
         from numdev.report.study import study_sections
 
-        sections += study_sections(study_dir)
+        study_provenance = _study_provenance(Path(study_dir))
+        for section in study_sections(study_dir):
+            section.provenance = section.provenance or study_provenance
+            sections.append(section)
+        sources[f"the study ({study_dir})"] = study_provenance
     if not sections:
         raise FileNotFoundError("nothing to report: no finished bench sweep or study found (run `make demo` first)")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +117,8 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         f"generated {datetime.datetime.now():%Y-%m-%d %H:%M} — does FlashAttention's numeric deviation matter?",
         sections,
         intro="Each section regenerates a figure of 'Is Flash Attention Stable?' (Golden et al., 2024) or its "
-        "neighbours on this machine, beside the paper's claim.",
+        "neighbours, beside the paper's claim.",
+        header=report_provenance.header_html(sources, provenance()),
     )
     index = out_dir / "index.html"
     write_text(index, page)
@@ -118,6 +140,18 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-report", error)
     print(f"report: {index.resolve()}")
+
+
+def _study_provenance(study_dir: Path) -> dict | None:
+    """The study summary's provenance block; older summaries without one: the reference run's, else None."""
+    from numdev.analysis.study import SUMMARY
+
+    for path in (study_dir / SUMMARY, study_dir / "reference" / "run.json"):
+        if path.is_file():
+            block = read_json(path, "study summary" if path.name == SUMMARY else "run record").get("provenance")
+            if block:
+                return block
+    return None
 
 
 def latest_study(root: Path) -> Path | None:

@@ -7,6 +7,13 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from numdev.report.provenance import machine_line_or_unknown
+
+# Stable HTML ids of the report's study sections (Section.anchor): scripts/screenshot_report.py and
+# tests/test_report.py look for them. The provenance header's id is numdev.report.provenance.ANCHOR.
+LOSS_CURVES = "loss-curves"  # the study's training loss curves, side by side
+SAMPLES = "samples"  # the study's sample grids with their captions
+
 
 @dataclass
 class Section:
@@ -22,6 +29,9 @@ class Section:
     extra: list[str] = field(default_factory=list)
     status: str | None = None  # a numdev.verdicts status (holds, fails, partly, not measurable); wins over `holds`
     images: list[tuple[Path, str]] = field(default_factory=list)  # more figures, each with its caption
+    # The HTML id of the section: a stable marker for readers and tests (e.g. "loss-curves", "samples").
+    anchor: str = ""
+    provenance: dict | None = None  # numdev.provenance block of the files the section shows (None: unknown)
 
 
 STYLE = """
@@ -37,6 +47,9 @@ section { border-top: 1px solid #ddd; padding: 1em 0; }
 img { max-width: 100%; border: 1px solid #eee; margin-top: 0.8em; }
 code, pre { background: #f0f0f0; border-radius: 4px; padding: 0.1em 0.3em; font-size: 0.9em; }
 pre { padding: 0.6em; overflow-x: auto; } details { margin-top: 0.5em; }
+#provenance { background: #eef3fb; border: 1px solid #c9d6ea; border-radius: 6px; padding: 0.6em 0.9em; }
+#provenance h2 { font-size: 1.05em; margin: 0 0 0.3em; } .warn { color: #b04a00; font-weight: 600; }
+.machine { color: #666; font-size: 0.85em; }
 table { border-collapse: collapse; margin-top: 0.6em; } td, th { border: 1px solid #ccc; padding: 0.2em 0.6em; }
 """
 
@@ -62,11 +75,13 @@ def _image(path: Path) -> str:
     return f'<img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}">'
 
 
-def render(title: str, subtitle: str, sections: list[Section], intro: str = "") -> str:
+def render(title: str, subtitle: str, sections: list[Section], intro: str = "", header: str = "") -> str:
+    """The page; `header` is trusted HTML placed before the sections (the provenance header)."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p class='sub'>{html.escape(subtitle)}</p>"]
     if intro:
         parts.append(f"<p>{html.escape(intro)}</p>")
+    parts.append(header)
     for s in sections:
         verdict = ""
         if s.status is not None:
@@ -77,7 +92,8 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "") 
         elif s.holds is not None:
             label = html.escape(s.verdict or ("holds here" if s.holds else "differs here"))
             verdict = f"<span class='holds'>✓ {label}</span>" if s.holds else f"<span class='differs'>✗ {label}</span>"
-        parts.append(f"<section><h2>{html.escape(s.title)} {verdict}</h2><div class='pair'>")
+        anchor = f" id='{html.escape(s.anchor)}'" if s.anchor else ""
+        parts.append(f"<section{anchor}><h2>{html.escape(s.title)} {verdict}</h2><div class='pair'>")
         parts.append(f"<div class='box'><h3>Paper</h3>{html.escape(s.claim)}</div>")
         parts.append(f"<div class='box'><h3>Measured</h3>{html.escape(s.measured)}</div></div>")
         if s.table_markdown:
@@ -94,6 +110,7 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "") 
             parts.append("</div>")
         if s.command:
             parts.append(f"<p>Rerun: <code>{html.escape(s.command)}</code></p>")
+        parts.append(f"<p class='machine'>Measured on: {html.escape(machine_line_or_unknown(s.provenance))}</p>")
         if s.config:
             parts.append(f"<details><summary>Configuration</summary><pre>{html.escape(s.config)}</pre></details>")
         parts.append("</section>")

@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 
 from numdev.analysis.study import METRIC_LABELS, SUMMARY, analyse
+from numdev.commands import script
 from numdev.report.claims import STUDY_CLAIMS
-from numdev.report.html import Section
+from numdev.report.html import LOSS_CURVES, SAMPLES, Section
 from numdev.stats import Estimate
 from numdev.train.evaluation import agreement_text
 from numdev.verdicts import Verdict
 
-COMMAND = "numdev-train experiment=flash_stability"
+COMMAND = "experiment=flash_stability"
 
 
 def _estimate(entry: dict | None, fmt: str = ".2e", unit: str = "") -> str:
@@ -91,7 +92,9 @@ def study_sections(study_dir: Path) -> list[Section]:
     path = study_dir / SUMMARY
     summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else analyse(study_dir)
     overrides = _extra_overrides(study_dir)
-    command = "numdev-train " + " ".join(overrides) if any(o.startswith("experiment=") for o in overrides) else f"{COMMAND} {' '.join(overrides)}".strip()
+    args = overrides if any(o.startswith("experiment=") for o in overrides) else [COMMAND, *overrides]
+    command = " ".join([script("numdev-train"), *args])
+    origin = summary.get("provenance")  # where the study ran (numdev.provenance)
     replicates = len(summary["replicates"])
     setting = (
         f"{summary['under_test_backend']} vs {summary['reference_backend']}, {summary['precision']}, {summary['model']}, "
@@ -117,10 +120,12 @@ def study_sections(study_dir: Path) -> list[Section]:
         Section(
             title=title7, claim=claim7, measured=summary["captions"].get("fig7", "") + f" ({setting}).",
             figure=study_dir / "fig7.png", status=fig7.status, verdict=fig7.status, extra=extra7, command=command,
+            provenance=origin,
         ),
         Section(
             title=title8, claim=claim8, measured=summary["captions"]["fig8"], figure=study_dir / "fig8.png",
             table_markdown=tables8, status=fig8.status, verdict=fig8.status, extra=extra8, command=command,
+            provenance=origin,
         ),
     ]
     sections.append(Section(
@@ -129,6 +134,7 @@ def study_sections(study_dir: Path) -> list[Section]:
         "a sibling's difference to the reference beside the seed-to-seed spread.",
         measured=summary["captions"].get("downstream", "no held-out loss or caption scores in these runs"),
         figure=study_dir / "downstream.png", table_markdown=downstream_table(summary), command=command,
+        provenance=origin,
     ))
     samples = [
         (Path(s["path"]), f"{role} (replicate {s['replicate']}): samples at step {summary['steps']} with their captions"
@@ -136,10 +142,16 @@ def study_sections(study_dir: Path) -> list[Section]:
         for role, s in ((r, summary["samples"][r]) for r in summary["role_order"] if r in summary.get("samples", {}))
     ]
     sections.append(Section(
-        title="The runs — training loss and samples",
+        title="The runs — training loss",
         claim="What a reader of the paper cannot see: the runs behind the curves.",
-        measured=f"Training loss of every run, one panel per role ({setting}); below, each role's final samples.",
-        figure=study_dir / "loss_curves.png", images=samples, command=command,
+        measured=f"Training loss of every run, one panel per role ({setting}).",
+        figure=study_dir / "loss_curves.png", command=command, provenance=origin, anchor=LOSS_CURVES,
+    ))
+    sections.append(Section(
+        title="The runs — samples with their captions",
+        claim="What each run draws for the same captions at the end of training.",
+        measured=f"Each role's final samples, captions above each sample ({setting}).",
+        images=samples, command=command, provenance=origin, anchor=SAMPLES,
     ))
     return sections
 

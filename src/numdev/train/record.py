@@ -14,6 +14,7 @@ from numdev import schemas
 from numdev.atomic import write_json, write_text
 from numdev.run_layout import CONFIG
 from numdev.run_layout import RUN_RECORD as RUN
+from numdev.provenance import provenance
 
 # Keys a resumed run may change: they do not touch the weights' trajectory.
 RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.",
@@ -105,6 +106,8 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
         "torch": torch.__version__,
         "lightning": lightning.__version__,
         "started": previous.get("started", _now()),
+        # machine, versions, git commit + dirty, seeds (init, data, noise), date: numdev.provenance
+        "provenance": provenance(seeds=[int(v) for v in cfg.seed.values()]),
     }
     if resumed_from is not None:
         record["resumes"] = [*previous.get("resumes", []), {"from_step": resumed_from, "at": _now()}]

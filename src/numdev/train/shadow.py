@@ -12,6 +12,7 @@ Select the shadow with the `shadow` config group's options, which are the attent
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -33,6 +34,7 @@ class ShadowDeviation(pl.Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.backend is not None and self.shadow is None:
+            _warn_if_same_backend(self.backend, pl_module.model)
             self.shadow = AttentionShadow(self.backend, backward=self.backward).attach(pl_module.model)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
@@ -73,3 +75,18 @@ class ShadowDeviation(pl.Callback):
 def _loss_scale(trainer) -> float:
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+
+
+def _warn_if_same_backend(shadow, model) -> None:
+    """A shadow identical to the training backend measures nothing: every deviation is 0. Say so."""
+    from numdev.models.attention import Attention
+
+    trained = next((m.backend for m in model.modules() if isinstance(m, Attention)), None)
+    describe = getattr(trained, "describe", None)
+    if describe is not None and type(trained) is type(shadow) and describe() == shadow.describe():
+        warnings.warn(
+            f"attention@shadow is the training backend itself ({shadow.describe()}): every shadow deviation will be 0; "
+            "shadow another backend, e.g. attention=sdpa_flash attention@shadow=baseline",
+            stacklevel=2,
+        )
+

@@ -1,0 +1,94 @@
+"""The report's provenance header: which machine, software and commit the numbers describe.
+
+Results differ between CPUs, so the report says where each result file was produced (the
+`provenance` block of its summary, numdev.provenance), and says so loudly when the bench sweeps and
+the study came from different machines or commits. Files written before numdev recorded
+provenance read "unknown".
+"""
+
+from __future__ import annotations
+
+import html
+
+from numdev.provenance import machine_line
+
+UNKNOWN = "unknown (written before numdev recorded provenance)"
+ANCHOR = "provenance"  # the header's HTML id: a stable marker for readers and tests
+
+
+def machine_line_or_unknown(block: dict | None) -> str:
+    if not isinstance(block, dict):
+        return UNKNOWN
+    try:
+        return machine_line(block)
+    except (KeyError, TypeError, AttributeError):
+        return UNKNOWN
+
+
+def origin(block: dict | None) -> tuple | None:
+    """What makes two results comparable: the machine (CPU, threads, GPU) and the code (versions, commit)."""
+    if not isinstance(block, dict):
+        return None
+    machine, versions, git = block.get("machine") or {}, block.get("versions") or {}, block.get("git") or {}
+    return (
+        machine.get("cpu"), machine.get("torch_threads"), machine.get("logical_cpus"), machine.get("gpu"),
+        versions.get("torch"), versions.get("numdev"), git.get("commit"), git.get("dirty"),
+    )
+
+
+def _rows(block: dict) -> list[tuple[str, str]]:
+    machine, versions, git = block.get("machine") or {}, block.get("versions") or {}, block.get("git") or {}
+    commit = git.get("commit") or "not a git checkout"
+    dirty = {True: "yes (uncommitted changes)", False: "no", None: "unknown"}[git.get("dirty")]
+    seeds = block.get("seeds")
+    return [
+        ("CPU", f"{machine.get('cpu', 'unknown')} ({', '.join(machine.get('cpu_flags') or []) or 'no flags recorded'})"),
+        ("threads", f"{machine.get('torch_threads', 'unknown')} torch thread(s) of {machine.get('logical_cpus', 'unknown')} logical CPUs"),
+        ("GPU", str(machine.get("gpu") or "none")),
+        ("platform", str(machine.get("platform", "unknown"))),
+        ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v) or "unknown"),
+        ("git commit", commit),
+        ("uncommitted changes", dirty),
+        ("seeds", "unknown" if seeds is None else ", ".join(map(str, seeds))),
+        ("date", str(block.get("date", "unknown"))),
+    ]
+
+
+def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
+    """The <header id="provenance"> at the top of the report (a header, not a <section>: sections are figures).
+
+    sources: what the report shows (e.g. "Fig. 3 sweep") -> the provenance block of its file (None: unknown).
+    generated_by: the provenance of the process writing the report (the report's own date and commit).
+    """
+    groups: dict[tuple | None, list[str]] = {}
+    for label, block in sources.items():
+        groups.setdefault(origin(block), []).append(label)
+    parts = [f"<header id='{ANCHOR}'><h2>Provenance: where these numbers come from</h2>"]
+    if len(groups) == 1:
+        (key, labels), = groups.items()
+        block = sources[labels[0]]
+        parts.append(f"<p>Every result in this report was measured on: <b>{html.escape(machine_line_or_unknown(block))}</b></p>")
+        if key is not None:
+            parts.append(_details("the full block", block))
+    else:
+        machines = {key[:4] if key else None for key in groups}
+        what = "different machines" if len(machines) > 1 else "one machine but different code (versions or commits)"
+        parts.append(
+            f"<p class='warn'>The results in this report come from {what} ({len(groups)} origins): compare numbers "
+            "across them with care, results differ between CPUs and between versions.</p><ul>"
+        )
+        for key, labels in groups.items():
+            block = sources[labels[0]]
+            parts.append(
+                f"<li><b>{html.escape(machine_line_or_unknown(block))}</b>: {html.escape(', '.join(labels))}"
+                + (_details("the full block", block, open_=False) if key is not None else "")
+                + "</li>"
+            )
+        parts.append("</ul>")
+    parts.append(f"<p class='machine'>Report written by: {html.escape(machine_line_or_unknown(generated_by))}</p></header>")
+    return "".join(parts)
+
+
+def _details(summary: str, block: dict, open_: bool = True) -> str:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in _rows(block))
+    return f"<details{' open' if open_ else ''}><summary>{html.escape(summary)}</summary><table>{rows}</table></details>"

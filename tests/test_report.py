@@ -1,0 +1,148 @@
+"""The report's frame: the provenance header (which machine and commit the numbers describe), the
+stable section ids, and the page as headless Chromium renders it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+from PIL import Image
+
+import numdev.report.study
+from numdev.provenance import machine_line, provenance
+from numdev.report.app import build_report
+from numdev.report.html import LOSS_CURVES, SAMPLES
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _sweep(root: Path, figure: str, block: dict | None) -> Path:
+    """A finished bench sweep as numdev-bench leaves it: the figure, its summary (with or without provenance)."""
+    sweep = root / figure / "multirun_2026-01-01_00-00-00"
+    sweep.mkdir(parents=True)
+    Image.new("RGB", (8, 8), "white").save(sweep / f"{figure}.png")
+    summary = {"figure": figure, "caption": f"measured {figure}"}
+    if block is not None:
+        summary["provenance"] = block
+    (sweep / f"{figure}.json").write_text(json.dumps(summary))
+    return sweep
+
+
+def _other_machine(block: dict) -> dict:
+    other = json.loads(json.dumps(block))
+    other["machine"]["cpu"] = "AMD EPYC 7B13"
+    other["git"]["commit"] = "0123456789abcdef"
+    return other
+
+
+def test_the_header_names_the_machine_every_result_came_from(tmp_path):
+    block = provenance(seeds=[0, 1, 2])
+    page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", block)], None, tmp_path / "report").read_text()
+    assert "<header id='provenance'>" in page
+    assert page.index("id='provenance'") < page.index("Fig. 3")  # a header: before the figures
+    assert f"Every result in this report was measured on: <b>{machine_line(block)}</b>" in page
+    assert "different machines" not in page
+    # the full block: CPU model, threads, versions, commit + dirty, seeds, date
+    for value in (block["machine"]["cpu"], f"{block['machine']['torch_threads']} torch thread(s)", block["versions"]["torch"],
+                  str(block["git"]["commit"]), "0, 1, 2", block["date"]):
+        assert value in page, value
+    assert page.count(f"Measured on: {machine_line(block)}") == 2  # each section says it too
+
+
+def test_results_from_two_machines_are_said_to_be_so(tmp_path):
+    block = provenance(seeds=[0])
+    other = _other_machine(block)
+    page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", other)], None, tmp_path / "report").read_text()
+    assert "come from different machines (2 origins)" in page
+    assert machine_line(block) in page and machine_line(other) in page and "AMD EPYC 7B13" in page
+
+
+def test_results_from_two_commits_on_one_machine_are_said_to_be_so(tmp_path):
+    block = provenance(seeds=[0])
+    other = json.loads(json.dumps(block))
+    other["git"]["commit"] = "0123456789abcdef"
+    page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", other)], None, tmp_path / "report").read_text()
+    assert "come from one machine but different code (versions or commits) (2 origins)" in page
+    assert "@ 0123456789" in page
+
+
+def test_files_written_before_provenance_read_unknown(tmp_path):
+    page = build_report([_sweep(tmp_path, "fig3", None)], None, tmp_path / "report").read_text()
+    assert "measured on: <b>unknown (written before numdev recorded provenance)</b>" in page
+    assert "Measured on: unknown" in page
+    assert "Report written by: " + provenance()["machine"]["cpu"] in page  # the report's own machine is known
+
+
+def test_bench_records_carry_provenance_and_the_sweep_says_what_next(tmp_path):
+    result = run_cli("numdev.bench.app", "-m", "numerics.precision=bf16,fp16", "shape.seq_q=32", "shape.dim=16",
+                     "tiles.block_r=16", "tiles.block_c=16", f"output_root={tmp_path}", cwd=REPO)
+    echoes = [line for line in result.stdout.splitlines() if line.startswith("numdev-bench job ")]
+    assert len(echoes) == 2  # one compact line per job, with the settings it ran with
+    for i, (echo, precision) in enumerate(zip(echoes, ("bf16", "fp16"))):
+        assert echo.startswith(f"numdev-bench job {i}: ") and "numerics=paper" in echo
+        for part in (f"stages {precision} everywhere", "shape B1 H1 Nq32 Nk32 d16", "tiles 16x16 fa2", "seeds [0]"):
+            assert f"| {part} |" in echo, (part, echo)
+    sweep = next((tmp_path / "bench" / "default").glob("multirun_*"))
+    assert f"sweep done: 2 job(s) in {sweep}" in result.stdout
+    assert f"next: .venv/bin/numdev-gather {sweep}" in result.stdout  # runnable from the repo root as printed
+    records = [json.loads(line) for line in (sweep / "0" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 3
+    for record in records:
+        block = record["provenance"]
+        assert block["seeds"] == [0] and block["machine"]["cpu"] == provenance()["machine"]["cpu"]
+        assert len(block["git"]["commit"]) == 40 and isinstance(block["git"]["dirty"], bool)
+
+
+def _study_has(anchor: str) -> bool:
+    """Whether this tree's study report makes a section with this id (the study's loss curves, sample grids):
+    report/study.py sets Section(anchor=LOSS_CURVES / SAMPLES) (numdev.report.html), or the literal id."""
+    constant = {LOSS_CURVES: "LOSS_CURVES", SAMPLES: "SAMPLES"}[anchor]
+    source = inspect.getsource(numdev.report.study)
+    return re.search(rf"anchor\s*=\s*(\w+\.)?{constant}\b|anchor\s*=\s*[\"']{anchor}[\"']", source) is not None
+
+
+@pytest.fixture(scope="module")
+def report_of_a_study(tmp_path_factory):
+    """numdev-report over a micro study and a tiny bench sweep, as make demo builds it (small)."""
+    from test_study import MICRO
+
+    root = tmp_path_factory.mktemp("demo")
+    run_cli("numdev.bench.app", "experiment=fig3", "shape.seq_q=32", "shape.dim=16", "tiles.block_r=16",
+            "tiles.block_c=16", f"output_root={root}", cwd=root)
+    run_cli("numdev.train.app", "experiment=flash_stability", f"output_root={root}", *MICRO, cwd=root)
+    run_cli("numdev.report.app", "--outputs", str(root), cwd=root)
+    return root / "report" / "index.html"
+
+
+@pytest.mark.slow
+def test_the_report_of_a_study_has_its_marked_sections(report_of_a_study):
+    page = report_of_a_study.read_text()
+    assert "<header id='provenance'>" in page and "Every result in this report was measured on" in page
+    for anchor in (LOSS_CURVES, SAMPLES):
+        if not _study_has(anchor):
+            pytest.skip(f"the study's report has no section id {anchor!r} in this tree yet (report/study.py)")
+        assert f"id='{anchor}'" in page or f'id="{anchor}"' in page, anchor
+
+
+@pytest.mark.slow
+def test_headless_chromium_shows_the_marked_sections(report_of_a_study, tmp_path):
+    if not any(shutil.which(b) for b in BROWSERS):
+        pytest.skip("no headless Chromium on this machine (apt install chromium)")
+    required = ["provenance", *(a for a in (LOSS_CURVES, SAMPLES) if _study_has(a))]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "screenshot_report.py"), str(report_of_a_study), "-o", str(tmp_path / "shot.png"),
+         "--require", *required],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    shot = json.loads(result.stdout)
+    assert all(shot["markers"][m] for m in required)
+    assert shot["images_in_dom"] >= 3  # fig3, fig7, fig8 (and the study's curves and grids)
+    assert shot["non_background_fraction"] > 0.03  # text and figures, not a blank page
