@@ -12,9 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 import numdev
 from numdev import schemas
 from numdev.atomic import write_json, write_text
+from numdev.provenance import provenance
 from numdev.run_layout import CONFIG
 from numdev.run_layout import RUN_RECORD as RUN
-from numdev.provenance import provenance
 
 # Keys a resumed run may change: they do not touch the weights' trajectory.
 RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.",
