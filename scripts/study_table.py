@@ -68,6 +68,9 @@ def block_text(summary: dict, command: str) -> str:
         "",
         roles_table(summary, metric),
     ]
+    if metric == paper:  # sibling CSVs with max |Δ| and pooled W1 only (before the position-aware columns)
+        lines += ["", "This study's sibling CSVs hold only max |Δ| and the pooled W1, which cannot tell two "
+                  "initialisations apart (docs/study.md#weight-distances): rerun it for the position-aware measures."]
     if paper != metric:
         lines += ["", f"The same by the paper's {METRIC_LABELS.get(paper, paper)}:", "", roles_table(summary, paper)]
     colour = summary["downstream"].get("colour_accuracy")
