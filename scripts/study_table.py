@@ -68,13 +68,18 @@ def block_text(summary: dict, command: str) -> str:
         "",
         roles_table(summary, metric),
     ]
+    if metric == paper:  # sibling CSVs with max |Δ| and pooled W1 only (before the position-aware columns)
+        lines += ["", "This study's sibling CSVs hold only max |Δ| and the pooled W1, which cannot tell two "
+                  "initialisations apart (docs/study.md#weight-distances): rerun it for the position-aware measures."]
     if paper != metric:
         lines += ["", f"The same by the paper's {METRIC_LABELS.get(paper, paper)}:", "", roles_table(summary, paper)]
     colour = summary["downstream"].get("colour_accuracy")
     if colour:
         values = [v for row in colour["roles"].values() for v in row["per_replicate"].values()]
+        mean = sum(values) / len(values)
+        verdict = ": mostly near chance, so the downstream comparison says little" if mean < 0.35 else ""
         lines += ["", f"Did the runs learn? Their final samples match their caption's colour {min(values):.0%}-{max(values):.0%} of the "
-                  f"time ({len(values)} runs; chance 17%): near chance, the downstream comparison says little."]
+                  f"time, {mean:.0%} on average ({len(values)} runs; chance 17%){verdict}."]
     downstream = downstream_table(summary)
     if downstream:
         lines += ["", "Downstream (held-out diffusion loss; share of samples matching their caption's colour, shape, position):", "", downstream]
