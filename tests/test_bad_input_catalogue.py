@@ -369,7 +369,7 @@ CATALOGUE = [
     # 7. config values: type, range, booleans never read from strings; every message names the key
     Case("train-heads-zero", "numdev-train", [*TRAIN, "model.heads=0"], "model.heads=0 must be a positive integer"),
     Case("train-lr-inf", "numdev-train", [*TRAIN, "optim.optimizer.lr=inf"], "optim.optimizer.lr=inf must be a positive number (finite)"),
-    Case("train-p-uncond-range", "numdev-train", [*TRAIN, "diffusion.p_uncond=2"], "diffusion.p_uncond=2 must be a number in [0, 1]"),
+    Case("train-p-uncond-range", "numdev-train", [*TRAIN, "diffusion.p_uncond=2"], "diffusion.p_uncond=2 must be a number in [0, 1)"),
     Case("train-sibling-timeout-type", "numdev-train", [*TRAIN, "sibling.timeout_s=abc"], "sibling.timeout_s='abc' must be a non-negative number"),
     Case("train-bool-string", "numdev-train", [*TRAIN, 'trainer.enable_progress_bar="false"'],
          "trainer.enable_progress_bar='false' must be true or false (unquoted: trainer.enable_progress_bar=false)"),

@@ -173,7 +173,7 @@ def _one_line_error(capsys, *overrides, run_dir):
         (["snapshot.every_n_steps=0"], "snapshot.every_n_steps=0 must be a positive integer"),
         (["precision.compute=fp12"], "unknown float format 'fp12'"),
         (["model.heads=3"], "not divisible by 3 heads"),
-        (["diffusion.p_uncond=1.5"], "diffusion.p_uncond=1.5 must be in [0, 1)"),
+        (["diffusion.p_uncond=1.5"], "diffusion.p_uncond=1.5 must be a number in [0, 1)"),
         (["diffusion.sampler.kind=euler"], "unknown sampler 'euler'"),
         (["data=folder"], "data.root is not set"),
         (["resume=true"], "resume=true but"),

@@ -30,6 +30,7 @@ class Check:
     min: float | None = None  # inclusive
     above: float | None = None  # exclusive lower bound
     max: float | None = None  # inclusive
+    below: float | None = None  # exclusive upper bound
     null: bool = False
 
     def describe(self) -> str:
@@ -43,7 +44,9 @@ class Check:
             else:
                 text = "an integer" + _range(self.min, self.max)
         else:
-            if self.max is None and self.min is None and self.above is not None:
+            if self.below is not None:
+                text = f"a number in [{self.min:g}, {self.below:g})"
+            elif self.max is None and self.min is None and self.above is not None:
                 text = "a positive number" if self.above == 0 else f"a number > {self.above:g}"
             elif self.max is None and self.min == 0:
                 text = "a non-negative number"
@@ -68,6 +71,7 @@ class Check:
             (self.min is None or value >= self.min)
             and (self.above is None or value > self.above)
             and (self.max is None or value <= self.max)
+            and (self.below is None or value < self.below)
         )
 
 
@@ -81,8 +85,9 @@ def integer(min: int | None = None, max: int | None = None, null: bool = False):
     return field(default=None, metadata={"check": Check("integer", min=min, max=max, null=null)})
 
 
-def number(min: float | None = None, max: float | None = None, above: float | None = None, null: bool = False):
-    return field(default=None, metadata={"check": Check("number", min=min, max=max, above=above, null=null)})
+def number(min: float | None = None, max: float | None = None, above: float | None = None, below: float | None = None,
+           null: bool = False):
+    return field(default=None, metadata={"check": Check("number", min=min, max=max, above=above, below=below, null=null)})
 
 
 def boolean():
@@ -196,7 +201,7 @@ class Optim:
 
 @dataclass
 class Diffusion:
-    p_uncond: float = number(min=0, max=1)
+    p_uncond: float = number(min=0, below=1)  # 1 would never show the model a caption
 
 
 @dataclass
@@ -233,7 +238,7 @@ class Samples:
 @dataclass
 class Instability:
     spike_factor: float = number(above=1)
-    ema_beta: float = number(min=0, max=0.999999)
+    ema_beta: float = number(min=0, below=1)
     warmup_steps: int = integer(min=0)
     check_loss: bool = boolean()
     check_gradients: bool = boolean()
