@@ -158,7 +158,7 @@ def summarise(rows, out_dir: Path) -> dict:
         + f"; {dominant} contributes most alone. The single stages add up to the whole within {100 * worst:.2g}% of the "
         f"sum of their magnitudes (worst N and seed; additive where stages do not interact, tolerance {100 * ADDITIVITY:.0f}%"
         + ("" if worst <= ADDITIVITY else ": here they interact")
-        + f"); {PAIR_LABEL} rounded together (the rest fp64) gives {pair_share:.2g} of the whole. {spread_sentence(rows)}"
+        + f"); {PAIR_LABEL} rounded together (the rest fp64) gives {pair_share:.0%} of the whole. {spread_sentence(rows)}"
     )
     return summary("bias", caption, combine(parts), rows, parts=parts, note=note, dominant_stage=dominant,
                    mean_signed={str(n): {label: mean(att[n].get(label)) for label in ("whole", "baseline", *STAGES, PAIR_LABEL)} for n in lengths},
