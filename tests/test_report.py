@@ -146,3 +146,17 @@ def test_headless_chromium_shows_the_marked_sections(report_of_a_study, tmp_path
     assert all(shot["markers"][m] for m in required)
     assert shot["images_in_dom"] >= 3  # fig3, fig7, fig8 (and the study's curves and grids)
     assert shot["non_background_fraction"] > 0.03  # text and figures, not a blank page
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"primary_metric": "rel_frob', "not valid JSON"),
+    ('{"primary_metric": "rel_frobenius"}', "field 'paper_metric' is missing"),
+    ('[1, 2]', "holds a list, not a mapping"),
+])
+def test_a_damaged_study_summary_is_one_line_naming_the_file(tmp_path, content, message):
+    from numdev.report.study import study_sections
+
+    (tmp_path / "summary.json").write_text(content)
+    with pytest.raises(ValueError, match=message) as error:
+        study_sections(tmp_path)
+    assert str(tmp_path / "summary.json") in str(error.value) and "\n" not in str(error.value)

@@ -103,3 +103,9 @@ SNAPSHOT_INDEX = FileSchema(  # <run_dir>/weights/index.json (numdev.snapshot_st
 )
 MULTIRUN = FileSchema("Hydra multirun.yaml", required={"hydra": dict})  # <sweep>/multirun.yaml
 FIGURE_SUMMARY = FileSchema("figure summary", required={"figure": str})  # <sweep>/<figure>.json
+STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), what the report reads
+    "study summary",
+    required={"primary_metric": str, "paper_metric": str, "pairs": dict, "ratios": dict, "verdicts": dict,
+              "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str},
+    optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict},
+)

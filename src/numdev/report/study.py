@@ -6,13 +6,14 @@ The tables are built here once and reused by scripts/study_table.py for README.m
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from numdev.analysis.study import METRIC_LABELS, SUMMARY, analyse
+from numdev.atomic import read_json
 from numdev.commands import script
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import LOSS_CURVES, SAMPLES, Section
+from numdev.schemas import STUDY_SUMMARY
 from numdev.stats import Estimate
 from numdev.train.evaluation import agreement_text
 from numdev.verdicts import Verdict
@@ -90,7 +91,8 @@ def downstream_table(summary: dict) -> str:
 def study_sections(study_dir: Path) -> list[Section]:
     study_dir = Path(study_dir)
     path = study_dir / SUMMARY
-    summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else analyse(study_dir)
+    # Validated before use: a truncated or edited summary is one line naming the file and the field.
+    summary = STUDY_SUMMARY.check(path, read_json(path, "study summary")) if path.is_file() else analyse(study_dir)
     overrides = _extra_overrides(study_dir)
     args = overrides if any(o.startswith("experiment=") for o in overrides) else [COMMAND, *overrides]
     command = " ".join([script("numdev-train"), *args])
