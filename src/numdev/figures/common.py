@@ -14,6 +14,8 @@ from numdev.stats import RULE as INTERVAL_RULE
 from numdev.verdicts import NOT_MEASURABLE, Verdict
 
 PAIR = "flash-baseline"
+# The paper's three Flash − Baseline metrics, with the line style and label every figure draws them in.
+PAIR_METRICS = (("max_abs", "o-", "max |Δ|"), ("mean_abs", "s--", "mean |Δ|"), ("std", "^:", "std Δ"))
 
 
 def select(rows, kind, method=None, **equal):

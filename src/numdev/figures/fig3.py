@@ -7,6 +7,7 @@ from pathlib import Path
 from numdev.figures import Figure
 from numdev.figures.common import (
     PAIR,
+    PAIR_METRICS,
     errorbar,
     mantissa_bits,
     mean,
@@ -28,16 +29,15 @@ FIGURE = Figure(
     module=__name__,
     demo_overrides=("shape.seq_q=2048",),
 )
-METRICS = (("max_abs", "o-", "max |Δ|"), ("mean_abs", "s--", "mean |Δ|"), ("std", "^:", "std Δ"))
 
 
 def summarise(rows, out_dir: Path) -> dict:
     pairs, note = split_finite(select(rows, "pair", PAIR))
     precisions = sorted({r["numerics.precision"] for r in pairs}, key=mantissa_bits)
-    by = {m: per_seed(pairs, lambda r: r["numerics.precision"], m) for m, _, _ in METRICS}
+    by = {m: per_seed(pairs, lambda r: r["numerics.precision"], m) for m, _, _ in PAIR_METRICS}
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     xs = list(range(len(precisions)))
-    for metric, style, label in METRICS:
+    for metric, style, label in PAIR_METRICS:
         errorbar(ax, xs, [by[metric].get(p) for p in precisions], style, label=label)
     ax.set_yscale("log")
     ax.set_xticks(xs, [f"{p}\n({mantissa_bits(p)} bits)" for p in precisions])

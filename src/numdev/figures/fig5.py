@@ -9,6 +9,7 @@ from pathlib import Path
 from numdev.figures import Figure
 from numdev.figures.common import (
     PAIR,
+    PAIR_METRICS,
     band,
     mean,
     per_seed,
@@ -30,7 +31,6 @@ FIGURE = Figure(
     module=__name__,
     demo_overrides=("shape.seq_q=256,512,1024,2048,4096",),
 )
-METRICS = (("max_abs", "o-", "max |Δ|"), ("mean_abs", "s--", "mean |Δ|"), ("std", "^:", "std Δ"))
 
 
 def summarise(rows, out_dir: Path) -> dict:
@@ -39,13 +39,13 @@ def summarise(rows, out_dir: Path) -> dict:
     settings = sorted({setting_of(r) for r in pairs}, key=lambda s: (s != "paper_like", s))
     lengths = sorted({int(r["shape.seq_q"]) for r in pairs})
     n_key = lambda r: (setting_of(r), int(r["shape.seq_q"]))  # noqa: E731
-    by = {m: per_seed(pairs, n_key, m) for m, _, _ in METRICS}
+    by = {m: per_seed(pairs, n_key, m) for m, _, _ in PAIR_METRICS}
     gold_key = lambda r: (setting_of(r), r["method"], int(r["shape.seq_q"]))  # noqa: E731
     gold = {m: per_seed(golden, gold_key, m) for m in ("max_abs", "mean_signed", "rel_rmse")}
     fig, axes = plt.subplots(len(settings), 3, figsize=(16, 4 * len(settings)), squeeze=False)
     parts, growth = {}, {}
     for row_axes, setting in zip(axes, settings):
-        for metric, style, label in METRICS:
+        for metric, style, label in PAIR_METRICS:
             series = [by[metric].get((setting, n)) for n in lengths]
             band(row_axes[0], lengths, series, style, label=label)
             parts[f"{setting} {label}"] = monotone_verdict(
@@ -80,7 +80,7 @@ def summarise(rows, out_dir: Path) -> dict:
         )
         + f". {spread_sentence(pairs)}"
     )
-    numbers = {f"{s}/{metric}": {str(n): mean(by[metric].get((s, n))) for n in lengths} for s in settings for metric, _, _ in METRICS}
+    numbers = {f"{s}/{metric}": {str(n): mean(by[metric].get((s, n))) for n in lengths} for s in settings for metric, _, _ in PAIR_METRICS}
     bias = {f"{s}/{m}": {str(n): mean(gold["mean_signed"].get((s, m, n))) for n in lengths} for s in settings for m in ("flash", "baseline")}
     return summary("fig5", caption, verdict, pairs, parts=parts, note=note or note_golden,
                    growth=growth, flash_minus_baseline=numbers, mean_signed_vs_golden=bias)
