@@ -94,6 +94,12 @@ def mantissa_bits(precision: str) -> int:
     return parse_format(precision).mantissa_bits
 
 
+def by_mantissa_bits(precision: str) -> tuple[int, str]:
+    """Sort key: mantissa bits, then the name, so formats with equal bits (fp16, tf32) keep one order
+    whatever the set's iteration order (string hashing differs between processes)."""
+    return mantissa_bits(precision), precision
+
+
 def seeds_of(rows) -> list[int]:
     return sorted({int(r["seed"]) for r in rows})
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from numdev.figures import Figure
 from numdev.figures.common import (
+    by_mantissa_bits,
     errorbar,
-    mantissa_bits,
     paired,
     per_seed,
     select,
@@ -43,7 +43,7 @@ PAPER_RMSE = {
 def summarise(rows, out_dir: Path) -> dict:
     golden, note = split_finite(select(rows, "vs_golden"))
     rmse = per_seed(golden, lambda r: (r["numerics.precision"], r["method"]), "rmse")
-    precisions = sorted({p for p, _ in rmse}, key=mantissa_bits, reverse=True)
+    precisions = sorted({p for p, _ in rmse}, key=by_mantissa_bits, reverse=True)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for j, method in enumerate(("baseline", "flash")):
         xs = [i + (j - 0.5) * 0.3 for i in range(len(precisions))]

@@ -8,6 +8,7 @@ from numdev.figures import Figure
 from numdev.figures.common import (
     PAIR,
     PAIR_METRICS,
+    by_mantissa_bits,
     errorbar,
     mantissa_bits,
     mean,
@@ -33,7 +34,7 @@ FIGURE = Figure(
 
 def summarise(rows, out_dir: Path) -> dict:
     pairs, note = split_finite(select(rows, "pair", PAIR))
-    precisions = sorted({r["numerics.precision"] for r in pairs}, key=mantissa_bits)
+    precisions = sorted({r["numerics.precision"] for r in pairs}, key=by_mantissa_bits)
     by = {m: per_seed(pairs, lambda r: r["numerics.precision"], m) for m, _, _ in PAIR_METRICS}
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     xs = list(range(len(precisions)))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from numdev.figures import Figure
 from numdev.figures.common import (
+    by_mantissa_bits,
     errorbar,
-    mantissa_bits,
     mean,
     paired,
     per_seed,
@@ -42,7 +42,7 @@ def setting_of(row) -> str:
 def summarise(rows, out_dir: Path) -> dict:
     golden, note = split_finite(select(rows, "vs_golden"))
     settings = sorted({setting_of(r) for r in golden}, key=lambda s: (s != "paper_like", s))
-    precisions = sorted({r["numerics.precision"] for r in golden}, key=mantissa_bits)
+    precisions = sorted({r["numerics.precision"] for r in golden}, key=by_mantissa_bits)
     key = lambda r: (setting_of(r), r["numerics.precision"], r["method"])  # noqa: E731
     err = {m: per_seed(golden, key, m) for m in ("max_abs", "mean_abs")}
     fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.3), squeeze=False, sharey=True)

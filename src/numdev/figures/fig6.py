@@ -15,8 +15,8 @@ import numpy as np
 
 from numdev.figures import Figure
 from numdev.figures.common import (
+    by_mantissa_bits,
     errorbar,
-    mantissa_bits,
     mean,
     per_seed,
     select,
@@ -57,7 +57,7 @@ def summarise(rows, out_dir: Path) -> dict:
     key = lambda r: (r["numerics.precision"], int(r["tiles.block_r"]), int(r["tiles.block_c"]))  # noqa: E731
     err = per_seed(golden, key, "max_abs")
     seeds = sorted({int(r["seed"]) for r in golden})
-    precisions = sorted({p for p, _, _ in err}, key=mantissa_bits)
+    precisions = sorted({p for p, _, _ in err}, key=by_mantissa_bits)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     parts, numbers = {}, {}
     swaps = grown = []
