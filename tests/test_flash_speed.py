@@ -1,5 +1,6 @@
-"""The flash emulator's fast paths (query chunking, skipped repeat roundings, torch.compile) give
-bit for bit the outputs of the implementation they replaced (tests/flash_reference.py, frozen)."""
+"""The flash emulator's fast paths (query chunking, skipped repeat roundings, torch.compile, the C
+kernels) give bit for bit the outputs of the implementation they replaced (tests/flash_reference.py,
+frozen)."""
 
 import warnings
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from flash_reference import reference_forward
 
-from numdev.attention import FlashEmulated, compiled, golden_attention
+from numdev.attention import FlashEmulated, compiled, flash_emulated, golden_attention, native
 from numdev.attention.flash_emulated import _row_chunks
 from numdev.numerics import PRESETS, stage_formats
 
@@ -42,19 +43,20 @@ def assert_same_bits(got: torch.Tensor, expected: torch.Tensor):
     assert not differ.any(), f"{int(differ.sum())} of {got.numel()} outputs differ, max |d| {(got - expected)[differ].abs().max()}"
 
 
-def _check(preset, precision, variant, case, compile):
+def _check(preset, precision, variant, case, compile, native_kernels=False, formats=None, inputs=None):
     batch, heads, n_q, n_k, dim, causal, (block_r, block_c), query_chunk = CASES[case]
     dtype = torch.float64 if precision == "fp64" else torch.float32
-    q, k, v = _inputs(batch, heads, n_q, n_k, dim, dtype)
+    q, k, v = inputs if inputs is not None else _inputs(batch, heads, n_q, n_k, dim, dtype)
     emulator = FlashEmulated(
-        stage_formats(preset, precision), block_r=block_r, block_c=block_c, variant=variant,
-        compile=compile, query_chunk=query_chunk,
+        formats or stage_formats(preset, precision), block_r=block_r, block_c=block_c, variant=variant,
+        compile=compile, query_chunk=query_chunk, native=native_kernels,
     )
     scale = dim**-0.5
     with torch.no_grad():
         got = emulator(q, k, v, scale=scale, causal=causal)
         expected = reference_forward(emulator, q, k, v, scale, causal)
     assert_same_bits(got, expected)
+    return emulator
 
 
 DEFAULT_CASES = ("self-causal", "cross-chunked", "causal-tall-ragged")  # the rest: slow
@@ -67,7 +69,7 @@ DEFAULT_CASES = ("self-causal", "cross-chunked", "causal-tall-ragged")  # the re
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_eager_path_matches_frozen_reference(preset, precision, variant, case):
-    _check(preset, precision, variant, case, compile=False)
+    assert _check(preset, precision, variant, case, compile=False).last_path == "eager"
 
 
 @pytest.mark.parametrize("variant", ["fa2", "fa1"])
@@ -146,6 +148,107 @@ def test_row_chunks_are_near_equal_and_cover_every_row():
         assert [i for c in chunks for i in range(c.start, c.stop)] == list(range(n_q))
         assert max(sizes) <= rows and max(sizes) - min(sizes) <= 1
     assert [c.stop - c.start for c in _row_chunks(2049, 2048)] == [1025, 1024]  # never a 1-row sliver
+
+
+NATIVE_FORMATS = {  # every format set the C kernels take: 16-bit scores, native conversions
+    "paper-bf16": stage_formats("paper", "bf16"),
+    "paper-fp16": stage_formats("paper", "fp16"),
+    **{f"paper-bf16-{stage}-fp32": stage_formats("paper", "bf16", **{stage: "fp32"})
+       for stage in ("stats", "rescale", "prob", "accum")},
+    "bf16-scores-fp16-rest": stage_formats("paper", "fp16", score="bf16"),
+}
+
+
+@pytest.mark.parametrize(
+    "case", [c if c in DEFAULT_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES]
+)
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+@pytest.mark.parametrize("formats", list(NATIVE_FORMATS))
+def test_native_kernels_match_frozen_reference(formats, variant, case):
+    emulator = _check(None, "bf16", variant, case, compile=False, native_kernels=True, formats=NATIVE_FORMATS[formats])
+    assert emulator.last_path == "native", "the C kernels did not run: nothing was tested"
+
+
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_native_kernels_match_frozen_reference_on_extreme_values(precision, variant):
+    """Scores in the thousands (exp underflows through subnormals to 0), an overflow to inf, a NaN
+    and an inf input, a whole row of -inf keys: the special values the C roundings must keep."""
+    q, k, v = _inputs(1, 2, 100, 100, 32)
+    q, k = q * 12, k * 12
+    q[0, 0, 7, 3] = float("nan")
+    k[0, 1, 40, 0] = float("inf")
+    k[0, 1, 41] = -1e30
+    v[0, 0, 9, 2] = float("inf")
+    emulator = _check(None, precision, variant, "self-causal", compile=False, native_kernels=True,
+                      formats=stage_formats("paper", precision), inputs=(q, k, v))
+    assert emulator.last_path == "native"
+
+
+def test_native_kernels_are_taken_only_where_they_apply():
+    assert native.supports(stage_formats("paper", "bf16"))
+    assert not native.supports(stage_formats("fa2", "bf16"))  # float32 scores: no 16-bit table
+    for precision in ("fp32", "fp64", "fp8_e4m3", "tf32"):
+        assert not native.supports(stage_formats("paper", precision))
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 1, 32, 32, 16))
+    emulator = FlashEmulated(stage_formats("paper", "bf16"), block_c=16)
+    emulator(q, k, v)
+    assert emulator.last_path == "eager"  # autograd needs the ATen path
+    with torch.no_grad():
+        emulator(q, k, v)
+        assert emulator.last_path == "native"
+        emulator(q, k, v, scale=-0.5)  # max does not commute with a negative scale
+        assert emulator.last_path == "eager"
+
+
+def test_exp_table_is_atens_exp_indexed_by_bit_pattern():
+    from numdev.formats import parse_format, round_to
+
+    for held in ("bf16", "fp16"):
+        fmt = parse_format(held)
+        values = torch.tensor([0.0, -0.0, -1.5, -7.0, -90.0, -104.0, float("-inf"), 3.0], dtype=fmt.torch_dtype)
+        table = native.exp_table(fmt, parse_format("bf16"))
+        got = table[values.view(torch.int16).to(torch.int64) & 0xFFFF]
+        assert_same_bits(got, round_to(torch.exp(values.float()), "bf16"))
+
+
+def _fresh_native(monkeypatch, tmp_path, **env):
+    monkeypatch.setenv("NUMDEV_CACHE", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(native, "_failure", [])
+    native._library.cache_clear()
+    flash_emulated._native_checked.cache_clear()
+
+
+def test_no_c_compiler_warns_once_and_gives_the_same_bits(monkeypatch, tmp_path):
+    _fresh_native(monkeypatch, tmp_path, CC=str(tmp_path / "no-such-cc"))
+    try:
+        with pytest.warns(UserWarning, match="C kernels for the flash emulator are unavailable"):
+            emulator = _check("paper", "bf16", "fa2", "self-causal", compile=False, native_kernels=True)
+        assert emulator.last_path == "eager"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned once, then quiet
+            _check("paper", "bf16", "fa1", "self-causal", compile=False, native_kernels=True)
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+        flash_emulated._native_checked.cache_clear()
+
+
+def test_a_damaged_cached_library_is_built_again(monkeypatch, tmp_path):
+    _fresh_native(monkeypatch, tmp_path)
+    try:
+        _, _, built = native._where_built()
+        assert built.parent == tmp_path / "native"
+        built.parent.mkdir(parents=True)
+        built.write_bytes(b"\x7fELF truncated")  # a damaged file where the library belongs
+        emulator = _check("paper", "bf16", "fa2", "cross-chunked", compile=False, native_kernels=True)
+        assert emulator.last_path == "native" and built.stat().st_size > 1000
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+        flash_emulated._native_checked.cache_clear()
 
 
 @pytest.mark.parametrize("bad", [0, 8, 2.5, True, "64"])

@@ -16,17 +16,25 @@ nothing else.
 
 Each key/value block is three steps: the elementwise work up to P (`*_probs`), the two
 order-sensitive reductions in ATen (the row sum of P and the P.V matmul), and the elementwise
-merge into the running state (`*_merge`). `compile=True` runs the two elementwise steps through
-torch.compile (numdev.attention.compiled); the reductions and exp stay in ATen either way, so
-compiled and eager outputs are bitwise identical (tests/test_flash_speed.py holds both, chunked
-or not, to a frozen copy of the implementation before the speed work).
+merge into the running state (`*_merge`). Three implementations run them, all bitwise identical
+(tests/test_flash_speed.py holds each, chunked or not, to a frozen copy of the implementation
+before the speed work):
+  native    (default, `native=True`) both elementwise steps in fused C kernels
+            (numdev.attention.native, kernels/flash_emulator.c), for 16-bit score formats
+  compiled  (`compile=True`) both through torch.compile (numdev.attention.compiled)
+  eager     ATen ops; always under autograd, and for every format the others do not take
+The matmuls, the row sum and exp of float32 arguments stay in ATen in all three. `last_path`
+says which one ran the latest call.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 
-from numdev.attention import compiled
+from numdev.attention import compiled, native
 from numdev.attention.checks import round_masked
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
@@ -50,6 +58,7 @@ class FlashEmulated(AttentionBackend):
         variant: str = "fa2",
         compile: bool = False,
         query_chunk: int | None = None,
+        native: bool = True,
         tile_rule: str | None = None,
     ):
         if variant not in VARIANTS:
@@ -58,6 +67,7 @@ class FlashEmulated(AttentionBackend):
         self.block_r, self.block_c, self.sram = block_r, block_c, sram
         self.variant = variant
         self.compile = bool(compile)
+        self.native = bool(native)
         if query_chunk is not None and (
             not isinstance(query_chunk, int) or isinstance(query_chunk, bool) or query_chunk < _MIN_CHUNK_ROWS
         ):
@@ -66,6 +76,7 @@ class FlashEmulated(AttentionBackend):
         self.tile_rule = tile_rule  # numdev.attention.tiles: explicit, sram, cpu_sdpa, default
         resolve_tiles(1, 1, 1, block_r, block_c, sram, tile_rule)  # reject bad tiles at construction
         self.last_tiles = None  # the tiles of the latest call, for result records
+        self.last_path = None  # which implementation ran the latest call: native, compiled or eager
 
     def tiles(self, n_q: int, n_k: int, head_dim: int):
         return resolve_tiles(
@@ -87,10 +98,14 @@ class FlashEmulated(AttentionBackend):
         scale = torch.tensor(scale, dtype=q.dtype)  # rounded once, as ATen rounds a Python scalar
         steps = _STEPS[self.variant]
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if self.compile and not grad and compiled.supports(f):
+        attend, self.last_path = self._attend, "eager"
+        if self.native and not grad and 0 < float(scale) < float("inf") and _native_fits(f, self.variant):
+            attend, self.last_path = self._attend_native, "native"
+        elif self.compile and not grad and compiled.supports(f):
             steps = tuple(compiled.compiled(step, f) for step in steps)
+            self.last_path = "compiled"
         chunks = [
-            self._attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps)
+            attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps)
             for rows in _row_chunks(n_q, self._chunk_rows(tiles, v.shape[-1]))
         ]
         return (chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)).to(out_dtype)
@@ -106,14 +121,12 @@ class FlashEmulated(AttentionBackend):
         """The normalised output of the query rows `rows` (q holds just those rows)."""
         f = self.formats
         probs_step, merge_step = steps
-        batch, heads, n_rows, _ = q.shape
-        row_max = torch.full((batch, heads, n_rows, 1), _NEG_INF, dtype=q.dtype, device=q.device)
-        row_sum = torch.zeros_like(row_max)
-        out = torch.zeros(batch, heads, n_rows, v.shape[-1], dtype=q.dtype, device=q.device)
+        n_rows = q.shape[2]
+        row_max, row_sum, out = _initial_state(q, v)
         query_index = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (rows, 1)
         # Last query row of each row's tile: a tile is skipped when all its keys lie beyond it.
         tile_last_row = (query_index // tiles.block_r + 1) * tiles.block_r - 1
-        last_needed_key = min(n_q - 1, int(tile_last_row[-1]))  # causal: no later tile is visible
+        last_needed_key = _last_needed_key(rows, tiles, n_q)
         for start in range(0, k.shape[2], tiles.block_c):
             stop = min(start + tiles.block_c, k.shape[2])
             if causal and start > last_needed_key:
@@ -128,6 +141,61 @@ class FlashEmulated(AttentionBackend):
             block_sum = block["probs"].sum(dim=-1, keepdim=True)
             raw_pv = block["matmul_probs"] @ v[:, :, start:stop]
             row_max, row_sum, out = merge_step(row_max, row_sum, out, block, block_sum, raw_pv, active, f=f)
+        return self._finish(out, row_sum)
+
+    def _attend_native(self, q, k, v, scale, causal, rows: slice, tiles, n_q: int, steps=None) -> torch.Tensor:
+        """`_attend` with each block's elementwise work in the C kernels (numdev.attention.native):
+        the same state, the same ATen matmuls, row sums and float32 exps, the same bits.
+
+        Buffers live for the whole chunk and the kernels get their addresses once, so a block
+        costs its two matmuls, its row sum, one small exp and two C calls."""
+        f = self.formats
+        kernels = native.library()
+        fa2 = self.variant == "fa2"
+        batch, heads, n_rows, _ = q.shape
+        row_max, row_sum, out = _initial_state(q, v)
+        new_max = torch.empty_like(row_max)
+        alpha_args = torch.empty(batch, heads, n_rows, 1 if fa2 else 2, dtype=q.dtype)
+        alphas = torch.empty_like(alpha_args)
+        block_sum = torch.empty_like(row_max)
+        raw_pv = torch.empty_like(out)
+        full = _NativeBlock(q, tiles.block_c, separate=fa2 and f.prob != f.stats)
+        table = native.exp_table(f.score, f.stats if fa2 else f.prob)
+        p = native.pointer
+        codes = {stage: native.code(getattr(f, stage)) for stage in ("score", "stats", "prob", "rescale", "accum")}
+        # Arguments of every call, in the C signatures' order (kernels/flash_emulator.c).
+        heads_rows = (batch * heads * n_rows, n_rows)  # all rows, rows of one (batch, head)
+        if fa2:
+            probs_kernel = kernels.fa2_probs
+            probs_formats = (codes["score"], codes["stats"], codes["prob"])
+            probs_state = (p(table), p(row_max), p(new_max), p(alpha_args))
+        else:
+            probs_kernel = kernels.fa1_probs
+            probs_formats = (codes["score"], codes["stats"])
+            probs_state = (p(table), p(row_max), p(new_max), p(alpha_args))
+        merge_kernel = kernels.fa2_merge if fa2 else kernels.fa1_merge
+        merge_formats = (codes["stats"], codes["accum"], codes["rescale"], int(causal), rows.start, tiles.block_r)
+        merge_state = (p(new_max), p(alphas), p(block_sum), p(raw_pv), p(row_max), p(row_sum), p(out))
+        last_needed_key = _last_needed_key(rows, tiles, n_q)
+        scale_value = float(scale)
+        for start in range(0, k.shape[2], tiles.block_c):
+            stop = min(start + tiles.block_c, k.shape[2])
+            if causal and start > last_needed_key:
+                break  # every remaining tile lies above the diagonal
+            block = full if stop - start == tiles.block_c else _NativeBlock(q, stop - start, full.separate)
+            torch.matmul(q, k[:, :, start:stop].transpose(-1, -2), out=block.raw_scores)
+            probs_kernel(block.raw_address, *heads_rows, block.cols, block.cols, scale_value, *probs_formats,
+                         int(causal), rows.start, start, *probs_state, block.probs_address,
+                         *((block.matmul_probs_address,) if fa2 else ()))
+            torch.exp(alpha_args, out=alphas)  # ATen's exp of float32 arguments; the merge rounds them
+            torch.sum(block.probs, dim=-1, keepdim=True, out=block_sum)
+            torch.matmul(block.matmul_probs, v[:, :, start:stop], out=raw_pv)
+            merge_kernel(*heads_rows, v.shape[-1], *merge_formats, start, *merge_state)
+        return self._finish(out, row_sum)
+
+    def _finish(self, out: torch.Tensor, row_sum: torch.Tensor) -> torch.Tensor:
+        """The output in its format: FA2 divides by the row sum once, here; FA1's O is already normalised."""
+        f = self.formats
         if self.variant == "fa2":
             row_sum = row_sum.masked_fill(row_sum == 0, 1.0)  # rows that saw no key
             inverse_sum = round_to(1.0 / row_sum, f.stats)
@@ -143,6 +211,64 @@ class FlashEmulated(AttentionBackend):
             **{f"tiles.{k}": v for k, v in tiles.items()},
             "tiles.sram": self.sram,
         }
+
+
+class _NativeBlock:
+    """The score and probability buffers of one key/value block width, and their addresses."""
+
+    def __init__(self, q: torch.Tensor, cols: int, separate: bool):
+        self.cols, self.separate = cols, separate
+        self.raw_scores = torch.empty(*q.shape[:3], cols, dtype=q.dtype)
+        self.probs = torch.empty_like(self.raw_scores)
+        # P as the P.V matmul takes it: its own buffer when the prob format differs from stats.
+        self.matmul_probs = torch.empty_like(self.probs) if separate else self.probs
+        self.raw_address, self.probs_address = native.pointer(self.raw_scores), native.pointer(self.probs)
+        self.matmul_probs_address = native.pointer(self.matmul_probs) if separate else None
+
+
+def _initial_state(q: torch.Tensor, v: torch.Tensor):
+    """Running max (-inf), row sum (0) and output (0) for the rows of q."""
+    batch, heads, n_rows, _ = q.shape
+    row_max = torch.full((batch, heads, n_rows, 1), _NEG_INF, dtype=q.dtype, device=q.device)
+    out = torch.zeros(batch, heads, n_rows, v.shape[-1], dtype=q.dtype, device=q.device)
+    return row_max, torch.zeros_like(row_max), out
+
+
+def _last_needed_key(rows: slice, tiles, n_q: int) -> int:
+    """With causal masking, the last key any tile of these rows sees: later key tiles are skipped."""
+    last_tile_row = ((rows.stop - 1) // tiles.block_r + 1) * tiles.block_r - 1
+    return min(n_q - 1, last_tile_row)
+
+
+def _native_fits(formats: StageFormats, variant: str) -> bool:
+    """Whether the C kernels take these formats, and have been checked to give the ATen path's bits."""
+    return (
+        native.supports(formats)
+        and native.library() is not None
+        and _native_checked(formats, variant)
+    )
+
+
+@functools.cache
+def _native_checked(formats: StageFormats, variant: str) -> bool:
+    """The C kernels against the ATen path on a small causal case with ragged tiles, once per
+    format set and variant: a compiler or CPU that changes a bit disables them (with a warning)."""
+    emulator = FlashEmulated(formats, block_r=8, block_c=12, variant=variant, native=False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 37, 16, generator=g) * 4 for _ in range(3))
+    q, k, v = (working_input(t, formats) for t in (q, k, v))
+    scale = torch.tensor(0.3, dtype=torch.float32)
+    rows, tiles = slice(0, 37), emulator.tiles(37, 37, 16)
+    with torch.no_grad():
+        for causal in (False, True):
+            expected = emulator._attend(q, k, v, scale, causal, rows, tiles, 37, _STEPS[variant])
+            got = emulator._attend_native(q, k, v, scale, causal, rows, tiles, 37)
+            nan = torch.isnan(expected)
+            if not (torch.equal(torch.isnan(got), nan) and torch.equal(got.masked_fill(nan, 0), expected.masked_fill(nan, 0))):
+                warnings.warn(f"numdev's C kernels differ from the ATen path for {formats.describe()} ({variant}); "
+                              "not using them", stacklevel=3)
+                return False
+    return True
 
 
 def _row_chunks(n_q: int, chunk_rows: int) -> list[slice]:

@@ -1,0 +1,270 @@
+/* The flash emulator's elementwise work per key/value block, fused, for numdev.attention.native.
+
+Every function gives bit for bit what numdev.attention.flash_emulated computes with ATen ops:
+  - each arithmetic operation is one IEEE float32 operation (built with -ffp-contract=off, so no
+    multiply-add is ever fused, and without -ffast-math);
+  - rounding to bf16 is c10::BFloat16's round to nearest even, to fp16 the IEEE conversion;
+  - exp comes from a table made by ATen's own exp over every value of the 16-bit score format,
+    already rounded to the format that follows it, so it is ATen's exp by construction;
+  - the row sum, the matmuls and exp of a float32 argument stay in ATen (the caller runs them).
+The caller (numdev.attention.native) holds the tests that compare these with the ATen path.
+
+Blocks are row-major float32 (rows x cols, row stride ld): the rows of every (batch, head) one
+after another, `period` rows each. Row i has query index q0 + i % period, key column j has key
+index k0 + j; with `causal`, keys after the query are masked (-inf). A row
+whose causal tile lies wholly above the diagonal (its tile's last query index < k0) is not
+active: the merge leaves its state as it was, as kernels skip the tile. */
+
+#include <stdint.h>
+#include <string.h>
+
+enum { FP32 = 0, BF16 = 1, FP16 = 2 };
+
+static inline uint32_t bits_of(float x) { uint32_t b; memcpy(&b, &x, 4); return b; }
+static inline float float_of(uint32_t b) { float x; memcpy(&x, &b, 4); return x; }
+
+static inline float round_bf16(float x) {
+    uint32_t b = bits_of(x);
+    float rounded = float_of((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
+    return x != x ? x : rounded;  /* NaN stays NaN (the bit trick could carry it into inf) */
+}
+
+static inline float round_fp16(float x) { return (float)(_Float16)x; }
+
+/* x rounded in place to the stage format `code`; one loop per format so each vectorises. */
+static void round_row(float *x, int64_t n, int code) {
+    if (code == BF16) {
+        for (int64_t j = 0; j < n; j++) x[j] = round_bf16(x[j]);
+    } else if (code == FP16) {
+        for (int64_t j = 0; j < n; j++) x[j] = round_fp16(x[j]);
+    }
+}
+
+static inline float round_one(float x, int code) {
+    return code == BF16 ? round_bf16(x) : code == FP16 ? round_fp16(x) : x;
+}
+
+static inline uint32_t index_of(float x, int code) {
+    if (code == BF16) return bits_of(x) >> 16;  /* x is a bf16 value: its top half is its bits */
+    _Float16 h = (_Float16)x;                     /* x is an fp16 value: exact */
+    uint16_t b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+
+static inline int64_t visible_keys(int causal, int64_t query, int64_t k0, int64_t cols) {
+    if (!causal) return cols;
+    int64_t n = query - k0 + 1;
+    return n < 0 ? 0 : n > cols ? cols : n;
+}
+
+/* Max over one row of S = round(raw * scale), keys from `visible` on masked (-inf); NaN if any.
+   Computed as round(max(raw) * scale): scaling by a positive scale and rounding are monotonic,
+   so they commute with max (the caller passes only scale > 0). */
+static float row_score_max(const float *raw, int64_t visible, float scale, int score) {
+    float m = -__builtin_inff();
+    int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+    for (int64_t j = 0; j < visible; j++) {
+        nan |= raw[j] != raw[j];
+        m = raw[j] > m ? raw[j] : m;
+    }
+    return nan ? __builtin_nanf("") : round_one(m * scale, score);
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* round_bf16 of 16 values that are not NaN (the bit trick is exact for every other value). */
+static inline __m512 round_bf16_x16_no_nan(__m512 x) {
+    __m512i b = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), lsb),
+                                 _mm512_set1_epi32((int)0xFFFF0000u));
+    return _mm512_castsi512_ps(r);
+}
+
+static inline __m512 round_bf16_x16(__m512 x) {
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(nan, round_bf16_x16_no_nan(x), x);
+}
+
+static inline __mmask16 first_lanes(int64_t left) {  /* the lanes of the next 16 that exist */
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+/* One row of P for bf16 scores, 16 keys at a time, the table read by gathers. A row whose
+   visible scores' max is finite holds no NaN and no +inf, and with a finite shift S - shift is
+   never NaN either: its roundings skip the NaN test. */
+static void probs_row_bf16(const float *raw, int64_t cols, int64_t visible, float scale, float shift,
+                           float row_max, const float *table, float *p) {
+    const __m512 scale16 = _mm512_set1_ps(scale), shift16 = _mm512_set1_ps(shift);
+    const __m512 masked = _mm512_set1_ps(-__builtin_inff());
+    const int finite = row_max - row_max == 0.0f && shift - shift == 0.0f;
+    for (int64_t j = 0; j < cols; j += 16) {
+        __mmask16 lanes = first_lanes(cols - j);
+        __mmask16 seen = visible - j <= 0 ? 0 : first_lanes(visible - j);
+        __m512 product = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, raw + j), scale16);
+        __m512 s = _mm512_mask_blend_ps(seen, masked, finite ? round_bf16_x16_no_nan(product) : round_bf16_x16(product));
+        __m512 difference = _mm512_sub_ps(s, shift16);
+        __m512 x = finite ? round_bf16_x16_no_nan(difference) : round_bf16_x16(difference);
+        __m512i index = _mm512_srli_epi32(_mm512_castps_si512(x), 16);
+        _mm512_mask_storeu_ps(p + j, lanes, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, index, table, 4));
+    }
+}
+
+/* O = round(round(a O) + round(PV)), bf16, one row. */
+static void fa2_merge_row_bf16(float a, const float *v, float *o, int64_t dim) {
+    const __m512 a16 = _mm512_set1_ps(a);
+    for (int64_t j = 0; j < dim; j += 16) {
+        __mmask16 lanes = first_lanes(dim - j);
+        __m512 scaled = round_bf16_x16(_mm512_mul_ps(a16, _mm512_maskz_loadu_ps(lanes, o + j)));
+        __m512 added = round_bf16_x16(_mm512_maskz_loadu_ps(lanes, v + j));
+        _mm512_mask_storeu_ps(o + j, lanes, round_bf16_x16(_mm512_add_ps(scaled, added)));
+    }
+}
+
+/* O = round(round(round(l_old O) + round(alpha_block round(PV))) / l_new), bf16, one row. */
+static void fa1_merge_row_bf16(float old_sum, float alpha_block, float divisor, const float *v, float *o, int64_t dim) {
+    const __m512 l16 = _mm512_set1_ps(old_sum), a16 = _mm512_set1_ps(alpha_block), d16 = _mm512_set1_ps(divisor);
+    for (int64_t j = 0; j < dim; j += 16) {
+        __mmask16 lanes = first_lanes(dim - j);
+        __m512 added = round_bf16_x16(_mm512_mul_ps(a16, round_bf16_x16(_mm512_maskz_loadu_ps(lanes, v + j))));
+        __m512 kept = round_bf16_x16(_mm512_mul_ps(l16, _mm512_maskz_loadu_ps(lanes, o + j)));
+        __m512 total = round_bf16_x16(_mm512_add_ps(kept, added));
+        _mm512_mask_storeu_ps(o + j, lanes, round_bf16_x16(_mm512_div_ps(total, d16)));
+    }
+}
+#else
+static void fa2_merge_row_bf16(float a, const float *v, float *o, int64_t dim) {
+    for (int64_t j = 0; j < dim; j++) o[j] = round_bf16(round_bf16(a * o[j]) + round_bf16(v[j]));
+}
+static void fa1_merge_row_bf16(float old_sum, float alpha_block, float divisor, const float *v, float *o, int64_t dim) {
+    for (int64_t j = 0; j < dim; j++) {
+        float added = round_bf16(alpha_block * round_bf16(v[j]));
+        o[j] = round_bf16(round_bf16(round_bf16(old_sum * o[j]) + added) / divisor);
+    }
+}
+static void probs_row_bf16(const float *raw, int64_t cols, int64_t visible, float scale, float shift,
+                           float row_max, const float *table, float *p) {
+    (void)row_max;
+    for (int64_t j = 0; j < cols; j++) {
+        float s = j < visible ? round_bf16(raw[j] * scale) : -__builtin_inff();
+        p[j] = table[bits_of(round_bf16(s - shift)) >> 16];
+    }
+}
+#endif
+
+/* P = table[index(round(S - shift))] of one row. */
+static void probs_row(const float *raw, int64_t cols, int64_t visible, float scale, float shift, float row_max,
+                      int score, const float *table, float *p) {
+    if (score == BF16) {
+        probs_row_bf16(raw, cols, visible, scale, shift, row_max, table, p);
+        return;
+    }
+    for (int64_t j = 0; j < cols; j++) {
+        float s = j < visible ? round_fp16(raw[j] * scale) : -__builtin_inff();
+        p[j] = table[index_of(round_fp16(s - shift), score)];
+    }
+}
+
+static inline float finite_or_zero(float m) { return m == -__builtin_inff() ? 0.0f : m; }
+
+/* FlashAttention-2 step up to P: the new running max (rounded to stats), the exp argument of the
+   rescale factor (row_max - shift) and P = exp(round(S - shift)) rounded as the table says. */
+void fa2_probs(const float *raw, int64_t rows, int64_t period, int64_t cols, int64_t ld, float scale, int score,
+               int stats, int prob, int causal, int64_t q0, int64_t k0, const float *table, const float *row_max,
+               float *new_max, float *alpha_arg, float *probs, float *matmul_probs) {
+    for (int64_t i = 0, r = 0; i < rows; i++, r = r + 1 == period ? 0 : r + 1) {  /* r = i % period */
+        int64_t visible = visible_keys(causal, q0 + r, k0, cols);
+        float block_max = row_score_max(raw + i * ld, visible, scale, score);
+        float m = row_max[i];
+        float top = (m != m || block_max != block_max) ? __builtin_nanf("") : (block_max > m ? block_max : m);
+        top = round_one(top, stats);
+        float shift = finite_or_zero(top);
+        new_max[i] = top;
+        alpha_arg[i] = m - shift;
+        probs_row(raw + i * ld, cols, visible, scale, shift, block_max, score, table, probs + i * cols);
+        if (matmul_probs) {  /* P converted to the prob format for P.V (when it differs from stats) */
+            float *mp = matmul_probs + i * cols;
+            memcpy(mp, probs + i * cols, cols * sizeof(float));
+            round_row(mp, cols, prob);
+        }
+    }
+}
+
+/* FlashAttention-1 step up to P: the new running max (the larger of the running max and the
+   block's own max rounded to stats), the two exp arguments of the rescale factors (row_max - shift, block_max - shift) and
+   P = exp(round(S - block_max)). */
+void fa1_probs(const float *raw, int64_t rows, int64_t period, int64_t cols, int64_t ld, float scale, int score,
+               int stats, int causal, int64_t q0, int64_t k0, const float *table, const float *row_max,
+               float *new_max, float *alpha_args, float *probs) {
+    for (int64_t i = 0, r = 0; i < rows; i++, r = r + 1 == period ? 0 : r + 1) {  /* r = i % period */
+        int64_t visible = visible_keys(causal, q0 + r, k0, cols);
+        float block_max = round_one(row_score_max(raw + i * ld, visible, scale, score), stats);
+        float m = row_max[i];
+        float top = (m != m || block_max != block_max) ? __builtin_nanf("") : (block_max > m ? block_max : m);
+        float shift = finite_or_zero(top);
+        new_max[i] = top;
+        alpha_args[2 * i] = m - shift;
+        alpha_args[2 * i + 1] = block_max - shift;
+        probs_row(raw + i * ld, cols, visible, scale, finite_or_zero(block_max), block_max, score, table,
+                  probs + i * cols);
+    }
+}
+
+static inline int row_active(int causal, int64_t query, int64_t block_r, int64_t k0) {
+    return !causal || ((query / block_r + 1) * block_r - 1) >= k0;
+}
+
+/* FlashAttention-2 merge of one block into the running state (row_max, row_sum, out: updated in
+   place for active rows). alpha is ATen's exp(alpha_arg), rounded here to rescale; block_sum ATen's row sum of P,
+   pv ATen's P @ V (rows x dim, row stride dim). */
+void fa2_merge(int64_t rows, int64_t period, int64_t dim, int stats, int accum, int rescale, int causal, int64_t q0, int64_t block_r,
+               int64_t k0, const float *new_max, const float *alpha, const float *block_sum, const float *pv,
+               float *row_max, float *row_sum, float *out) {
+    for (int64_t i = 0, r = 0; i < rows; i++, r = r + 1 == period ? 0 : r + 1) {  /* r = i % period */
+        if (!row_active(causal, q0 + r, block_r, k0)) continue;
+        float a = round_one(alpha[i], rescale);
+        row_sum[i] = round_one(round_one(a * row_sum[i], stats) + block_sum[i], stats);
+        row_max[i] = new_max[i];
+        float *o = out + i * dim;
+        const float *v = pv + i * dim;
+        if (accum == BF16) {
+            fa2_merge_row_bf16(a, v, o, dim);
+        } else if (accum == FP16) {
+            for (int64_t j = 0; j < dim; j++) o[j] = round_fp16(round_fp16(a * o[j]) + round_fp16(v[j]));
+        } else {
+            for (int64_t j = 0; j < dim; j++) o[j] = a * o[j] + v[j];
+        }
+    }
+}
+
+/* FlashAttention-1 merge: O stays a normalised average. alphas holds ATen's exp of the two
+   arguments per row (alpha_old, alpha_block), rounded here to rescale. */
+void fa1_merge(int64_t rows, int64_t period, int64_t dim, int stats, int accum, int rescale, int causal, int64_t q0, int64_t block_r,
+               int64_t k0, const float *new_max, const float *alphas, const float *block_sum, const float *pv,
+               float *row_max, float *row_sum, float *out) {
+    for (int64_t i = 0, r = 0; i < rows; i++, r = r + 1 == period ? 0 : r + 1) {  /* r = i % period */
+        if (!row_active(causal, q0 + r, block_r, k0)) continue;
+        float alpha_old = round_one(alphas[2 * i], rescale), alpha_block = round_one(alphas[2 * i + 1], rescale);
+        float old_sum = round_one(alpha_old * row_sum[i], stats);
+        float new_sum = round_one(old_sum + round_one(alpha_block * round_one(block_sum[i], stats), stats), stats);
+        float divisor = new_sum == 0.0f ? 1.0f : new_sum;  /* rows with no visible key keep O = 0 */
+        row_sum[i] = new_sum;
+        row_max[i] = new_max[i];
+        float *o = out + i * dim;
+        const float *v = pv + i * dim;
+        /* O = round(round(round(l_old O) + round(alpha_block round(PV))) / l_new), each step in accum */
+        if (accum == BF16) {
+            fa1_merge_row_bf16(old_sum, alpha_block, divisor, v, o, dim);
+        } else if (accum == FP16) {
+            for (int64_t j = 0; j < dim; j++) {
+                float added = round_fp16(alpha_block * round_fp16(v[j]));
+                o[j] = round_fp16(round_fp16(round_fp16(old_sum * o[j]) + added) / divisor);
+            }
+        } else {
+            for (int64_t j = 0; j < dim; j++) o[j] = (old_sum * o[j] + alpha_block * v[j]) / divisor;
+        }
+    }
+}
