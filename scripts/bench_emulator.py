@@ -2,13 +2,18 @@
 
     python scripts/bench_emulator.py                          # N = 1k, 4k, 16k; paper and fa2; 1 thread
     python scripts/bench_emulator.py --lengths 1024 --repeats 3 --out bench.json
+    python scripts/bench_emulator.py --table docs/results/bench_emulator.json   # only rewrite the docs table
 
 For every N and preset it times, on the same bf16-valued inputs (batch 1, 1 head, d = 64, tiles
 64 x 64, no mask):
   flash_kernel      torch SDPA with SDPBackend.FLASH_ATTENTION on bf16 tensors (the anchor)
   golden            numdev's FP64 golden attention (the other anchor)
-  emulator          flash_emulated as sweeps run it (compile=True, query chunks)
-  emulator_eager    the same without torch.compile
+  matmul_floor      the emulator's two float32 matmuls per block alone, as it chunks them
+  emulator          flash_emulated as sweeps run it (the defaults: C kernels where they apply,
+                    query chunks; the paper preset's 16-bit scores take the C kernels, the fa2
+                    preset's float32 scores do not and run eagerly)
+  emulator_compiled the same with native=False, compile=True (torch.compile)
+  emulator_eager    the same with native=False (ATen ops)
   before            the implementation before the speed work (tests/flash_reference.py)
 and reports medians over repeats (wall clock and this thread's CPU time), each emulator path's
 ratio to the flash kernel, and whether its outputs are bit-identical to `before`'s.
@@ -72,6 +77,21 @@ def same_bits(a, b) -> bool:
     return bool(torch.equal(torch.isnan(a), nan) and torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0)))
 
 
+def matmuls_only(q, k, v, block: int):
+    """The emulator's two float32 matmuls per key/value block, alone, chunked as it chunks rows:
+    the floor any emulator path keeping today's bits stands on (its inputs are a zero stand-in P)."""
+    import torch
+
+    from numdev.attention.flash_emulated import _CHUNK_ELEMENTS, _MIN_CHUNK_ROWS, _row_chunks
+
+    n_q, n_k = q.shape[2], k.shape[2]
+    for rows in _row_chunks(n_q, max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // max(block, v.shape[-1]))):
+        for start in range(0, n_k, block):
+            probs = q[:, :, rows] @ k[:, :, start:start + block].transpose(-1, -2)
+            probs @ v[:, :, start:start + block]
+    return torch.empty(0)
+
+
 def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: int, seed: int) -> dict:
     import torch
     import torch.nn.functional as F
@@ -95,11 +115,15 @@ def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: i
         q64, k64, v64 = (t.double() for t in (q, k, v))
         row["golden"], _ = timed(lambda: golden_attention(q64, k64, v64, scale=scale), repeats)
         qf, kf, vf = (t.float() for t in (q, k, v))
+        row["matmul_floor"], _ = timed(lambda: matmuls_only(qf, kf, vf, block), repeats)
+        row["matmul_floor"]["ratio_to_flash_kernel_wall_s"] = row["matmul_floor"]["wall_s"] / row["flash_kernel"]["wall_s"]
         for preset in presets:
             formats = stage_formats(preset, "bf16")
+            tiles = {"block_r": block, "block_c": block, "variant": variant}
             paths = {
-                "emulator": FlashEmulated(formats, block_r=block, block_c=block, variant=variant, compile=True),
-                "emulator_eager": FlashEmulated(formats, block_r=block, block_c=block, variant=variant),
+                "emulator": FlashEmulated(formats, **tiles),
+                "emulator_compiled": FlashEmulated(formats, **tiles, native=False, compile=True),
+                "emulator_eager": FlashEmulated(formats, **tiles, native=False),
             }
             cell = {}
             before_emulator = paths["emulator_eager"]
@@ -108,6 +132,7 @@ def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: i
             for name, emulator in paths.items():
                 cell[name], out = timed(lambda e=emulator: e(qf, kf, vf, scale=scale), repeats)
                 cell[name]["bit_identical_to_before"] = same_bits(out, before)
+                cell[name]["path"] = emulator.last_path
             for name in ("before", *paths):
                 for clock in ("wall_s", "thread_cpu_s"):
                     cell[name][f"ratio_to_flash_kernel_{clock}"] = cell[name][clock] / row["flash_kernel"][clock]
@@ -126,14 +151,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "microbenchmark.md",
+                        help="the doc whose block `emulator-speed` gets the table (with --out or --table)")
+    parser.add_argument("--table", type=Path, help="no timing: write the docs table from this JSON")
     args = parser.parse_args()
+    if args.table:
+        write_table(json.loads(args.table.read_text()), args.docs, args.table)
+        return
 
     import torch
+
+    from numdev.provenance import provenance
 
     torch.set_num_threads(args.threads)
     report = {
         "what": "flash emulator speed vs PyTorch's CPU flash kernel (bf16) and the FP64 golden",
         "machine": machine(torch.get_num_threads()),
+        "provenance": provenance(seeds=[args.seed], threads=torch.get_num_threads()),  # commit, versions, CPU flags
         "shape": {"batch": 1, "heads": 1, "dim": args.dim, "causal": False},
         "precision": "bf16",
         "variant": args.variant,
@@ -151,7 +185,42 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
+        write_table(report, args.docs, args.out)
     print(text)
+
+
+PATHS = {"before": "before the speed work", "emulator_eager": "eager (ATen)",
+         "emulator_compiled": "`attention.compile=true`", "emulator": "default (C kernels where they apply)"}
+
+
+def write_table(report: dict, docs: Path, source: Path) -> None:
+    """The ratios to the flash kernel as a markdown table, into docs' block `emulator-speed`."""
+    from numdev.docblocks import replace_block
+
+    machine = report["machine"]
+    lines = [
+        f"Generated from `{source.resolve().relative_to(ROOT) if source.resolve().is_relative_to(ROOT) else source}` "
+        f"(commit {(report.get('provenance', {}).get('git', {}).get('commit') or '?')[:10]}, "
+        f"{(report.get('provenance', {}).get('date') or '?')[:10]}): "
+        f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs, {machine['torch_threads']} torch thread, "
+        f"load average {machine['load_average_1min']:.2f} at the start, torch {machine['torch']}; "
+        f"medians of {report['lengths'][0].get('repeats', '?')} calls (3 at N = 16k), seed {report['seed']}, "
+        f"variant {report['variant']}, tiles {report['tiles']['block_r']}x{report['tiles']['block_c']}. "
+        "Each cell: the path's wall time over the flash kernel's, and which implementation ran.",
+        "",
+        "| preset | N | " + " | ".join(PATHS.values()) + " | matmuls alone | flash kernel | all bit-identical |",
+        "| --- | --- | " + " | ".join("---" for _ in PATHS) + " | --- | --- | --- |",
+    ]
+    for row in report["lengths"]:
+        for preset in [key for key in row if isinstance(row[key], dict) and "before" in row[key]]:
+            cell = row[preset]
+            ratios = [f"{cell[path]['ratio_to_flash_kernel_wall_s']:.1f}x"
+                      + (f" ({cell[path]['path']})" if "path" in cell[path] else "") for path in PATHS]
+            identical = all(cell[path].get("bit_identical_to_before", True) for path in PATHS)
+            lines.append(f"| {preset} | {row['n']} | " + " | ".join(ratios)
+                         + f" | {row['matmul_floor']['ratio_to_flash_kernel_wall_s']:.1f}x"
+                         + f" | {row['flash_kernel']['wall_s'] * 1e3:.1f} ms | {'yes' if identical else '**no**'} |")
+    replace_block(docs, "emulator-speed", "\n".join(lines))
 
 
 if __name__ == "__main__":
