@@ -6,7 +6,7 @@ One home for the contract that train/ writes and analysis/ reads (docs/run_layou
     <run_dir>/run.json                  what ran, and how it ended
     <run_dir>/weights/index.json        the snapshot index (numdev.snapshot_store)
     <run_dir>/weights/step_XXXXXXXX.safetensors
-    <run_dir>/weights/sorted_XXXXXXXX.safetensors   the snapshot's values sorted (snapshot.sorted=true)
+    <run_dir>/weights/sorted_XXXXXXXX.safetensors   the snapshot's values sorted (snapshot.sorted_values=true)
     <run_dir>/token_rows.json           the token-embedding rows the run's captions index
     <run_dir>/sibling/<label>.csv       weight distances to a sibling run (DISTANCE_COLUMNS)
     <run_dir>/checkpoints/last.ckpt     the resume checkpoint
@@ -31,7 +31,7 @@ WEIGHTS_DIR = "weights"
 INDEX = "index.json"
 INDEX_FORMAT = 1
 # weights/sorted_XXXXXXXX.safetensors: a snapshot's weight sets sorted, written by a run that others
-# compare with (snapshot.sorted=true) so that they need not sort its values again
+# compare with (snapshot.sorted_values=true) so that they need not sort its values again
 # (numdev.snapshot_store.write_sorted_values; docs/run_layout.md#sorted-values).
 SORTED_FORMAT = 1
 POOLED = "__pooled__"  # the tensor of a sorted-values file that holds every value of the model, sorted

@@ -15,7 +15,7 @@ atomically, so a reader never sees a half-written file or an index entry without
 opening a run directory lists every snapshot file the index lacks (an index deleted, or a kill
 between a file and its index entry), each verified, so no snapshot is ever left unlisted.
 
-A run that others compare with (snapshot.sorted=true) also writes its weight sets sorted:
+A run that others compare with (snapshot.sorted_values=true) also writes its weight sets sorted:
 
     weights/sorted_00000100.safetensors  safetensors layout: one float32 tensor per weight set
                                          (numdev.analysis.distances' sets), "__pooled__" (every
@@ -273,7 +273,7 @@ class SortedFile:
         begin, end = self._entries[name]
         out = np.empty((end - begin) // 4, dtype="<f4")
         try:
-            got = os.preadv(self._handle.fileno(), [out], self._data_start + begin) if out.nbytes else 0
+            got = _pread_into(self._handle.fileno(), out, self._data_start + begin) if out.nbytes else 0
         except OSError as error:
             raise SortedValuesError(f"{self.path}: could not be read ({error.strerror or error})") from None
         if got != out.nbytes:
@@ -352,6 +352,15 @@ def _sorted_file(path: Path, handle, step: int, snapshot_sha256: str) -> SortedF
             raise bad(f"{name!r} ends past the end of the file: the file was truncated")
         entries[name] = (begin, end)
     return SortedFile(path, handle, 8 + length, entries, sets, rows)
+
+
+def _pread_into(fd: int, out: np.ndarray, offset: int) -> int:
+    """Read into `out` at `offset` of the file, without moving a shared file position (readers in threads)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [out], offset)
+    data = os.pread(fd, out.nbytes, offset)  # (platforms without preadv: one copy more)
+    out.view(np.uint8)[: len(data)] = np.frombuffer(data, np.uint8)
+    return len(data)
 
 
 def _ints(values) -> bool:

@@ -35,12 +35,14 @@ ranges at a time), reusing the sorts of sets that did not change since the run's
 NumPy's SIMD sort in `threads` threads (NumPy releases the GIL).
 
 A reference run's sorts can come from disk instead (`prepare(..., stored=...)`, the file
-numdev.snapshot_store writes with snapshot.sorted=true). They are used only after checks against
-the values being prepared, which come from the verified snapshot: each array has the set's size,
-is sorted (non-decreasing, no NaN) and holds the same multiset of float32 bit patterns
-(`fingerprint`: count, sum, and sum of squares mod 2^32 of the patterns, -0 as +0, exact and
-independent of order). Any failure drops the whole file and the values are sorted here, so the results are the
-same bits either way.
+numdev.snapshot_store writes with snapshot.sorted_values=true). Each array is used only after
+checks against the values being prepared, which come from the verified snapshot: it has the
+set's size, is sorted (non-decreasing, no NaN) and holds the same multiset of float32 bit
+patterns (`fingerprint`: count, sum, and sum of squares mod 2^32 of the patterns, -0 as +0,
+exact and independent of order). An array that passes is the set's sort (the same bits in every
+distance); one that fails is sorted here. These checks catch any damage and any edit that changes
+values; a forgery built to keep all three sums is not caught, as a snapshot forged together with
+its index is not.
 """
 
 from __future__ import annotations

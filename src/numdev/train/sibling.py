@@ -15,7 +15,7 @@ token_rows.json, are their own set), and logs them to TensorBoard:
 and keeps the rows in <run_dir>/sibling/<label>.csv (numdev.run_layout.DISTANCE_COLUMNS, the
 columns of numdev-compare's CSV). `seconds` keeps what each comparison cost.
 
-Cost: a sibling that writes its sorted values (snapshot.sorted=true, the study's reference) is
+Cost: a sibling that writes its sorted values (snapshot.sorted_values=true, the study's reference) is
 not sorted again here: its weights/sorted_XXXXXXXX.safetensors is read and checked against its
 verified snapshot (numdev.analysis.distances.prepare). A file that is missing, stale or fails a
 check is set aside and the sibling's values are sorted here (said once in the log): the rows are
@@ -168,7 +168,7 @@ class SiblingDistance(pl.Callback):
         if self._reference is None or self._reference[0] != key:
             previous = self._reference[1] if self._reference is not None else None
             self._reference = (key, self.prepare_reference(step, sha256, theirs, rows, previous))
-        # This run's own sorts, when its snapshot callback wrote them (snapshot.sorted) with the same split.
+        # This run's own sorts, when its snapshot callback wrote them (snapshot.sorted_values) with the same split.
         own = self._snapshots.prepared if self._snapshots is not None else None
         previous = own if own is not None and _rows_key(own.rows) == _rows_key(rows) else self._mine
         self._mine = prepare(state, rows, self.threads, previous)
