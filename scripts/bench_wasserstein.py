@@ -5,29 +5,43 @@ Prints JSON (and writes it with --out). Target: live_comparison <= 0.03 µs per 
 
 Two runs are stood in for by the model's initial weights (seed.init=0) moved twice by N(0, 1e-3)
 noise (of the token embedding only the rows the shapes captions index), written as snapshots at
-steps 1 and 2 with a token_rows.json into temporary run directories, as training writes them. Cases, each the median
+steps 1 and 2 with a token_rows.json into temporary run directories, as training writes them; the
+reference also writes its sorted values beside each snapshot, as the study's reference does
+(snapshot.sorted_values=true: numdev.train.snapshots.WeightSnapshots). Cases, each the median
 (and min, max) of --repeats wall-clock timings, divided by the parameter count, and the median CPU
 time of all threads (cpu_us_per_parameter_median):
 
-  live_comparison   what the sibling callback does at a snapshot step after the first: load and
-                    verify the reference's snapshot, sort both sides (the sets that changed since
-                    the previous snapshot step, and the pooled values), compare, write the CSV
+  live_comparison   what a comparing run's sibling callback does at a snapshot step after the
+                    first: load and verify the reference's snapshot, read the reference's sorted
+                    values from disk and check them against it, sort this run's own sets that
+                    changed since the previous snapshot step and its pooled values, compare the
+                    sets that changed on either side, write the CSV
                     (numdev.train.sibling.SiblingDistance.measure + write_rows)
-  live_comparison_first_step   the same with nothing prepared before (every set sorted)
-  prepare_one_side  numdev.analysis.distances.prepare of one state (the sorts)
-  compare_prepared  numdev.analysis.distances.compare of two prepared states
+  live_comparison_first_step   the same with nothing prepared before (every set of this run
+                    sorted, every set of the reference read and checked)
+  live_comparison_sorting_both the old full path: the same step with no sorted values beside the
+                    reference's snapshots (a reference without snapshot.sorted_values, or a file
+                    that failed its checks), so both sides are sorted here, as before
+  prepare_one_side  numdev.analysis.distances.prepare of one state, every set sorted
+  prepare_reference_from_disk  the same with its sorts read from the reference's file and checked
+  compare_prepared  numdev.analysis.distances.compare of two prepared states (no cache)
+  write_sorted_values  what the reference adds per snapshot: writing its sorted values (fsync'd)
   histogram         TensorBoard's histogram of every difference (sibling.histograms=model), not in the above
   scipy_pooled_w1   scipy.stats.wasserstein_distance of the two whole models (float64), for scale
 
 Equality: every set's W1 and the pooled W1 against scipy.stats.wasserstein_distance in float64
-(the largest relative difference). Threads are pinned (torch, and the comparison's own pool) and
-recorded with the machine (numdev.provenance). Timings on a shared machine are not comparable.
+(the largest relative difference), and the live rows with the sorted values read from disk against
+the rows of the old path (sorting both sides): equal bit for bit (live_rows_equal_old_path).
+Threads are pinned (torch, and the comparison's own pool) and recorded with the machine
+(numdev.provenance). Timings on a shared machine are not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -41,11 +55,18 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from torch.utils.tensorboard import SummaryWriter
 
-from numdev.analysis.distances import compare, distance_rows, prepare, split_sets
+from numdev.analysis.distances import CompareCache, compare, distance_rows, prepare, split_sets
 from numdev.atomic import write_json
 from numdev.provenance import provenance
 from numdev.run_layout import indexed_rows, read_token_rows
-from numdev.snapshot_store import SnapshotWriter, parameter_state
+from numdev.snapshot_store import (
+    SnapshotWriter,
+    SortedSets,
+    load_snapshot_entry,
+    open_sorted_values,
+    parameter_state,
+    write_sorted_values,
+)
 from numdev.train.run import build_model
 from numdev.train.sibling import SiblingDistance
 from numdev.train.token_rows import TokenRows, embedding_name
@@ -101,8 +122,14 @@ def make_runs(root: Path, model_name: str) -> tuple[Path, Path, dict[int, dict[s
         writer = SnapshotWriter(run_dir, model_name, shapes)
         states[name] = {1: moved(initial)}
         states[name][2] = moved(states[name][1])
+        prepared = None
         for step, state in states[name].items():
-            writer.write(step, state)
+            sorted_sets = None
+            if name == "reference":  # as WeightSnapshots does with snapshot.sorted_values=true
+                own_rows = indexed_rows([read_token_rows(run_dir)], step)
+                prepared = prepare(state, own_rows, previous=prepared)
+                sorted_sets = SortedSets(prepared.sorted, prepared.pooled_sorted, own_rows)
+            writer.write(step, state, sorted_sets)
     return runs["mine"], runs["reference"], states["mine"]
 
 
@@ -115,39 +142,65 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
         mine_dir, reference_dir, states = make_runs(Path(tmp), args.model)
+        unsorted_dir = Path(tmp) / "reference_without_sorted_values"
+        shutil.copytree(reference_dir, unsorted_dir, ignore=shutil.ignore_patterns("sorted_*"))
         mine = states[2]
         parameters = sum(t.numel() for t in mine.values())
-        callback = SiblingDistance(str(mine_dir), str(reference_dir), label="bench", threads=args.threads)
 
-        def live(step: int):
-            distances, _, theirs = callback.measure(step, states[step])
-            callback.rows = distance_rows(step, distances)
-            callback.write_rows()
-            live.result = (distances, theirs)
+        def live_case(reference: Path) -> tuple[dict, dict, SiblingDistance]:
+            callback = SiblingDistance(str(mine_dir), str(reference), label="bench", threads=args.threads)
 
-        def first_step():  # nothing prepared yet: every set of both sides is sorted
-            callback._reference, callback._mine = None, None
-            live(2)
+            def live(step: int):
+                distances, _, theirs = callback.measure(step, states[step])
+                callback.rows = distance_rows(step, distances)
+                callback.write_rows()
+                live.result = (distances, theirs)
 
-        live(1)
-        after_step_1 = (callback._reference, callback._mine)
+            def first_step():  # nothing prepared yet: every set of both sides is sorted (or read)
+                callback._reference, callback._mine, callback._cache = None, None, CompareCache()
+                live(2)
 
-        def next_step():  # step 1 prepared: the unchanged sets (the unindexed embedding rows) are reused
-            callback._reference, callback._mine = after_step_1
-            live(2)
+            live(1)
+            after_step_1 = (callback._reference, callback._mine, dict(callback._cache.parts))
 
-        cases = {
-            "live_comparison": per_parameter(timed(next_step, args.repeats), parameters),
-            "live_comparison_first_step": per_parameter(timed(first_step, args.repeats), parameters),
-        }
+            def next_step():  # step 1 prepared: the unchanged sets (the unindexed embedding rows) are reused
+                callback._reference, callback._mine = after_step_1[:2]
+                callback._cache.parts = dict(after_step_1[2])
+                live(2)
+
+            return {"next": next_step, "first": first_step}, live, callback
+
+        cases = {}
+        runs, live, callback = live_case(reference_dir)
+        cases["live_comparison"] = per_parameter(timed(runs["next"], args.repeats), parameters)
         distances, theirs = live.result
+        used_from_disk = list(callback._reference[1].stored)
+        cases["live_comparison_first_step"] = per_parameter(timed(runs["first"], args.repeats), parameters)
+        old_runs, old_live, old_callback = live_case(unsorted_dir)
+        cases["live_comparison_sorting_both"] = per_parameter(timed(old_runs["next"], args.repeats), parameters)
+        old_distances, _ = old_live.result
+        assert not old_callback._reference[1].stored and callback.stored_problem is None, "the cases did not take the paths they name"
+
         rows = indexed_rows([read_token_rows(mine_dir), read_token_rows(reference_dir)], 1)
         prepared_mine, prepared_theirs = prepare(mine, rows, args.threads), prepare(theirs, rows, args.threads)
         cases["prepare_one_side"] = per_parameter(timed(lambda: prepare(mine, rows, args.threads), args.repeats), parameters)
+        sha256 = load_snapshot_entry(reference_dir, 2)[1]
+
+        def from_disk():
+            with open_sorted_values(reference_dir, 2, sha256) as stored:
+                return prepare(theirs, rows, args.threads, stored=stored)
+
+        cases["prepare_reference_from_disk"] = per_parameter(timed(from_disk, args.repeats), parameters)
         cases["compare_prepared"] = per_parameter(
             timed(lambda: compare(prepared_mine, prepared_theirs, args.threads), args.repeats), parameters
+        )
+        own_rows = indexed_rows([read_token_rows(reference_dir)], 2)
+        sorted_sets = SortedSets(prepared_theirs.sorted, prepared_theirs.pooled_sorted, own_rows)
+        scratch = Path(tmp) / "scratch"
+        cases["write_sorted_values"] = per_parameter(
+            timed(lambda: write_sorted_values(scratch, 2, sha256, sorted_sets), args.repeats), parameters
         )
         writer = SummaryWriter(str(Path(tmp) / "tensorboard"))
         cases["histogram"] = per_parameter(timed(lambda: callback.log_histograms(writer, 2, mine, theirs), args.repeats), parameters)
@@ -171,6 +224,8 @@ def main() -> None:
             "target_us_per_parameter": 0.03,
             "cases": cases,
             "live_within_target": cases["live_comparison"]["us_per_parameter_median"] <= 0.03,
+            "live_sets_read_from_disk": len(used_from_disk),
+            "live_rows_equal_old_path": distance_rows(2, distances) == distance_rows(2, old_distances),
             "equal_to_scipy": {
                 "per_set_w1_max_relative_difference": max(relative),
                 "pooled_w1_relative_difference": abs(distances["model"]["pooled_wasserstein"] - pooled) / pooled,

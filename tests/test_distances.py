@@ -184,3 +184,111 @@ def test_the_pooled_sort_in_value_ranges_and_the_reused_sorts_equal_a_fresh_sort
     assert all(np.array_equal(again.sorted[n], reference.sorted[n]) for n in reference.sorted)
     assert np.array_equal(again.pooled_sorted, reference.pooled_sorted)
     assert again.std == reference.std and again.sum_squares == reference.sum_squares
+
+
+# -- sorted values from disk (snapshot.sorted_values): used only after their checks, the same bits --------
+
+
+class _Stored:
+    """A stand-in for snapshot_store.SortedFile: the sets it holds, their split, and read()."""
+
+    path = "stored.safetensors"
+
+    def __init__(self, arrays: dict, rows=None):
+        from numdev.run_layout import POOLED, rows_digest
+
+        self.arrays, self.sets, self.rows = arrays, [n for n in arrays if n != POOLED], rows_digest(rows)
+
+    def read(self, name):
+        return self.arrays[name].copy()
+
+
+def _stored_of(state, rows):
+    from numdev.run_layout import POOLED
+
+    fresh = prepare(state, rows)
+    return _Stored({**fresh.sorted, POOLED: fresh.pooled_sorted}, rows)
+
+
+def test_fingerprint_is_order_free_and_sees_one_ulp():
+    from numdev.analysis.distances import fingerprint
+
+    rng = np.random.default_rng(0)
+    v = np.concatenate([rng.standard_normal(5000), [0.0, -0.0, -0.0, 1e-45, -3.0e38]]).astype(np.float32)
+    assert fingerprint(np.sort(v)) == fingerprint(v) == fingerprint(v[::-1].copy())
+    assert fingerprint(np.float32([0.0, -0.0])) == fingerprint(np.float32([0.0, 0.0]))  # NumPy's sort may turn -0 into +0
+    flipped = v.copy()
+    flipped[5] = -flipped[5]  # a sign: 2^31 apart in the patterns
+    assert fingerprint(flipped) != fingerprint(v)
+    moved = v.copy()
+    moved[7] = np.nextafter(moved[7], np.float32(np.inf))
+    assert fingerprint(moved) != fingerprint(v)
+    both = v.copy()  # one value up one ulp and another down one ulp: the sum of patterns stays, the squares do not
+    both.view(np.int32)[[3, 9]] += np.array([1, -1], np.int32)
+    assert fingerprint(both)[1] == fingerprint(v)[1] and fingerprint(both) != fingerprint(v)
+
+
+def test_stored_sorts_are_used_after_their_checks_and_give_the_same_bits():
+    from numdev.run_layout import POOLED
+
+    a, b, rows = _hand_built()
+    stored = _stored_of(b, rows)
+    loaded = prepare(b, rows, stored=stored)
+    assert loaded.stored_problem is None and set(loaded.stored) == {*stored.sets, POOLED}
+    fresh = prepare(b, rows)
+    assert all(np.array_equal(loaded.sorted[n], fresh.sorted[n]) for n in fresh.sorted)
+    assert np.array_equal(loaded.pooled_sorted, fresh.pooled_sorted) and loaded.sum_squares == fresh.sum_squares
+    assert compare(prepare(a, rows), loaded) == compare(prepare(a, rows), fresh)
+
+
+def _swap_in_neighbour(arrays, name):  # still sorted, one value replaced by its neighbour: another multiset
+    arrays[name][3] = arrays[name][4]
+
+
+def _unsort(arrays, name):
+    arrays[name][[0, -1]] = arrays[name][[-1, 0]]
+
+
+def _nan(arrays, name):
+    arrays[name][-1] = np.nan
+
+
+def _shorten(arrays, name):
+    arrays[name] = arrays[name][:-1]
+
+
+@pytest.mark.parametrize("target", ["w", "__pooled__"])
+@pytest.mark.parametrize("damage", [_swap_in_neighbour, _unsort, _nan, _shorten])
+def test_stored_sorts_that_fail_a_check_are_sorted_here(damage, target):
+    a, b, rows = _hand_built()
+    stored = _stored_of(b, rows)
+    damage(stored.arrays, target)
+    loaded = prepare(b, rows, stored=stored)
+    assert target not in loaded.stored and "stored.safetensors" in loaded.stored_problem
+    assert compare(prepare(a, rows), loaded) == compare(prepare(a, rows), prepare(b, rows))
+
+
+def test_stored_sorts_of_another_split_are_not_used_for_that_tensor():
+    a, b, rows = _hand_built()
+    stored = _stored_of(b, {"emb": np.array([1, 4])})  # written with other indexed rows
+    loaded = prepare(b, rows, stored=stored)
+    assert loaded.stored_problem is None
+    assert "emb" not in loaded.stored and "emb[unindexed]" not in loaded.stored and "w" in loaded.stored
+    assert compare(prepare(a, rows), loaded) == compare(prepare(a, rows), prepare(b, rows))
+
+
+def test_a_set_unchanged_on_both_sides_is_not_compared_again_and_gives_the_same_bits():
+    from numdev.analysis.distances import CompareCache
+
+    a, b, rows = _hand_built()
+    cache = CompareCache()
+    pa, pb = prepare(a, rows), prepare(b, rows)
+    first = compare(pa, pb, cache=cache)
+    a2 = {k: v.clone() for k, v in a.items()}
+    a2["w"] += 1e-3
+    pa2 = prepare(a2, rows, previous=pa)
+    pb2 = prepare({k: v.clone() for k, v in b.items()}, rows, previous=pb)
+    assert pa2.versions["bias"] == pa.versions["bias"] and pa2.versions["w"] != pa.versions["w"]
+    assert pb2.pooled_sorted is pb.pooled_sorted  # nothing changed: not even the pooled values are sorted again
+    again = compare(pa2, pb2, cache=cache)
+    assert again == compare(prepare(a2, rows), prepare(b, rows)) and again != first

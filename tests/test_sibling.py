@@ -23,9 +23,10 @@ from numdev.train.sibling import SiblingDistance, SiblingError
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """reference; an identical rerun; a flash run and a different-init run, all comparing with the reference."""
+    """reference (writing its sorted values, as the study's does); an identical rerun; a flash run and
+    a different-init run, all comparing with the reference."""
     root = tmp_path_factory.mktemp("siblings")
-    train(compose_train(run_dir=root / "reference"))
+    train(compose_train("snapshot.sorted_values=true", run_dir=root / "reference"))
     for name, overrides in {
         "same": [],
         "flash": ["attention=sdpa_flash", "precision=bf16-mixed"],
@@ -102,7 +103,7 @@ def test_the_callback_waits_for_a_snapshot_written_later_by_another_process(tmp_
     process = subprocess.Popen([sys.executable, "-c", writer_code, str(reference)])
     try:
         start = time.monotonic()
-        state = _callback(reference, tmp_path, timeout_s=60).wait_for(2)
+        state, _ = _callback(reference, tmp_path, timeout_s=60).wait_for(2)
         waited = time.monotonic() - start
     finally:
         process.wait(timeout=60)
@@ -197,3 +198,140 @@ def test_the_unindexed_embedding_rows_are_their_own_set(runs):
     assert init[name + "[unindexed]"]["mean_abs"] > 1e-3
     trained = sum(r["numel"] for t, r in flash.items() if t != MODEL and not t.endswith("[unindexed]"))
     assert flash[MODEL]["numel"] == trained
+
+
+# -- the sibling's sorted values (snapshot.sorted_values): read instead of sorted, the same rows ---------
+
+
+def test_the_reference_writes_sorted_values_and_the_live_rows_equal_the_offline_ones(runs):
+    """The live rows (the reference's sorts read from disk) are exactly numdev-compare's (both sorted)."""
+    assert sorted(p.name for p in (runs / "reference" / "weights").glob("sorted_*")) == [
+        "sorted_00000000.safetensors", "sorted_00000002.safetensors", "sorted_00000004.safetensors"]
+    assert not list((runs / "flash" / "weights").glob("sorted_*"))  # only the run others compare with writes them
+    for name in ("same", "flash", "init"):
+        live = read_csv(runs / name / "sibling" / "ref.csv")
+        key = lambda r: (r["step"], r["tensor"])  # noqa: E731
+        assert sorted(live, key=key) == sorted(compare_runs(runs / name, runs / "reference"), key=key)
+
+
+def _pair(tmp_path, steps=(0, 2, 4), sorted_values=True):
+    """A reference (with its sorted values) and a comparing run: snapshots and token rows as training writes them."""
+    import numpy as np
+
+    from numdev.analysis.distances import prepare
+    from numdev.snapshot_store import SortedSets
+
+    shapes = {"emb.weight": [40, 4], "w": [30, 20], "bias": [7]}
+    g = torch.Generator().manual_seed(1)
+    start = {k: torch.randn(v, generator=g) * 0.02 for k, v in shapes.items()}
+    start["bias"].zero_()
+    rows = [1, 5, 6, 30]
+    for run in ("reference", "me"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "token_rows.json").write_text(json.dumps(
+            {"format": 1, "tensor": "emb.weight", "rows": 40, "source": "declared", "describe": "test",
+             "ids": rows, "first_step": [0] * len(rows)}))
+    states = {}
+    for run in ("reference", "me"):
+        writer, state, previous = SnapshotWriter(tmp_path / run, "m", shapes), start, None
+        for step in steps:
+            state = {k: v.clone() for k, v in state.items()}
+            for k, v in state.items():
+                moved = v + torch.randn(v.shape, generator=g) * 1e-3
+                if k == "emb.weight":  # only the indexed rows train
+                    v[rows] = moved[rows]
+                else:
+                    state[k] = moved
+            states[run, step] = state
+            sorted_sets = None
+            if run == "reference" and sorted_values:
+                previous = prepare(state, {"emb.weight": np.array(rows)}, previous=previous)
+                sorted_sets = SortedSets(previous.sorted, previous.pooled_sorted, {"emb.weight": np.array(rows)})
+            writer.write(step, state, sorted_sets)
+    return tmp_path / "reference", tmp_path / "me", states
+
+
+def _live_rows(reference, me, states, steps=(0, 2, 4)):
+    callback = SiblingDistance(str(me), str(reference), label="ref", timeout_s=0)
+    used = []
+    for step in steps:
+        callback.on_snapshot(_NoTrainer(), None, step, states["me", step])
+        used.append(list(callback._reference[1].stored))
+    return read_csv(callback.csv_path), used
+
+
+class _NoTrainer:
+    logger = None
+
+
+def test_live_rows_with_the_sorted_values_read_from_disk_equal_the_old_path(tmp_path, capsys):
+    reference, me, states = _pair(tmp_path)
+    rows, used = _live_rows(reference, me, states)
+    assert rows == compare_runs(me, reference)  # every column, exactly
+    assert "__pooled__" in used[0] and "w" in used[0] and "emb.weight[unindexed]" in used[0]
+    assert "emb.weight[unindexed]" not in used[1]  # unchanged since step 0: reused, not read again
+    assert "not using" not in capsys.readouterr().out
+
+
+def _flip_a_data_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _forge_w(path):
+    """Re-written with every header field right and one value of `w` changed (still sorted)."""
+    import numpy as np
+    import safetensors.numpy
+
+    from numdev.snapshot_store import SortedSets, write_sorted_values
+
+    arrays = safetensors.numpy.load_file(path)
+    meta = json.loads(safetensors.safe_open(path, "np").metadata()["numdev"])
+    arrays["w"][10] = arrays["w"][11]
+    pooled = arrays.pop("__pooled__")
+    rows = {"emb.weight": np.array([1, 5, 6, 30])}
+    write_sorted_values(path.parent.parent, meta["step"], meta["snapshot_sha256"], SortedSets(arrays, pooled, rows))
+
+
+def _stale(path):
+    """The previous step's sorted values (another snapshot) copied over this step's, the step in its header edited."""
+    step = int(path.stem.split("_")[1])
+    other = (path.parent / f"sorted_{step - 2:08d}.safetensors").read_bytes()
+    path.write_bytes(other.replace(f'\\"step\\": {step - 2}'.encode(), f'\\"step\\": {step}'.encode()))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda p: p.unlink(), "does not exist"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "truncated"),
+        (_flip_a_data_byte, "the file is corrupt or was edited"),
+        (_forge_w, "'w' does not hold the snapshot's values"),
+        (_stale, "belongs to another snapshot of step 2"),
+    ],
+    ids=["missing", "truncated", "bit-flip", "forged", "stale"],
+)
+def test_a_damaged_forged_or_stale_sorted_file_falls_back_to_sorting_with_the_same_rows(tmp_path, capsys, damage, reason):
+    reference, me, states = _pair(tmp_path)
+    for step in (2, 4):  # two damaged steps: said once
+        damage(reference / "weights" / f"sorted_{step:08d}.safetensors")
+    rows, used = _live_rows(reference, me, states)
+    assert rows == compare_runs(me, reference)
+    out = capsys.readouterr().out
+    assert out.count("[sibling] not using the sibling's sorted values") == 1 and reason in out, out
+    assert "__pooled__" in used[0]  # step 0's file was fine
+
+
+def test_a_reference_without_sorted_values_is_sorted_here(tmp_path, capsys):
+    reference, me, states = _pair(tmp_path, sorted_values=False)
+    rows, used = _live_rows(reference, me, states)
+    assert rows == compare_runs(me, reference) and used == [[], [], []]
+    assert capsys.readouterr().out.count("sorted_00000000.safetensors does not exist") == 1
+
+
+def test_only_the_study_reference_writes_sorted_values():
+    roles = ("truth", "reference", "flash", "data", "noise", "ulp", "init", "fp32")
+    writes = {role: compose_train("experiment=flash_stability", f"study={role}", run_dir="/tmp/x", smoke=False).snapshot.sorted_values
+              for role in roles}
+    assert writes == {role: role == "reference" for role in roles}

@@ -87,3 +87,119 @@ def test_writer_continues_an_index_and_refuses_another_model(run):
         SnapshotWriter(run, "other", SHAPES)
     with pytest.raises(SnapshotError, match="differ from"):
         writer.write(40, {"a.weight": torch.zeros(2, 3)})
+
+
+# -- sorted values beside a snapshot (snapshot.sorted_values) -------------------------------------------
+
+
+def _sorted_sets(state, rows=None):
+    from numdev.analysis.distances import prepare
+    from numdev.snapshot_store import SortedSets
+
+    prepared = prepare(state, rows)
+    return SortedSets(prepared.sorted, prepared.pooled_sorted, rows)
+
+
+@pytest.fixture
+def sorted_run(tmp_path):
+    writer = SnapshotWriter(tmp_path, "toy", SHAPES)
+    for step, value in ((0, 0.5), (10, -1.5)):
+        writer.write(step, _state(value), _sorted_sets(_state(value)))
+    return tmp_path
+
+
+def test_sorted_values_are_written_before_the_index_entry_and_read_back(sorted_run):
+    import numpy as np
+    import safetensors.numpy
+
+    from numdev.run_layout import POOLED, sorted_values_name
+    from numdev.snapshot_store import open_sorted_values, snapshot_sha256
+
+    assert sorted_values_name(10) == "sorted_00000010.safetensors"
+    assert list_snapshots(sorted_run) == [0, 10]  # the sorted files are not snapshots
+    path = sorted_run / "weights" / "sorted_00000010.safetensors"
+    plain = safetensors.numpy.load_file(path)  # a standard safetensors file
+    expected = np.sort(_state(-1.5)["b.bias"].numpy())
+    assert np.array_equal(plain["b.bias"], expected) and plain[POOLED].size == 10
+    with open_sorted_values(sorted_run, 10, snapshot_sha256(sorted_run, 10)) as stored:
+        assert stored.sets == ["a.weight", "b.bias"] and stored.rows == {}
+        assert np.array_equal(stored.read("b.bias"), expected)
+        assert np.array_equal(stored.read(POOLED), np.sort(np.concatenate([t.numpy().ravel() for t in _state(-1.5).values()])))
+    assert not list(sorted_run.glob("weights/.*.tmp"))
+
+
+def _cut(path):
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _garble_header(path):
+    data = bytearray(path.read_bytes())
+    data[8:20] = b"not json at "
+    path.write_bytes(bytes(data))
+
+
+def _move(path):  # step 0's file where step 10's was
+    path.write_bytes((path.parent / "sorted_00000000.safetensors").read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: p.unlink(), r"sorted_00000010.safetensors does not exist"),
+        (_cut, r"ends past the end of the file: the file was truncated"),
+        (lambda p: p.write_bytes(p.read_bytes()[:5]), r"shorter than a safetensors header"),
+        (_garble_header, r"its header is not numdev's"),
+        (_move, r"it is the sorted values of step 0, not 10: the file was moved or renamed"),
+    ],
+)
+def test_a_damaged_sorted_values_file_is_a_one_line_error(sorted_run, damage, message):
+    from numdev.snapshot_store import SortedValuesError, open_sorted_values, snapshot_sha256
+
+    damage(sorted_run / "weights" / "sorted_00000010.safetensors")
+    with pytest.raises(SortedValuesError, match=message):
+        open_sorted_values(sorted_run, 10, snapshot_sha256(sorted_run, 10))
+
+
+def test_sorted_values_of_a_rewritten_snapshot_are_stale(sorted_run):
+    from numdev.snapshot_store import SortedValuesError, open_sorted_values, snapshot_sha256
+
+    old = snapshot_sha256(sorted_run, 10)
+    SnapshotWriter(sorted_run, "toy", SHAPES).write(10, _state(7.0))  # rewritten without its sorted values
+    with pytest.raises(SortedValuesError, match=r"belongs to another snapshot of step 10 .*stale"):
+        open_sorted_values(sorted_run, 10, snapshot_sha256(sorted_run, 10))
+    open_sorted_values(sorted_run, 10, old).close()  # (the file itself is whole)
+
+
+def test_readers_never_see_a_half_written_sorted_values_file(sorted_run):
+    """A reference rewriting its sorted values (a resumed run) while comparing runs read them: every
+    read is the whole old or the whole new file (written to a temporary, renamed into place)."""
+    import threading
+
+    import numpy as np
+
+    from numdev.snapshot_store import open_sorted_values, snapshot_sha256, write_sorted_values
+
+    sha = snapshot_sha256(sorted_run, 10)
+    big = {"a.weight": torch.randn(600, 500), "b.bias": torch.randn(4000)}
+    sets = _sorted_sets(big)
+    write_sorted_values(sorted_run, 10, sha, sets)
+    stop, errors = threading.Event(), []
+
+    def writer():
+        while not stop.is_set():
+            write_sorted_values(sorted_run, 10, sha, sets)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(30):
+            with open_sorted_values(sorted_run, 10, sha) as stored:
+                got = stored.read("a.weight")
+                if not np.array_equal(got, sets.sets["a.weight"]):
+                    errors.append("torn")
+    except Exception as error:  # noqa: BLE001
+        errors.append(repr(error))
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []

@@ -32,13 +32,20 @@ class WriteError(OSError):
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    write_buffers(path, [data])
+
+
+def write_buffers(path: str | os.PathLike, buffers) -> None:
+    """Write the buffers (bytes, or NumPy arrays: anything with the buffer protocol) one after
+    another as one file, atomically, without joining them in memory first."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for data in buffers:
+                handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -229,6 +229,12 @@ class Every:  # a callback with a period
 
 
 @dataclass
+class Snapshot:
+    every_n_steps: int = integer(min=1)
+    sorted_values: bool = boolean()
+
+
+@dataclass
 class Samples:
     every_n_steps: int = integer(min=1)
     num_samples: int = integer(min=1)
@@ -264,7 +270,7 @@ class Train:  # top-level keys of conf/train.yaml
 TRAIN = {
     "": Train, "model": Model, "model.text": TextModel, "data": Data, "trainer": Trainer,
     "optim": Optim, "optim.optimizer": Optimizer, "diffusion": Diffusion, "diffusion.schedule": Schedule,
-    "diffusion.sampler": Sampler, "seed": Seeds, "snapshot": Every, "callbacks.checkpoint": Every,
+    "diffusion.sampler": Sampler, "seed": Seeds, "snapshot": Snapshot, "callbacks.checkpoint": Every,
     "callbacks.samples": Samples, "callbacks.instability": Instability, "callbacks.shadow": Shadow,
     "sibling": Sibling,
 }

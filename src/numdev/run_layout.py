@@ -6,6 +6,7 @@ One home for the contract that train/ writes and analysis/ reads (docs/run_layou
     <run_dir>/run.json                  what ran, and how it ended
     <run_dir>/weights/index.json        the snapshot index (numdev.snapshot_store)
     <run_dir>/weights/step_XXXXXXXX.safetensors
+    <run_dir>/weights/sorted_XXXXXXXX.safetensors   the snapshot's values sorted (snapshot.sorted_values=true)
     <run_dir>/token_rows.json           the token-embedding rows the run's captions index
     <run_dir>/sibling/<label>.csv       weight distances to a sibling run (DISTANCE_COLUMNS)
     <run_dir>/checkpoints/last.ckpt     the resume checkpoint
@@ -16,6 +17,7 @@ Nothing here imports train/ or analysis/: both import this.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -28,6 +30,11 @@ RUN_RECORD = "run.json"
 WEIGHTS_DIR = "weights"
 INDEX = "index.json"
 INDEX_FORMAT = 1
+# weights/sorted_XXXXXXXX.safetensors: a snapshot's weight sets sorted, written by a run that others
+# compare with (snapshot.sorted_values=true) so that they need not sort its values again
+# (numdev.snapshot_store.write_sorted_values; docs/run_layout.md#sorted-values).
+SORTED_FORMAT = 1
+POOLED = "__pooled__"  # the tensor of a sorted-values file that holds every value of the model, sorted
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
 TOKEN_ROWS = "token_rows.json"
 SIBLING_DIR = "sibling"
@@ -64,6 +71,10 @@ def snapshot_name(step: int) -> str:
     return f"step_{int(step):08d}.safetensors"
 
 
+def sorted_values_name(step: int) -> str:
+    return f"sorted_{int(step):08d}.safetensors"
+
+
 def weights_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / WEIGHTS_DIR
 
@@ -74,6 +85,10 @@ def index_path(run_dir: str | Path) -> Path:
 
 def snapshot_path(run_dir: str | Path, step: int) -> Path:
     return weights_dir(run_dir) / snapshot_name(step)
+
+
+def sorted_values_path(run_dir: str | Path, step: int) -> Path:
+    return weights_dir(run_dir) / sorted_values_name(step)
 
 
 def record_path(run_dir: str | Path) -> Path:
@@ -163,3 +178,9 @@ def indexed_rows(records: list[dict | None], step: int) -> dict[str, np.ndarray]
     for record in records:
         rows.update(i for i, first in zip(record["ids"], record["first_step"]) if first <= step)
     return {records[0]["tensor"]: np.array(sorted(rows), dtype=np.int64)}
+
+
+def rows_digest(rows: dict[str, np.ndarray] | None) -> dict[str, str]:
+    """{embedding parameter: sha256 of its indexed row ids (int64)}: which split a set of
+    `<name>` / `<name>[unindexed]` values was made with ({} when no tensor is split)."""
+    return {name: hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest() for name, ids in sorted((rows or {}).items())}

@@ -14,6 +14,19 @@ atomically, so a reader never sees a half-written file or an index entry without
 `load_snapshot` verifies the sha256 recorded in the index before it trusts a file. A writer
 opening a run directory lists every snapshot file the index lacks (an index deleted, or a kill
 between a file and its index entry), each verified, so no snapshot is ever left unlisted.
+
+A run that others compare with (snapshot.sorted_values=true) also writes its weight sets sorted:
+
+    weights/sorted_00000100.safetensors  safetensors layout: one float32 tensor per weight set
+                                         (numdev.analysis.distances' sets), "__pooled__" (every
+                                         value), metadata {"numdev": JSON {"format": 1, "step",
+                                         "snapshot_sha256", "sets": [names], "rows": {tensor: sha256}}}
+
+written atomically after the snapshot file and before its index entry, so a reader that sees the
+step in the index finds the file complete. It is an optimisation only: `open_sorted_values` checks
+that the header is whole and names this step and this snapshot's sha256 (a stale, moved, edited or
+truncated file is a SortedValuesError), and the reader checks every array it uses against the
+verified snapshot's values (numdev.analysis.distances.prepare) and sorts them itself otherwise.
 """
 
 from __future__ import annotations
@@ -21,16 +34,29 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from numdev.atomic import write_bytes, write_json
-from numdev.run_layout import INDEX, INDEX_FORMAT, index_path, snapshot_name, weights_dir
+from numdev.atomic import write_buffers, write_bytes, write_json
+from numdev.run_layout import (
+    INDEX,
+    INDEX_FORMAT,
+    POOLED,
+    SORTED_FORMAT,
+    index_path,
+    rows_digest,
+    snapshot_name,
+    sorted_values_path,
+    weights_dir,
+)
 from numdev.schemas import SNAPSHOT_INDEX
 
 log = logging.getLogger(__name__)
@@ -39,6 +65,20 @@ SNAPSHOT_FILE = re.compile(r"step_(\d{8})\.safetensors")
 
 class SnapshotError(ValueError):
     """A snapshot or the index is missing, corrupt or does not match: the message names the file."""
+
+
+class SortedValuesError(ValueError):
+    """A sorted-values file is missing, damaged, or not this snapshot's: the message names the file
+    and why. Readers then sort the values themselves; results never depend on the file."""
+
+
+@dataclass
+class SortedSets:
+    """One snapshot's weight sets sorted, to be written beside it (weights/sorted_XXXXXXXX.safetensors)."""
+
+    sets: dict[str, np.ndarray]  # set name -> its values, sorted (numdev.analysis.distances.split_sets' sets)
+    pooled: np.ndarray  # every value of the model, sorted
+    rows: dict[str, np.ndarray] | None  # the indexed token-embedding rows the sets were split by
 
 
 def parameter_state(named_parameters) -> dict[str, torch.Tensor]:
@@ -84,8 +124,8 @@ class SnapshotWriter:
             log.warning("%s lacked %d snapshot file(s), now listed after verification: steps %s", self.index_path, len(steps), steps)
         return [e["step"] for e in found]
 
-    def write(self, step: int, state: dict[str, torch.Tensor]) -> dict:
-        """Write one snapshot (file, then index); returns its index entry."""
+    def write(self, step: int, state: dict[str, torch.Tensor], sorted_sets: SortedSets | None = None) -> dict:
+        """Write one snapshot (file, its sorted values if given, then the index); returns its index entry."""
         shapes = {name: list(t.shape) for name, t in state.items()}
         if shapes != self.index["param_shapes"]:
             raise SnapshotError(f"snapshot at step {step}: the parameters differ from {self.index_path}'s param_shapes")
@@ -94,6 +134,8 @@ class SnapshotWriter:
         data = safetensors.torch.save(state, metadata={"step": str(int(step))})
         entry = {"step": int(step), "file": snapshot_name(step), "sha256": hashlib.sha256(data).hexdigest()}
         write_bytes(self.directory / entry["file"], data)
+        if sorted_sets is not None:
+            write_sorted_values(self.run_dir, step, entry["sha256"], sorted_sets)
         others = [e for e in self.index["snapshots"] if e["step"] != entry["step"]]
         self.index["snapshots"] = sorted([*others, entry], key=lambda e: e["step"])
         write_json(self.index_path, self.index)
@@ -144,6 +186,11 @@ def snapshot_sha256(run_dir: str | Path, step: int) -> str:
 
 def load_snapshot(run_dir: str | Path, step: int, verify: bool = True) -> dict[str, torch.Tensor]:
     """The parameters at `step` (name -> float32 tensor); with verify, the file's sha256 must match the index."""
+    return load_snapshot_entry(run_dir, step, verify)[0]
+
+
+def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> tuple[dict[str, torch.Tensor], str]:
+    """load_snapshot's parameters and the sha256 the index records for them (read from the same index)."""
     index = read_index(run_dir)
     entry = _entry(index, run_dir, step)
     path = weights_dir(run_dir) / entry["file"]
@@ -156,7 +203,7 @@ def load_snapshot(run_dir: str | Path, step: int, verify: bool = True) -> dict[s
     shapes = {name: list(t.shape) for name, t in state.items()}
     if verify and shapes != index["param_shapes"]:
         raise SnapshotError(f"{path}: its tensors do not match the param_shapes of {INDEX}")
-    return state
+    return state, entry["sha256"]
 
 
 def _entry(index: dict, run_dir: str | Path, step: int) -> dict:
@@ -183,3 +230,142 @@ def _metadata_step(data: bytes) -> int | None:
         return int(step)
     except (struct.error, ValueError, TypeError, AttributeError):
         return None
+
+
+# -- sorted values ------------------------------------------------------------------------------------
+
+MAX_SORTED_HEADER = 1 << 24  # bytes; a real header is a few kB (one entry per weight set)
+
+
+def write_sorted_values(run_dir: str | Path, step: int, snapshot_sha256: str, sorted_sets: SortedSets) -> Path:
+    """weights/sorted_XXXXXXXX.safetensors of the snapshot at `step` (whose file has `snapshot_sha256`), atomically."""
+    arrays = {name: _float32(values) for name, values in sorted_sets.sets.items()}
+    if POOLED in arrays:
+        raise ValueError(f"a weight set may not be named {POOLED!r}")
+    arrays[POOLED] = _float32(sorted_sets.pooled)
+    header, offset = {}, 0
+    for name, values in arrays.items():
+        header[name] = {"dtype": "F32", "shape": [values.size], "data_offsets": [offset, offset + values.nbytes]}
+        offset += values.nbytes
+    meta = {"format": SORTED_FORMAT, "step": int(step), "snapshot_sha256": snapshot_sha256,
+            "sets": list(sorted_sets.sets), "rows": rows_digest(sorted_sets.rows)}
+    header["__metadata__"] = {"numdev": json.dumps(meta, sort_keys=True)}
+    text = json.dumps(header).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # safetensors pads its header with spaces to 8 bytes
+    path = sorted_values_path(run_dir, step)
+    write_buffers(path, [struct.pack("<Q", len(text)), text, *arrays.values()])
+    return path
+
+
+class SortedFile:
+    """An open sorted-values file whose header is whole and names the snapshot it was asked for.
+
+    `sets` lists its weight sets, `rows` the split they were made with (run_layout.rows_digest);
+    `read(name)` reads one set (or POOLED). The values themselves are unchecked here: the reader
+    checks them against the snapshot's (numdev.analysis.distances.prepare). Use as a context manager.
+    """
+
+    def __init__(self, path: Path, handle, data_start: int, entries: dict[str, tuple[int, int]], sets: list[str], rows: dict[str, str]):
+        self.path, self._handle, self._data_start, self._entries = path, handle, data_start, entries
+        self.sets, self.rows = sets, rows
+
+    def read(self, name: str) -> np.ndarray:
+        begin, end = self._entries[name]
+        out = np.empty((end - begin) // 4, dtype="<f4")
+        try:
+            got = _pread_into(self._handle.fileno(), out, self._data_start + begin) if out.nbytes else 0
+        except OSError as error:
+            raise SortedValuesError(f"{self.path}: could not be read ({error.strerror or error})") from None
+        if got != out.nbytes:
+            raise SortedValuesError(f"{self.path}: {name!r} ends early: the file was truncated")
+        return out
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> SortedFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_sorted_values(run_dir: str | Path, step: int, snapshot_sha256: str) -> SortedFile:
+    """The sorted values of the snapshot at `step` whose file has `snapshot_sha256`; a file that is
+    missing, unreadable, truncated, of another step or snapshot (stale, moved) is a SortedValuesError."""
+    path = sorted_values_path(run_dir, step)
+    try:
+        handle = open(path, "rb", buffering=0)  # noqa: SIM115 (SortedFile closes it)
+    except FileNotFoundError:
+        raise SortedValuesError(f"{path} does not exist") from None
+    except OSError as error:
+        raise SortedValuesError(f"{path} could not be opened ({error.strerror or error})") from None
+    try:
+        return _sorted_file(path, handle, step, snapshot_sha256)
+    except BaseException:
+        handle.close()
+        raise
+
+
+def _sorted_file(path: Path, handle, step: int, snapshot_sha256: str) -> SortedFile:
+    def bad(problem: str) -> SortedValuesError:
+        return SortedValuesError(f"{path}: {problem}")
+
+    size = os.fstat(handle.fileno()).st_size
+    head = handle.read(8)
+    if len(head) < 8:
+        raise bad("shorter than a safetensors header: the file was truncated")
+    (length,) = struct.unpack("<Q", head)
+    if length > min(size - 8, MAX_SORTED_HEADER):
+        raise bad("its header length is out of range: the file is truncated or not a numdev sorted-values file")
+    try:
+        header = json.loads(handle.read(length))
+        meta = json.loads(header["__metadata__"]["numdev"])
+    except (ValueError, KeyError, TypeError):
+        raise bad("its header is not numdev's (JSON with a 'numdev' metadata record): corrupt or not written by numdev") from None
+    if not isinstance(meta, dict) or meta.get("format") != SORTED_FORMAT:
+        raise bad(f"not a format-{SORTED_FORMAT} sorted-values file")
+    if meta.get("step") != int(step) or isinstance(meta.get("step"), bool):
+        raise bad(f"it is the sorted values of step {meta.get('step')!r}, not {step}: the file was moved or renamed")
+    if meta.get("snapshot_sha256") != snapshot_sha256:
+        raise bad(f"it belongs to another snapshot of step {step} (sha256 {str(meta.get('snapshot_sha256'))[:12]}..., "
+                  f"the snapshot's is {snapshot_sha256[:12]}...): stale, written before the snapshot was rewritten")
+    sets, rows = meta.get("sets"), meta.get("rows")
+    if (not isinstance(sets, list) or not all(isinstance(n, str) for n in sets) or len(set(sets)) != len(sets)
+            or POOLED in sets or not isinstance(rows, dict) or not all(isinstance(v, str) for v in rows.values())):
+        raise bad("its 'sets' or 'rows' record is malformed: the file was edited")
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    if set(tensors) != {*sets, POOLED}:
+        raise bad("its tensors are not the weight sets its record lists: the file was edited")
+    data = size - 8 - length
+    entries = {}
+    for name, entry in tensors.items():
+        if not isinstance(entry, dict) or entry.get("dtype") != "F32":
+            raise bad(f"{name!r} is not a float32 tensor")
+        shape, offsets = entry.get("shape"), entry.get("data_offsets")
+        if not (_ints(shape) and len(shape) == 1 and _ints(offsets) and len(offsets) == 2):
+            raise bad(f"{name!r} has a malformed shape or data_offsets")
+        begin, end = offsets
+        if not 0 <= begin <= end or end - begin != 4 * shape[0]:
+            raise bad(f"{name!r}: its data_offsets do not hold {shape[0]} float32 values")
+        if end > data:
+            raise bad(f"{name!r} ends past the end of the file: the file was truncated")
+        entries[name] = (begin, end)
+    return SortedFile(path, handle, 8 + length, entries, sets, rows)
+
+
+def _pread_into(fd: int, out: np.ndarray, offset: int) -> int:
+    """Read into `out` at `offset` of the file, without moving a shared file position (readers in threads)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [out], offset)
+    data = os.pread(fd, out.nbytes, offset)  # (platforms without preadv: one copy more)
+    out.view(np.uint8)[: len(data)] = np.frombuffer(data, np.uint8)
+    return len(data)
+
+
+def _ints(values) -> bool:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+
+
+def _float32(values) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype="<f4").reshape(-1)

@@ -19,7 +19,9 @@ from numdev.run_layout import RUN_RECORD as RUN
 # Keys a resumed run may change: they do not touch the weights' trajectory.
 RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.",
                      # moved or removed by numdev (the snapshot callback's module; the sibling shares its schedule)
-                     "callbacks.snapshots._target_", "callbacks.sibling.every_n_steps")
+                     "callbacks.snapshots._target_", "callbacks.sibling.every_n_steps",
+                     # only whether the sorted values are written beside the snapshots (for the runs comparing with this one)
+                     "snapshot.sorted_values", "callbacks.snapshots.sorted_values")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
 ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "callbacks.heldout.": None}

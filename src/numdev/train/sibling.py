@@ -15,6 +15,13 @@ token_rows.json, are their own set), and logs them to TensorBoard:
 and keeps the rows in <run_dir>/sibling/<label>.csv (numdev.run_layout.DISTANCE_COLUMNS, the
 columns of numdev-compare's CSV). `seconds` keeps what each comparison cost.
 
+Cost: a sibling that writes its sorted values (snapshot.sorted_values=true, the study's reference) is
+not sorted again here: its weights/sorted_XXXXXXXX.safetensors is read and checked against its
+verified snapshot (numdev.analysis.distances.prepare). A file that is missing, stale or fails a
+check is set aside and the sibling's values are sorted here (said once in the log): the rows are
+the same bits either way. Only this run's own sets that changed since its previous snapshot are
+sorted, and only sets changed on either side are compared again (CompareCache).
+
 Resuming never drops a row: the rows up to the checkpoint's step are kept (the steps after it are
 retraced), and a step the run has a snapshot of but no row for (a kill between the two, a CSV of
 an older format) is computed from the two runs' snapshot files.
@@ -36,7 +43,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from numdev.analysis.distances import Prepared, check_same_architecture, compare, distance_rows, prepare
+from numdev.analysis.distances import CompareCache, Prepared, check_same_architecture, compare, distance_rows, prepare
 from numdev.atomic import write_text
 from numdev.run_layout import (
     distances_to_csv,
@@ -47,7 +54,14 @@ from numdev.run_layout import (
     record_path,
     sibling_csv_path,
 )
-from numdev.snapshot_store import SnapshotError, list_snapshots, load_snapshot, snapshot_sha256
+from numdev.snapshot_store import (
+    SnapshotError,
+    SortedValuesError,
+    list_snapshots,
+    load_snapshot,
+    load_snapshot_entry,
+    open_sorted_values,
+)
 from numdev.train.snapshots import WeightSnapshots
 
 FINISHED = ("finished", "failed", "stopped")
@@ -82,6 +96,9 @@ class SiblingDistance(pl.Callback):
         # The latest prepared (sorted) weights of each side: a set unchanged since then is not sorted again.
         self._reference: tuple[tuple, Prepared] | None = None  # ((step, sha256, rows), prepared reference)
         self._mine: Prepared | None = None
+        self._cache = CompareCache()
+        self._snapshots: WeightSnapshots | None = None
+        self.stored_problem: str | None = None  # why the sibling's sorted values were last set aside (said once)
 
     @property
     def active(self) -> bool:
@@ -105,6 +122,7 @@ class SiblingDistance(pl.Callback):
         if snapshots is None:
             raise SiblingError("callbacks.sibling compares at the snapshot steps: it needs callbacks.snapshots (do not set it to null)")
         snapshots.subscribe(self)
+        self._snapshots = snapshots
 
     # -- the snapshot callback's listener -------------------------------------------------------------
 
@@ -143,16 +161,37 @@ class SiblingDistance(pl.Callback):
 
     def measure(self, step: int, state: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
         """Distances of `state` (this run at `step`) to the sibling's snapshot of `step`."""
-        theirs = self.wait_for(step)
+        theirs, sha256 = self.wait_for(step)
         check_same_architecture(state, theirs, where=f"sibling {self.reference} at step {step}")
         rows = indexed_rows([read_token_rows(self.run_dir), read_token_rows(self.reference)], step)
-        key = (step, snapshot_sha256(self.reference, step), _rows_key(rows))
+        key = (step, sha256, _rows_key(rows))
         if self._reference is None or self._reference[0] != key:
             previous = self._reference[1] if self._reference is not None else None
-            self._reference = (key, prepare(theirs, rows, self.threads, previous))
-        self._mine = prepare(state, rows, self.threads, self._mine)
-        distances = compare(self._mine, self._reference[1], self.threads)
+            self._reference = (key, self.prepare_reference(step, sha256, theirs, rows, previous))
+        # This run's own sorts, when its snapshot callback wrote them (snapshot.sorted_values) with the same split.
+        own = self._snapshots.prepared if self._snapshots is not None else None
+        previous = own if own is not None and _rows_key(own.rows) == _rows_key(rows) else self._mine
+        self._mine = prepare(state, rows, self.threads, previous)
+        distances = compare(self._mine, self._reference[1], self.threads, self._cache)
         return distances, state, theirs
+
+    def prepare_reference(self, step: int, sha256: str, theirs: dict, rows, previous: Prepared | None) -> Prepared:
+        """The sibling's Prepared, its sorts read from its sorted-values file where that passes every check."""
+        try:
+            stored = open_sorted_values(self.reference, step, sha256)
+        except SortedValuesError as error:
+            prepared = prepare(theirs, rows, self.threads, previous)
+            problem = str(error)
+        else:
+            with stored:
+                prepared = prepare(theirs, rows, self.threads, previous, stored)
+            problem = prepared.stored_problem
+        if problem is not None and self.stored_problem is None:
+            print(f"[sibling] not using the sibling's sorted values ({problem}); sorting its values here instead "
+                  "(the same results, slower; said once)", flush=True)
+        if problem is not None:
+            self.stored_problem = problem
+        return prepared
 
     def write_rows(self) -> None:
         write_text(self.csv_path, distances_to_csv(self.rows))
@@ -185,14 +224,14 @@ class SiblingDistance(pl.Callback):
 
     # -- waiting for the sibling ------------------------------------------------------------------------
 
-    def wait_for(self, step: int) -> dict[str, torch.Tensor]:
-        """The sibling's snapshot at `step`, waiting up to timeout_s for it to be written."""
+    def wait_for(self, step: int) -> tuple[dict[str, torch.Tensor], str]:
+        """The sibling's snapshot at `step` and its sha256, waiting up to timeout_s for it to be written."""
         start = time.monotonic()
         announced = 0.0
         while True:
-            state = self._try_load(step)
-            if state is not None:
-                return state
+            loaded = self._try_load(step)
+            if loaded is not None:
+                return loaded
             waited = time.monotonic() - start
             if waited >= self.timeout_s:
                 raise SiblingError(
@@ -205,7 +244,7 @@ class SiblingDistance(pl.Callback):
                 print(f"[sibling] waiting for {self.reference} step {step} ({waited:.0f} of {self.timeout_s:g} s)", flush=True)
             time.sleep(self.poll_s)
 
-    def _try_load(self, step: int) -> dict[str, torch.Tensor] | None:
+    def _try_load(self, step: int) -> tuple[dict[str, torch.Tensor], str] | None:
         if not index_path(self.reference).is_file():
             # A sibling still starting up has a run.json before its first snapshot: wait for it.
             if self._status() in FINISHED:
@@ -213,7 +252,7 @@ class SiblingDistance(pl.Callback):
             return None
         steps = list_snapshots(self.reference)
         if step in steps:
-            return load_snapshot(self.reference, step)
+            return load_snapshot_entry(self.reference, step)
         status = self._status()
         if status in FINISHED or (steps and max(steps) > step):
             raise SiblingError(

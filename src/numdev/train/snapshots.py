@@ -7,6 +7,13 @@ At step 0, every `every_n_steps` steps and at the final step, `WeightSnapshots` 
 (the sibling comparison, numdev.train.sibling), so they run on exactly the snapshot's weights
 and steps. It also keeps token_rows.json (numdev.train.token_rows): declared at the start, every
 training batch checked against it.
+
+With `sorted_values` (snapshot.sorted_values=true: a run that others compare with, the study's
+reference) it also sorts the weight sets (numdev.analysis.distances.prepare, split by this run's
+token rows; a set unchanged since the previous snapshot is not sorted again) and writes them
+beside the snapshot, before its index entry (weights/sorted_XXXXXXXX.safetensors,
+numdev.snapshot_store), so the comparing runs read them instead of each sorting them again.
+`prepared` keeps them: this run's own sibling comparison reuses them.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from typing import Protocol
 import lightning.pytorch as pl
 import torch
 
-from numdev.snapshot_store import SnapshotWriter, parameter_state
+from numdev.analysis.distances import Prepared, prepare
+from numdev.run_layout import indexed_rows
+from numdev.snapshot_store import SnapshotWriter, SortedSets, parameter_state
 from numdev.train.token_rows import TokenRows, embedding_name
 
 
@@ -45,12 +54,16 @@ class WeightSnapshots(pl.Callback):
 
     Parameters come from the strategy's full (unsharded) state_dict on every rank (a collective
     under FSDP); only global rank 0 writes and runs the listeners. `seconds` keeps the time each
-    write took (listeners not included).
+    write took (listeners not included; the sorting with `sorted_values` included).
     """
 
-    def __init__(self, run_dir: str, every_n_steps: int):
+    def __init__(self, run_dir: str, every_n_steps: int, sorted_values: bool = False):
+        if not isinstance(sorted_values, bool):
+            raise ValueError(f"snapshot.sorted_values={sorted_values!r} must be true or false")
         self.run_dir = Path(run_dir)
         self.schedule = SnapshotSchedule(every_n_steps)
+        self.sorted_values = sorted_values
+        self.prepared: Prepared | None = None  # with sorted_values: the latest snapshot's sets, sorted
         self.writer: SnapshotWriter | None = None
         self.token_rows: TokenRows | None = None
         self.listeners: list[SnapshotListener] = []
@@ -108,7 +121,15 @@ class WeightSnapshots(pl.Callback):
         if self.writer is None:
             return
         state = parameter_state((name, full[f"model.{name}"]) for name in self.names)
-        self.writer.write(step, state)
+        sorted_sets = None
+        if self.sorted_values:
+            rows = indexed_rows([self.token_rows.record()], step) if self.token_rows is not None else None
+            try:
+                self.prepared = prepare(state, rows, previous=self.prepared)
+                sorted_sets = SortedSets(self.prepared.sorted, self.prepared.pooled_sorted, rows)
+            except ValueError:  # NaN/Inf weights have no distances: the comparing runs say so themselves
+                self.prepared = None
+        self.writer.write(step, state, sorted_sets)
         self.seconds.append(time.perf_counter() - start)
         for listener in self.listeners:
             listener.on_snapshot(trainer, pl_module, step, state)

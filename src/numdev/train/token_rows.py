@@ -77,9 +77,10 @@ class TokenRows:
         self.first_step.update({i: global_step + 1 for i in new})  # trained into the next step's weights
         self.write()
 
-    def write(self) -> None:
+    def record(self) -> dict:
+        """The record token_rows.json holds (what numdev.run_layout.read_token_rows returns)."""
         ids = sorted(self.first_step)
-        record = {
+        return {
             "format": TOKEN_ROWS_FORMAT,
             "tensor": self.tensor,
             "rows": self.rows,
@@ -88,6 +89,9 @@ class TokenRows:
             "ids": ids,
             "first_step": [self.first_step[i] for i in ids],
         }
+
+    def write(self) -> None:
+        record = self.record()
         problem = token_rows_problem(record)
         if problem:
             raise TokenRowsError(f"{self.path}: {problem}")
