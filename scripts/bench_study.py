@@ -3,6 +3,7 @@
     python scripts/bench_study.py                       # the demo's study (one replicate)
     python scripts/bench_study.py --which full          # the full study (3 replicates, joblib, 2 jobs x 1 thread)
     python scripts/bench_study.py --which smoke --repeats 3
+    python scripts/bench_study.py --which full --keep outputs/study-full   # keep the study's directory
 
 Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
 times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
@@ -46,13 +47,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--which", choices=sorted(COMMANDS), default="demo")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="run the study into this new directory and keep it (one repeat)")
     parser.add_argument("overrides", nargs="*", help="extra numdev-train overrides")
     args = parser.parse_args()
+    if args.keep is not None and (args.repeats != 1 or args.keep.exists()):
+        parser.error(f"--keep {args.keep}: takes one repeat and a directory that does not exist yet")
     command = [*COMMANDS[args.which], "trainer.enable_progress_bar=false", *args.overrides]
     repeats = []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            study_dir = Path(tmp) / "study"
+            study_dir = args.keep.resolve() if args.keep is not None else Path(tmp) / "study"
             start = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-m", "numdev.train.app", *command, f"hydra.sweep.dir={study_dir}"],
