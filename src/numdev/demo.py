@@ -1,8 +1,8 @@
 """numdev-demo: the main job on the embedded defaults (CPU), both phases and the report.
 
 1. the microbenchmark figures (Figs. 3-6, FA3's Table 3, the reconciliation and the bias), one
-   sweep after another, each at demo size (3 seeds; smaller N: numdev.figures.<name>.FIGURE's
-   demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
+   sweep after another, each at demo size (3 seeds, 5 for the reconciliation; smaller N:
+   numdev.figures.<name>.FIGURE's demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
 2. the training study with one replicate (numdev-train experiment=flash_stability study.replicate=0:
    every role of conf/study once; one replicate gives no intervals, so its verdicts read
    "not measurable": the full study, three replicates, is the same command without study.replicate=0);
