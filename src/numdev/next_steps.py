@@ -13,6 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from numdev.commands import command, tensorboard
+from numdev.run_layout import RUN_RECORD
 
 
 class NextSteps(Callback):
@@ -43,7 +44,8 @@ def _bench(sweep: Path) -> list[str]:
 
 
 def _train(sweep: Path) -> list[str]:
-    runs = sorted(p.parent for p in sweep.glob("*/run.json"))
+    # A plain sweep's runs are <sweep>/<job>/; a study's are <sweep>/r<replicate>/<role>/.
+    runs = sorted({p.parent for pattern in (f"*/{RUN_RECORD}", f"*/*/{RUN_RECORD}") for p in sweep.glob(pattern)})
     lines = [f"sweep done: {len(runs)} run(s) in {sweep}"]
     if (sweep / "summary.json").is_file():  # a study: its analysis printed its own next steps
         return lines
