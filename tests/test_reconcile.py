@@ -153,3 +153,25 @@ def test_paper_like_bias_is_an_interaction_of_stats_and_accum():
 def test_inputs_registry_names_every_generator():
     assert set(GENERATORS) == {"normal", "uniform", "outliers"}
     assert np.isfinite(GENERATORS["outliers"](quantize=True)(Shape(seq_q=8, dim=4), 0)[0].numpy()).all()
+
+
+def test_a_stage_not_told_apart_from_the_best_is_named_as_a_tie():
+    from numdev.stats import mean_interval
+
+    def cell(*values):
+        estimate = mean_interval(list(values))
+        return {"max_abs": estimate, "mean_abs": estimate}
+
+    paper = {"inputs": "uniform", "variant": "fa1", "tiles": "64"}
+    ratios = {
+        reconcile._key(**paper, formats="paper"): cell(4.1, 4.3, 4.2, 4.4, 4.0),
+        reconcile._key(**paper, formats="accum"): cell(2.5, 2.9, 2.8, 3.0, 2.7),  # best, overlapping stats
+        reconcile._key(**paper, formats="stats"): cell(2.8, 3.0, 2.9, 2.95, 2.85),
+        reconcile._key(**paper, formats="prob"): cell(4.1, 4.2, 4.3, 4.2, 4.1),  # clearly apart
+    }
+    s2 = reconcile.sentences(ratios)[2]
+    assert s2.startswith("Promoting one stage to fp32 in that cell, accum lowers it most, though stats is not told "
+                         "apart from it (overlapping intervals by mean)")
+    assert "prob 4.2x" in s2  # a stage whose interval does not overlap is listed by value only
+    ratios[reconcile._key(**paper, formats="stats")] = cell(3.6, 3.7, 3.65, 3.7, 3.6)
+    assert "not told apart" not in reconcile.sentences(ratios)[2]

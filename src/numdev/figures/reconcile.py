@@ -154,6 +154,11 @@ def _key(method="flash", **cell) -> tuple:
     return (method, *(str(cell.get(k)) for k in ("inputs", "variant", "formats", "tiles")))
 
 
+def _overlap(a, b) -> bool:
+    """Whether two estimates' intervals overlap (False when either has none: nothing to compare)."""
+    return a.has_interval and b.has_interval and a.low <= b.high and b.low <= a.high
+
+
 def _x(estimate) -> str:
     if estimate.has_interval:
         return f"{estimate.value:.3g}x [{estimate.low:.3g}, {estimate.high:.3g}]"
@@ -181,9 +186,14 @@ def sentences(r: dict, tile: str = "64") -> tuple[dict, str, str, str]:
     if promoted and paper is not None:
         ranked = sorted(promoted, key=lambda s: promoted[s]["mean_abs"].value)
         best = ranked[0]
+        # Stages whose interval by mean overlaps the best one's are not told apart from it by these seeds.
+        tied = [s for s in ranked[1:] if _overlap(promoted[s]["mean_abs"], promoted[best]["mean_abs"])]
         all_fp32 = r.get(_key(**{**paper_cell, "formats": "fa2"}))
-        rest = ", ".join(f"{s} {promoted[s]['mean_abs'].value:.2g}x" for s in ranked[1:])
-        s2 = (f"Promoting one stage to fp32 in that cell, {best} lowers it most: to {_x(promoted[best]['max_abs'])} by max, "
+        rest = ", ".join(f"{s} {_x(promoted[s]['mean_abs']) if s in tied else format(promoted[s]['mean_abs'].value, '.2g') + 'x'}"
+                         for s in ranked[1:])
+        tie = (f", though {' and '.join(tied)} {'is' if len(tied) == 1 else 'are'} not told apart from it "
+               "(overlapping intervals by mean)") if tied else ""
+        s2 = (f"Promoting one stage to fp32 in that cell, {best} lowers it most{tie}: to {_x(promoted[best]['max_abs'])} by max, "
               f"{_x(promoted[best]['mean_abs'])} by mean" + (f" (then {rest}, by mean)" if rest else "")
               + ("" if promoted[best]["mean_abs"].value < 1.5 else "; no single stage removes it")
               + (f"; FA1 with the fa2 formats (score, stats, rescale and accum all fp32) gives {_x(all_fp32['mean_abs'])} by mean."
