@@ -145,6 +145,38 @@ static void fa1_merge_row_bf16(float old_sum, float alpha_block, float divisor, 
         o[j] = round_bf16(round_bf16(round_bf16(old_sum * o[j]) + added) / divisor);
     }
 }
+#ifdef __AVX2__
+#include <immintrin.h>
+
+static inline __m256 round_bf16_x8(__m256 x) {
+    __m256i b = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb),
+                                 _mm256_set1_epi32((int)0xFFFF0000u));
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), x, nan);
+}
+
+/* AVX2 (no AVX-512): the same row of P, 8 keys at a time, the table read by AVX2 gathers. */
+static void probs_row_bf16(const float *raw, int64_t cols, int64_t visible, float scale, float shift,
+                           float row_max, const float *table, float *p) {
+    (void)row_max;
+    const __m256 scale8 = _mm256_set1_ps(scale), shift8 = _mm256_set1_ps(shift);
+    const __m256 masked = _mm256_set1_ps(-__builtin_inff());
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t j = 0; j < cols; j += 8) {
+        int64_t left = cols - j < 8 ? cols - j : 8, open = visible - j < 0 ? 0 : visible - j < 8 ? visible - j : 8;
+        __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), lane);  /* all ones where the key exists */
+        __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)open), lane));
+        __m256 s = round_bf16_x8(_mm256_mul_ps(_mm256_maskload_ps(raw + j, lanes), scale8));
+        s = _mm256_blendv_ps(masked, s, seen);
+        __m256 x = round_bf16_x8(_mm256_sub_ps(s, shift8));
+        __m256i index = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+        __m256 probs = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), table, index, _mm256_castsi256_ps(lanes), 4);
+        _mm256_maskstore_ps(p + j, lanes, probs);
+    }
+}
+#else
 static void probs_row_bf16(const float *raw, int64_t cols, int64_t visible, float scale, float shift,
                            float row_max, const float *table, float *p) {
     (void)row_max;
@@ -153,6 +185,7 @@ static void probs_row_bf16(const float *raw, int64_t cols, int64_t visible, floa
         p[j] = table[bits_of(round_bf16(s - shift)) >> 16];
     }
 }
+#endif
 #endif
 
 /* P = table[index(round(S - shift))] of one row. */

@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "microbenchmark.md",
                         help="the doc whose block `emulator-speed` gets the table (with --out or --table)")
+    parser.add_argument("--no-docs", action="store_true", help="write only the JSON (a variant run)")
     parser.add_argument("--table", type=Path, help="no timing: write the docs table from this JSON")
     args = parser.parse_args()
     if args.table:
@@ -174,6 +175,7 @@ def main() -> None:
         "tiles": {"block_r": args.block, "block_c": args.block},
         "seed": args.seed,
         "lengths": [],
+        "compiler": os.environ.get("CC"),  # the C kernels' compiler, when not the system cc
     }
     for n in args.lengths:
         repeats = args.repeats if n < 16384 else min(args.repeats, 3)
@@ -185,7 +187,8 @@ def main() -> None:
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
-        write_table(report, args.docs, args.out)
+        if not args.no_docs:
+            write_table(report, args.docs, args.out)
     print(text)
 
 

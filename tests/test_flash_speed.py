@@ -2,6 +2,8 @@
 kernels) give bit for bit the outputs of the implementation they replaced (tests/flash_reference.py,
 frozen)."""
 
+import platform
+import shutil
 import warnings
 
 import pytest
@@ -174,15 +176,19 @@ def test_native_kernels_match_frozen_reference(formats, variant, case):
 def test_native_kernels_match_frozen_reference_on_extreme_values(precision, variant):
     """Scores in the thousands (exp underflows through subnormals to 0), an overflow to inf, a NaN
     and an inf input, a whole row of -inf keys: the special values the C roundings must keep."""
+    emulator = _check(None, precision, variant, "self-causal", compile=False, native_kernels=True,
+                      formats=stage_formats("paper", precision), inputs=_extreme_inputs())
+    assert emulator.last_path == "native"
+
+
+def _extreme_inputs():
     q, k, v = _inputs(1, 2, 100, 100, 32)
     q, k = q * 12, k * 12
     q[0, 0, 7, 3] = float("nan")
     k[0, 1, 40, 0] = float("inf")
     k[0, 1, 41] = -1e30
     v[0, 0, 9, 2] = float("inf")
-    emulator = _check(None, precision, variant, "self-causal", compile=False, native_kernels=True,
-                      formats=stage_formats("paper", precision), inputs=(q, k, v))
-    assert emulator.last_path == "native"
+    return q, k, v
 
 
 def test_native_kernels_are_taken_only_where_they_apply():
@@ -256,3 +262,33 @@ def test_bad_query_chunk_is_a_one_line_error(bad):
     with pytest.raises((ValueError, TypeError), match="query_chunk") as info:
         FlashEmulated(query_chunk=bad)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512f is an x86 flag")
+@pytest.mark.parametrize("turned_off", ["-mno-avx512f", "-mno-avx2"])
+@pytest.mark.parametrize("variant", ["fa2", "fa1"])
+def test_native_kernels_without_avx512_match_frozen_reference(monkeypatch, tmp_path, variant, turned_off):
+    """The kernels' AVX2 branches (what an AVX2-only CPU runs) and their portable C branches (any
+    other CPU), built here by a compiler wrapper that turns AVX-512 or AVX2 off, give the same
+    bits, special values included."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    wrapper = tmp_path / "cc-without"
+    wrapper.write_text(f'#!/bin/sh\nexec {compiler} "$@" {turned_off}\n')
+    wrapper.chmod(0o755)
+    _fresh_native(monkeypatch, tmp_path, CC=str(wrapper))
+    try:
+        for name in ("paper-bf16", "paper-fp16", "paper-bf16-prob-fp32"):
+            for case in ("self-causal", "cross-chunked", "causal-tall-ragged"):
+                emulator = _check(None, "bf16", variant, case, compile=False, native_kernels=True,
+                                  formats=NATIVE_FORMATS[name])
+                assert emulator.last_path == "native"
+        for precision in ("bf16", "fp16"):
+            emulator = _check(None, precision, variant, "self-causal", compile=False, native_kernels=True,
+                              formats=stage_formats("paper", precision), inputs=_extreme_inputs())
+            assert emulator.last_path == "native"
+    finally:
+        monkeypatch.undo()
+        native._library.cache_clear()
+        flash_emulated._native_checked.cache_clear()

@@ -111,7 +111,7 @@ def _where_built() -> tuple[str, bytes, Path]:
         raise RuntimeError("no C compiler (cc or gcc) on PATH; set CC to use one")
     source = importlib.resources.files("numdev.kernels").joinpath("flash_emulator.c").read_bytes()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), version.encode(),
+    key = hashlib.sha256(b"\0".join([source, " ".join(_FLAGS).encode(), compiler.encode(), version.encode(),
                                      platform.machine().encode(), _cpu_flags().encode()])).hexdigest()[:24]
     cache = Path(os.environ.get("NUMDEV_CACHE") or Path.home() / ".cache" / "numdev") / "native"
     return compiler, source, cache / f"flash_emulator-{key}.so"
