@@ -68,7 +68,9 @@ def _as_run(command: str) -> list[str]:
     words = [READER_MADE.get(w, re.sub(r"<[^>]*>", "x", w)) for w in shlex.split(command) if w not in ("...", "\\")]
     if words[0] == "make":
         return ["make", "-n", *words[1:]]
-    if Path(words[0]).name in HYDRA_APPS and ("-m" in words or "--multirun" in words):  # Hydra's --help ignores -m: ask about the sweep's first job
+    # Hydra's --help cannot read a sweep (a,b,c), given with -m or by an experiment that sets
+    # hydra.mode=MULTIRUN: ask about the sweep's first job.
+    if Path(words[0]).name in HYDRA_APPS:
         words = [_first_value(w) for w in words if w not in ("-m", "--multirun")]
     return [*words, "--help"]
 
