@@ -70,22 +70,17 @@ def timed(fn, repeats: int) -> tuple[dict, object]:
             "wall_s_all": wall, "thread_cpu_s_all": cpu}, out
 
 
-def same_bits(a, b) -> bool:
-    import torch
-
-    nan = torch.isnan(b)
-    return bool(torch.equal(torch.isnan(a), nan) and torch.equal(a.masked_fill(nan, 0), b.masked_fill(nan, 0)))
-
-
 def matmuls_only(q, k, v, block: int):
-    """The emulator's two float32 matmuls per key/value block, alone, chunked as it chunks rows:
-    the floor any emulator path keeping today's bits stands on (its inputs are a zero stand-in P)."""
+    """The emulator's two float32 matmuls per key/value block, alone, in the emulator's own query
+    chunks: the floor any path keeping today's bits stands on (the scores stand in for P)."""
     import torch
 
-    from numdev.attention.flash_emulated import _CHUNK_ELEMENTS, _MIN_CHUNK_ROWS, _row_chunks
+    from numdev.attention import FlashEmulated
+    from numdev.attention.flash_emulated import _row_chunks
 
+    emulator = FlashEmulated(block_r=block, block_c=block)
     n_q, n_k = q.shape[2], k.shape[2]
-    for rows in _row_chunks(n_q, max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // max(block, v.shape[-1]))):
+    for rows in _row_chunks(n_q, emulator._chunk_rows(emulator.tiles(n_q, n_k, q.shape[-1]), v.shape[-1])):
         for start in range(0, n_k, block):
             probs = q[:, :, rows] @ k[:, :, start:start + block].transpose(-1, -2)
             probs @ v[:, :, start:start + block]
@@ -99,6 +94,7 @@ def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: i
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from numdev.attention import FlashEmulated, golden_attention
+    from numdev.attention.checks import same_bits
     from numdev.numerics import stage_formats
 
     g = torch.Generator().manual_seed(seed)

@@ -40,6 +40,17 @@ def causal_mask(n_q: int, key_index: torch.Tensor, device) -> torch.Tensor:
     return key_index[None, :] > torch.arange(n_q, device=device)[:, None]
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns (the sign of zero included), NaN anywhere counted equal to NaN (payloads aside)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan = torch.isnan(b)
+    if not torch.equal(torch.isnan(a), nan):
+        return False
+    ints = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
+    return torch.equal(a.masked_fill(nan, 0).view(ints), b.masked_fill(nan, 0).view(ints))
+
+
 def round_masked(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
     """round_to for score-like tensors where -inf marks a masked score (or a row that has seen no
     key yet): -inf is a mask, not a number, so it stays -inf in every format.

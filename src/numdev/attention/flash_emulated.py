@@ -35,7 +35,7 @@ import warnings
 import torch
 
 from numdev.attention import compiled, native
-from numdev.attention.checks import round_masked
+from numdev.attention.checks import round_masked, same_bits
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
 from numdev.formats import FloatFormat, round_to
@@ -165,14 +165,9 @@ class FlashEmulated(AttentionBackend):
         codes = {stage: native.code(getattr(f, stage)) for stage in ("score", "stats", "prob", "rescale", "accum")}
         # Arguments of every call, in the C signatures' order (kernels/flash_emulator.c).
         heads_rows = (batch * heads * n_rows, n_rows)  # all rows, rows of one (batch, head)
-        if fa2:
-            probs_kernel = kernels.fa2_probs
-            probs_formats = (codes["score"], codes["stats"], codes["prob"])
-            probs_state = (p(table), p(row_max), p(new_max), p(alpha_args))
-        else:
-            probs_kernel = kernels.fa1_probs
-            probs_formats = (codes["score"], codes["stats"])
-            probs_state = (p(table), p(row_max), p(new_max), p(alpha_args))
+        probs_kernel = kernels.fa2_probs if fa2 else kernels.fa1_probs
+        probs_formats = (codes["score"], codes["stats"], *((codes["prob"],) if fa2 else ()))
+        probs_state = (p(table), p(row_max), p(new_max), p(alpha_args))
         merge_kernel = kernels.fa2_merge if fa2 else kernels.fa1_merge
         merge_formats = (codes["stats"], codes["accum"], codes["rescale"], int(causal), rows.start, tiles.block_r)
         merge_state = (p(new_max), p(alphas), p(block_sum), p(raw_pv), p(row_max), p(row_sum), p(out))
@@ -263,8 +258,7 @@ def _native_checked(formats: StageFormats, variant: str) -> bool:
         for causal in (False, True):
             expected = emulator._attend(q, k, v, scale, causal, rows, tiles, 37, _STEPS[variant])
             got = emulator._attend_native(q, k, v, scale, causal, rows, tiles, 37)
-            nan = torch.isnan(expected)
-            if not (torch.equal(torch.isnan(got), nan) and torch.equal(got.masked_fill(nan, 0), expected.masked_fill(nan, 0))):
+            if not same_bits(got, expected):
                 warnings.warn(f"numdev's C kernels differ from the ATen path for {formats.describe()} ({variant}); "
                               "not using them", stacklevel=3)
                 return False
