@@ -1,6 +1,11 @@
-"""Test helpers: compose the numdev-train config in-process, with the seconds-long smoke settings."""
+"""Test helpers: compose the numdev-train config in-process, with the seconds-long smoke settings;
+SIGKILL a process once it has got far enough."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
 
 from hydra import compose, initialize_config_module
 
@@ -12,3 +17,18 @@ def compose_train(*overrides: str, run_dir=None, smoke: bool = True):
         base.append(f"run_dir={run_dir}")
     with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
         return compose(config_name="train", overrides=[*base, *overrides])
+
+
+def kill_when(process, reached, timeout_s: float = 240) -> None:
+    """SIGKILL `process` as soon as reached() is true (polled every 10 ms); fail if it ends first or
+    timeout_s passes. The process is reaped either way."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not reached():
+            assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, f"not reached within {timeout_s:g} s"
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()

@@ -4,15 +4,12 @@ snapshots of an uninterrupted run (a real subprocess, a real kill)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-from helpers import compose_train
+from helpers import compose_train, kill_when
 
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.run import train
@@ -46,16 +43,7 @@ def _command(run_dir: Path) -> list[str]:
 def test_a_run_killed_mid_training_resumes_with_the_same_command_to_the_same_snapshots(tmp_path):
     run_dir = tmp_path / "killed"
     process = subprocess.Popen(_command(run_dir), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    try:
-        while _latest_snapshot(run_dir) < 6:
-            assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()[-2000:]}"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        os.kill(process.pid, signal.SIGKILL)
-    finally:
-        process.kill()
-        process.wait()
+    kill_when(process, lambda: _latest_snapshot(run_dir) >= 6)
     killed_at = _latest_snapshot(run_dir)
     print("killed after snapshot", killed_at)
     assert 6 <= killed_at < 10

@@ -5,16 +5,13 @@ in-process (deterministic) and with a real SIGKILL of a training subprocess."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import compose_train
+from helpers import compose_train, kill_when
 
 from numdev.analysis.compare import compare_runs
 from numdev.run_layout import index_path, read_distances_csv, sibling_csv_path, snapshot_path, token_rows_path
@@ -127,16 +124,7 @@ def test_killed_comparing_run_without_its_index_resumes_with_every_row_and_snaps
         torch.set_num_threads(threads)
     run_dir = tmp_path / "killed"
     process = subprocess.Popen(_command(run_dir, reference), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 240
-    try:
-        while max(_csv_steps(run_dir), default=-1) < 5:  # past the checkpoint at step 4
-            assert process.poll() is None, f"finished before it could be killed: {process.stderr.read()[-2000:]}"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        os.kill(process.pid, signal.SIGKILL)
-    finally:
-        process.kill()
-        process.wait()
+    kill_when(process, lambda: max(_csv_steps(run_dir), default=-1) >= 5)  # past the checkpoint at step 4
     assert 5 <= max(_csv_steps(run_dir)) < 10
     index_path(run_dir).unlink()  # and the index is lost too
     result = subprocess.run(_command(run_dir, reference), cwd=tmp_path, capture_output=True, text=True, timeout=300)
