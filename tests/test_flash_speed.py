@@ -257,6 +257,14 @@ def test_a_damaged_cached_library_is_built_again(monkeypatch, tmp_path):
         flash_emulated._native_checked.cache_clear()
 
 
+@pytest.mark.parametrize("knob", ["native", "compile"])
+@pytest.mark.parametrize("bad", ["flase", "false", 1, None])
+def test_a_switch_that_is_not_a_bool_is_a_one_line_error(knob, bad):
+    with pytest.raises(ValueError, match=f"attention.{knob}=") as info:
+        FlashEmulated(**{knob: bad})
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("bad", [0, 8, 2.5, True, "64"])
 def test_bad_query_chunk_is_a_one_line_error(bad):
     with pytest.raises((ValueError, TypeError), match="query_chunk") as info:

@@ -66,8 +66,10 @@ class FlashEmulated(AttentionBackend):
         self.formats = formats if formats is not None else stage_formats("fa2", "fp32")
         self.block_r, self.block_c, self.sram = block_r, block_c, sram
         self.variant = variant
-        self.compile = bool(compile)
-        self.native = bool(native)
+        for name, value in (("compile", compile), ("native", native)):
+            if not isinstance(value, bool):  # bool("false") is True: refuse anything but a bool
+                raise ValueError(f"attention.{name}={value!r} must be true or false")
+        self.compile, self.native = compile, native
         if query_chunk is not None and (
             not isinstance(query_chunk, int) or isinstance(query_chunk, bool) or query_chunk < _MIN_CHUNK_ROWS
         ):
