@@ -12,6 +12,25 @@ from helpers import compose_train
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _machine_lines() -> list[str]:
+    """What the run's numbers depend on: the CPU and its vector/matrix extensions, the kernels torch
+    dispatches to (its CPU capability) and the BLAS."""
+    from numdev.provenance import cpu_flags_of_interest, cpu_model
+
+    blas = next((line.strip(" -") for line in torch.__config__.show().splitlines() if "Math Kernel Library" in line
+                 or "OpenBLAS" in line), "BLAS unknown")
+    return [f"cpu: {cpu_model()}, {os.cpu_count()} logical CPU(s); flags: {' '.join(cpu_flags_of_interest()) or 'none of interest'}",
+            f"torch {torch.__version__}: CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
+            f"thread(s); {blas}"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine, at the end of every test run (also under -q, which hides pytest's header)."""
+    terminalreporter.section("machine")
+    for line in _machine_lines():
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.manual_seed(0)

@@ -4,6 +4,11 @@ item 8), kept as the reference that every fast path must match bit for bit.
 Do not edit it to follow the emulator: it is the "today's outputs" the fast paths are held to.
 Rounding comes from numdev.formats.round_to, so fixes there apply to both sides; the one semantic
 fix since it was frozen (masked scores stay -inf in formats without inf: round_masked) is applied here too.
+
+`rows` computes the same output for a slice of the query rows only, with the same masks, tiles and
+skipped tiles as the whole: the emulator's query chunks. The two matmuls then get the same operands
+as the emulator's, so bit identity is what the arithmetic guarantees; across chunk shapes it is not,
+since a BLAS may order a dot product's sum by the matrix's shape (fp64 on an AMD EPYC does).
 """
 
 from __future__ import annotations
@@ -17,17 +22,20 @@ from numdev.numerics import StageFormats, working_input
 _NEG_INF = float("-inf")
 
 
-def reference_forward(emulator, q, k, v, scale, causal):
-    """The output the emulator's forward gave before the speed work, for the same tiles and formats."""
+def reference_forward(emulator, q, k, v, scale, causal, rows: slice | None = None):
+    """The output the emulator's forward gave before the speed work, for the same tiles and formats
+    (for the query rows `rows` only, if given)."""
     self = emulator
     f = self.formats
     out_dtype = q.dtype
     q, k, v = (working_input(t, f) for t in (q, k, v))
-    batch, heads, n_q, _ = q.shape
-    n_k = k.shape[2]
+    n_q, n_k = q.shape[2], k.shape[2]
     tiles = self.tiles(n_q, n_k, q.shape[-1])
-    state = _State.empty(batch, heads, n_q, v.shape[-1], q.dtype, q.device)
-    query_index = torch.arange(n_q, device=q.device)[:, None]  # (Nq, 1)
+    rows = rows if rows is not None else slice(0, n_q)
+    q = q[:, :, rows]
+    batch, heads, _, _ = q.shape
+    state = _State.empty(batch, heads, rows.stop - rows.start, v.shape[-1], q.dtype, q.device)
+    query_index = torch.arange(rows.start, rows.stop, device=q.device)[:, None]  # (rows, 1)
     # Last query row of each row's tile: a tile is skipped when all its keys lie beyond it.
     tile_last_row = (query_index // tiles.block_r + 1) * tiles.block_r - 1
     update = _update_fa2 if self.variant == "fa2" else _update_fa1
@@ -40,7 +48,7 @@ def reference_forward(emulator, q, k, v, scale, causal):
         if causal:
             key_index = torch.arange(start, stop, device=q.device)[None, :]
             scores = scores.masked_fill(key_index > query_index, _NEG_INF)
-            active = (tile_last_row >= start).view(1, 1, n_q, 1)
+            active = (tile_last_row >= start).view(1, 1, -1, 1)
         new_state = update(state, scores, v[:, :, start:stop], f)
         state = new_state if active is None else state.where(active, new_state)
     if self.variant == "fa2":

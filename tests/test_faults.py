@@ -74,11 +74,14 @@ def test_a_signal_marks_the_run_failed_and_exits_non_zero_then_resume_auto_finis
 def test_a_second_run_in_a_live_run_directory_is_refused_and_a_killed_run_leaves_no_stale_lock(tmp_path):
     run_dir = tmp_path / "run"
     first = _start_and_wait(run_dir, 2)
+    # Stopped (SIGSTOP), the first run stays live and keeps its lock for as long as the second one
+    # takes to start, however fast this machine trains: the test waits for states, never for a time.
+    first.send_signal(signal.SIGSTOP)
     try:
         second = subprocess.run(_command(run_dir, "resume=auto"), cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert first.poll() is None, "the first run ended before the second one was tried"
     finally:
-        first.kill()  # SIGKILL: no chance to release anything
+        first.kill()  # SIGKILL (it reaches a stopped process too): no chance to release anything
         first.wait()
     assert second.returncode == 2, second.stderr[-2000:]
     (line,) = _error_lines(second.stderr)

@@ -56,9 +56,16 @@ def _check(preset, precision, variant, case, compile, native_kernels=False, form
     scale = dim**-0.5
     with torch.no_grad():
         got = emulator(q, k, v, scale=scale, causal=causal)
-        expected = reference_forward(emulator, q, k, v, scale, causal)
+        expected = torch.cat([reference_forward(emulator, q, k, v, scale, causal, rows) for rows in _chunks(emulator, q, k, v)],
+                             dim=2)
     assert_same_bits(got, expected)
     return emulator
+
+
+def _chunks(emulator, q, k, v) -> list[slice]:
+    """The query chunks the emulator computes separately: its matmuls have these rows."""
+    n_q = q.shape[2]
+    return _row_chunks(n_q, emulator._chunk_rows(emulator.tiles(n_q, k.shape[2], q.shape[-1]), v.shape[-1]))
 
 
 DEFAULT_CASES = ("self-causal", "cross-chunked", "causal-tall-ragged")  # the rest: slow
@@ -138,9 +145,32 @@ def test_compiled_emulator_runs_under_autograd_in_bf16():
     emulator = FlashEmulated(stage_formats("paper", "bf16"), block_c=16, compile=True, query_chunk=16)
     out = emulator(q, k, v, causal=True)
     with torch.no_grad():
-        assert_same_bits(out.detach(), reference_forward(emulator, q, k, v, 0.25, True))
+        expected = [reference_forward(emulator, q, k, v, 0.25, True, rows) for rows in _chunks(emulator, q, k, v)]
+        assert_same_bits(out.detach(), torch.cat(expected, dim=2))
     out.sum().backward()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("case", ["cross-chunked", "causal-tall-ragged"])
+def test_query_chunks_change_fp64_outputs_only_by_a_blas_reordering(case):
+    """Rows are independent, so chunking the query rows changes nothing but the shape of the two
+    matmuls, and a BLAS may order a dot product's sum by shape (MKL's fp64 GEMM on an AMD EPYC does,
+    by one ulp). The bound: two orders of a length-n sum differ by at most 2 gamma_n sum |terms|
+    (gamma_n = n u / (1 - n u)); a score error ds moves each P by a relative ds and the output, a
+    weighted mean of V, by at most 2 ds max|V|; P.V adds 2 gamma_Bc max|V|; a few roundings more."""
+    batch, heads, n_q, n_k, dim, causal, (block_r, block_c), query_chunk = CASES[case]
+    q, k, v = _inputs(batch, heads, n_q, n_k, dim, torch.float64)
+    scale = dim**-0.5
+    outputs = [FlashEmulated(stage_formats("paper", "fp64"), block_r=block_r, block_c=block_c, query_chunk=chunk)(
+        q, k, v, scale=scale, causal=causal) for chunk in (query_chunk, n_q)]
+    u = torch.finfo(torch.float64).eps / 2
+
+    def gamma(n):
+        return n * u / (1 - n * u)
+
+    score_error = 2 * gamma(dim) * scale * (q.abs() @ k.abs().transpose(-1, -2)).max()
+    bound = (2 * score_error + 2 * gamma(block_c) + 8 * u) * v.abs().max()
+    assert (outputs[0] - outputs[1]).abs().max() <= bound
 
 
 def test_row_chunks_are_near_equal_and_cover_every_row():
