@@ -70,3 +70,20 @@ def test_the_launcher_configs_are_valid_against_the_plugins_schemas():
                 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
             cfg = compose(config_name="train", overrides=[f"hydra/launcher={name}"], return_hydra_config=True)
             assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
+
+
+@pytest.mark.parametrize("trainer, overrides, gpus", [
+    ("cpu", [], None), ("ddp_cpu", [], None), ("gpu", [], 1), ("ddp_gpu", [], 2), ("ddp_gpu", ["trainer.devices=8"], 8),
+    ("cpu", ["hydra.launcher.gpus_per_node=4"], 4),  # an explicit override wins
+])
+def test_the_slurm_launcher_asks_for_gpus_only_for_a_gpu_trainer(trainer, overrides, gpus):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["hydra/launcher=submitit_slurm", f"trainer={trainer}", "threads=3",
+                                                      *overrides], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["gpus_per_node"] == gpus
+    assert launcher["cpus_per_task"] == 3  # threads=
