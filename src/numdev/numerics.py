@@ -23,6 +23,11 @@ Presets name the common combinations for a run precision p:
             PyTorch's own kernels
   cpu_sdpa  the fa2 formats under the name of PyTorch's CPU flash kernel; its tiles come from
             the tile rule (tiles.rule=cpu_sdpa, numdev.attention.tiles), not from this label
+  eager     what eager PyTorch computes for softmax(q @ k^T * scale) @ v on bf16/fp16 tensors on
+            CPU: S rounded to p (the matmul, then the scaled product), the softmax's internals
+            (S - max, exp, row sum) in FP32 with P rounded once to p, P.V accumulated in FP32 and
+            rounded to p. The real Baseline (Baseline backend; tests/test_eager_baseline.py holds
+            it to PyTorch's own bits); `paper` is the paper's.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ import torch
 from numdev.formats import FloatFormat, parse_format, round_to
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
-PRESETS = ("paper", "fa2", "cpu_sdpa")
+PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
 INPUT_SCALINGS = ("none", "tensor")
 _HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
+# The stages each preset keeps in FP32 (never below the run precision: an fp64 run keeps fp64).
+_FP32_STAGES = {"paper": (), "fa2": _HIGH_PRECISION_STAGES, "cpu_sdpa": _HIGH_PRECISION_STAGES, "eager": ("stats", "rescale")}
 
 
 @dataclass(frozen=True)
@@ -93,11 +100,9 @@ def stage_formats(
         )
     run = parse_format(precision)
     chosen = {s: run for s in STAGES}
-    if preset in ("fa2", "cpu_sdpa"):
-        chosen.update({s: parse_format("fp32") for s in _HIGH_PRECISION_STAGES})
-        # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
-        if run.exponent_bits > 8 or run.mantissa_bits > 23:
-            chosen.update({s: run for s in _HIGH_PRECISION_STAGES})
+    # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
+    if not (run.exponent_bits > 8 or run.mantissa_bits > 23):
+        chosen.update({s: parse_format("fp32") for s in _FP32_STAGES[preset]})
     for stage, spec in overrides.items():
         if spec is not None:
             chosen[stage] = parse_format(spec)
