@@ -36,6 +36,7 @@ SYMBOLS = {HOLDS: "✓", FAILS: "✗", PARTLY: "◐", NOT_MEASURABLE: "–", BY_
 MONOTONE_ALPHA = 0.05
 # trend_verdict: one-sided one-sample t-test on the per-seed slopes.
 TREND_ALPHA = 0.05
+SLOPE_ZERO = 1e-9  # a fitted log-slope this small is a flat curve's rounding noise (a doubling of x moves y by 1e-9 relative)
 # "About 10x": the ratio's interval (or range over seeds) lies within this band.
 ABOUT_10X = (7.0, 14.0)
 
@@ -157,12 +158,17 @@ def about_verdict(estimate: Estimate, band: tuple[float, float] = ABOUT_10X, flo
 
 
 def seed_slopes(x, values_by_seed: dict, log_x: bool = True) -> dict:
-    """{seed: OLS slope of log(value) on log(x) (or on x)} for every seed with >= 3 x values."""
+    """{seed: OLS slope of log(value) on log(x) (or on x)} for every seed with >= 3 distinct x values.
+
+    x: the x values, or {key: x value} when curves are keyed by something else (formats with the
+    same mantissa bits share an x)."""
+    position = dict(x) if isinstance(x, dict) else {xi: xi for xi in x}
     slopes = {}
     for seed, by_x in values_by_seed.items():
-        xs = np.asarray([xi for xi in x if xi in by_x], dtype=np.float64)
-        ys = np.asarray([by_x[xi] for xi in x if xi in by_x], dtype=np.float64)
-        if len(xs) < 3:
+        keys = [key for key in position if key in by_x]
+        xs = np.asarray([position[key] for key in keys], dtype=np.float64)
+        ys = np.asarray([by_x[key] for key in keys], dtype=np.float64)
+        if len(set(xs)) < 3:
             continue
         if (ys <= 0).any() or not np.isfinite(ys).all():
             slopes[seed] = float("nan")
@@ -189,12 +195,13 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     rule = (f"per-seed OLS slope of log({what}) on {axis}; one-sample t-test of the slopes over seeds, one-sided "
             f"p < {TREND_ALPHA} ({direction}): holds; every slope zero or the other way (flat counts against), "
             "or significant the other way: fails")
-    slopes = seed_slopes(list(x), values_by_seed, log_x)
+    slopes = seed_slopes(x if isinstance(x, dict) else list(x), values_by_seed, log_x)
     values = np.asarray(list(slopes.values()), dtype=np.float64)
     if len(values) < 3:
         return Verdict(NOT_MEASURABLE, rule, f"{len(values)} seed(s) with 3 or more x values: a t-test needs 3")
     if not np.isfinite(values).all():
         return Verdict(NOT_MEASURABLE, rule, "a value at or below 0 (or non-finite): no log-slope")
+    values = np.where(np.abs(values) < SLOPE_ZERO, 0.0, values)  # a flat curve's fit leaves float noise
     sign = 1 if direction == "increasing" else -1
     spread = f"range of {len(values)}" if len(values) < 5 else f"{len(values)} seeds"
     with_claim = int((sign * values > 0).sum())
@@ -203,7 +210,7 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     if with_claim == 0:
         flat = "flat: every seed's slope is 0" if (values == 0).all() else "no seed's slope goes the claimed way"
         return Verdict(FAILS, rule, f"{summary}; {flat}")
-    if np.ptp(values) == 0:  # every seed the same nonzero slope: the t statistic is infinite
+    if np.ptp(values) <= SLOPE_ZERO * np.abs(values).max():  # every seed the same slope: t is infinite
         return Verdict(HOLDS, rule, f"{summary}; every seed the same slope")
     result = scipy_stats.ttest_1samp(values, 0.0, alternative="greater" if sign > 0 else "less")
     other = scipy_stats.ttest_1samp(values, 0.0, alternative="less" if sign > 0 else "greater")
