@@ -15,10 +15,10 @@ float64) and then rounded, once, to its format. So a matmul is modelled as an ac
 working precision rounded to the stage's format, as tensor cores accumulate in FP32.
 
 Presets name the common combinations for a run precision p:
-  paper     every stage in p. Alone it does not give the paper's ~10x at BF16: that needs FA1
-            (normalise at every block), all-positive inputs (U[0, 1)) and many key/value blocks
-            (N=4096, B_c=64); with N(0, 1) inputs the same emulation gives about 3x
-            (numdev-bench experiment=reconcile, docs/microbenchmark.md)
+  paper     every stage in p: the paper's Baseline and emulation. Alone it does not give the
+            paper's ~10x at BF16: the reconciliation's grid (numdev-bench experiment=reconcile,
+            docs/microbenchmark.md) supports all-positive inputs (U[0, 1)), many key/value blocks
+            and bf16 statistics or a bf16 accumulator (either alone; FA1 is not needed)
   fa2       FP32 score/stats/rescale/accum, input/prob/output in p: FlashAttention-2 and
             PyTorch's own kernels
   cpu_sdpa  the fa2 formats under the name of PyTorch's CPU flash kernel; its tiles come from

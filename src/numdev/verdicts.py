@@ -177,7 +177,8 @@ def seed_slopes(x, values_by_seed: dict, log_x: bool = True) -> dict:
     return slopes
 
 
-def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the deviation", log_x: bool = True) -> Verdict:
+def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the deviation", log_x: bool = True,
+                  unit: str = "unit of x") -> Verdict:
     """Claim: values rise ('increasing') or fall ('decreasing') with x.
 
     `values_by_seed[seed][x]` holds one seed's curve. Rule: one slope per seed, the OLS slope of
@@ -205,7 +206,7 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     sign = 1 if direction == "increasing" else -1
     spread = f"range of {len(values)}" if len(values) < 5 else f"{len(values)} seeds"
     with_claim = int((sign * values > 0).sum())
-    summary = (f"{'log-log slope' if log_x else 'slope of log per unit of x'} {values.mean():+.3g} [{spread}: {values.min():+.3g}, "
+    summary = (f"{'log-log slope' if log_x else 'slope of log per ' + unit} {values.mean():+.3g} [{spread}: {values.min():+.3g}, "
                f"{values.max():+.3g}]; {with_claim} of {len(values)} seeds' slopes {direction}")
     if with_claim == 0:
         flat = "flat: every seed's slope is 0" if (values == 0).all() else "no seed's slope goes the claimed way"

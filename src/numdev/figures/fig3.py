@@ -54,7 +54,7 @@ def summarise(rows, out_dir: Path) -> dict:
     bits = {p: mantissa_bits(p) for p in precisions}
     verdict = trend_verdict(
         bits, curves({p: by["max_abs"].get(p) for p in precisions}),
-        "decreasing", what="max |flash − baseline|", log_x=False,
+        "decreasing", what="max |flash − baseline|", log_x=False, unit="mantissa bit",
     )
     estimates = {p: replicate_spread(list(by["max_abs"][p].values())) for p in precisions}
     caption = (
