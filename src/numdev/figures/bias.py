@@ -25,7 +25,17 @@ from numdev.bench.inputs import GENERATORS, Shape
 from numdev.bench.metrics import deviation
 from numdev.bench.runner import warn_nonfinite
 from numdev.figures import Figure
-from numdev.figures.common import band, curves, mean, paired, select, split_finite, spread_sentence, summary, unmeasurable
+from numdev.figures.common import (
+    band,
+    curves,
+    mean,
+    paired,
+    select,
+    split_finite,
+    spread_sentence,
+    summary,
+    unmeasurable,
+)
 from numdev.numerics import stage_formats
 from numdev.plotting import plt, save_png
 from numdev.stats import ratio_spread, replicate_spread

@@ -5,7 +5,6 @@ scaling, FP32 matmul accumulation, FP16 softmax), which no PyTorch eager path co
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from numdev.figures import Figure
@@ -22,7 +21,7 @@ from numdev.figures.common import (
     unmeasurable,
 )
 from numdev.plotting import plt, save_png
-from numdev.stats import ratio_spread, replicate_spread
+from numdev.stats import Estimate, ratio_spread, replicate_spread
 from numdev.verdicts import combine, ratio_verdict
 
 FIGURE = Figure(
@@ -76,9 +75,7 @@ def summarise(rows, out_dir: Path) -> dict:
     baselines = {p: baseline_name([r for r in golden if r["numerics.precision"] == p]) for p in precisions}
     caption = (
         "Flash/baseline RMSE against FP64 with FA3's outlier inputs: "
-        + "; ".join(f"{p} {ratios[p]['value']:.2g}x" + (f" [{'range of %d: ' % ratios[p]['n'] if ratios[p].get('method') == 'range' else ''}"
-                                                     f"{ratios[p]['low']:.2g}, {ratios[p]['high']:.2g}]"
-                                                     if ratios[p]["low"] is not None and math.isfinite(ratios[p]["low"]) else "") for p in ratios)
+        + "; ".join(f"{p} {Estimate(**ratios[p]).text('.2g', 'x')}" for p in ratios)
         + f" (FA3 paper: fp16 {PAPER_RMSE[('fp16', 'flash')] / PAPER_RMSE[('fp16', 'baseline')]:.2g}x, "
         f"fp8 {PAPER_RMSE[('fp8_e4m3', 'flash')] / PAPER_RMSE[('fp8_e4m3', 'baseline')]:.2g}x). Each ratio divides by: "
         + "; ".join(f"{p}: {baselines[p]}" for p in precisions) + f". {spread_sentence(golden)}"

@@ -24,7 +24,7 @@ from numdev.figures.common import (
     unmeasurable,
 )
 from numdev.plotting import plt, save_png
-from numdev.stats import ratio_spread
+from numdev.stats import Estimate, ratio_spread
 from numdev.verdicts import ABOUT_10X, about_verdict, combine
 
 FIGURE = Figure(
@@ -76,9 +76,7 @@ def summarise(rows, out_dir: Path) -> dict:
     verdict = combine(parts) if parts else unmeasurable("the bf16 ratio in every setting", "no bf16 records")
     def text(s, p, m):
         e = ratios.get(f"{s}/{p}", {}).get(m)
-        label = "range of {}: ".format(e["n"]) if e and e.get("method") == "range" else ""
-        return (f"{e['value']:.2g}x [{label}{e['low']:.2g}, {e['high']:.2g}]" if e and e["low"] is not None
-                else (f"{e['value']:.2g}x" if e else "n/a"))
+        return Estimate(**e).text(".2g", "x") if e else "n/a"
     baselines = {s: baseline_name([r for r in golden if setting_of(r) == s]) for s in settings}
     blocks = {s: sorted({_blocks(r) for r in golden if setting_of(r) == s and r["method"] == "flash"}, key=str) for s in settings}
     caption = (
@@ -86,6 +84,9 @@ def summarise(rows, out_dir: Path) -> dict:
         + "; ".join(f"{s} {text(s, 'bf16', 'max_abs')}; {text(s, 'bf16', 'mean_abs')}" for s in settings)
         + ". Other formats: "
         + "; ".join(f"{s}/{p} {text(s, p, 'max_abs')}" for s in settings for p in precisions if p != "bf16")
+        + (". At fp64 a ratio compares noise floors: the FP64 Baseline is, to its last bits, the FP64 golden value's own "
+           "computation, so Flash's distance to the golden value is mostly the golden value's own rounding error "
+           "(scripts/why_high_precision_ratio.py)" if "fp64" in precisions else "")
         + ". Each ratio divides by its setting's Baseline: "
         + "; ".join(f"{s}: {baselines[s]}, {'/'.join(map(str, blocks[s]))} key/value blocks" for s in settings)
         + f". {spread_sentence(golden)}"
