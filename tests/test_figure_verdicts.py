@@ -168,3 +168,68 @@ def test_a_flat_curve_is_not_measurable_not_nan():
 
     verdict = monotone_verdict([1, 2, 3], [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], "increasing")
     assert verdict.status == NOT_MEASURABLE and "flat" in verdict.detail
+
+
+# --- Bias: |flash bias| beyond the Baseline's (can fail), growth with N, signs in the caption ------
+
+
+def _bias_rows(whole, baseline, stages, lengths=(256, 512, 1024), seeds=SEEDS, growth=1.0):
+    from numdev.figures import bias
+
+    rows = []
+    for n in lengths:
+        scale = (n / lengths[0]) ** growth
+        values = {"whole": whole, "baseline": baseline, **stages}
+        values.update({s: 0.0 for s in bias.STAGES if s not in values})
+        for s in seeds:
+            for label, v in values.items():
+                rows.append(_row("vs_golden", label, s, {"mean_signed": _jitter(v * scale, s)}, shape__seq_q=n,
+                                 inputs="uniform", variant="fa1", precision="bf16"))
+    return rows
+
+
+def test_bias_verdict_holds_and_names_the_interaction(tmp_path):
+    from numdev.figures import bias
+
+    rows = _bias_rows(1e-3, 1e-5, {"stats": -9e-4, "accum": -2e-4, "stats+accum": 1.03e-3})
+    summary = bias.summarise(rows, tmp_path)
+    assert summary["status"] == HOLDS, summary["verdict"]
+    assert "opposite: stats, accum" in summary["caption"] and "an interaction" in summary["caption"]
+    assert "stats contributes most" not in summary["caption"]
+
+
+def test_bias_verdict_can_fail(tmp_path):
+    from numdev.figures import bias
+
+    # Flash's bias smaller than the Baseline's, and shrinking with N: both parts contradicted.
+    summary = bias.summarise(_bias_rows(1e-5, 1e-3, {"accum": 1e-5}, growth=-1.0), tmp_path)
+    assert summary["parts"]["bias beyond the Baseline's at largest N"]["status"] == FAILS
+    assert summary["parts"]["|bias| grows with N"]["status"] == FAILS and summary["status"] == FAILS
+    # One stage with the whole's sign and size explains it alone: said so.
+    alone = bias.summarise(_bias_rows(1e-3, 1e-5, {"accum": 0.98e-3}), tmp_path)["caption"]
+    assert "accum alone gives 98% of the whole" in alone
+
+
+# --- Reconciliation: its verdict parts can fail ---------------------------------------------------
+
+
+def test_reconcile_verdict_can_fail():
+    from numdev.figures import reconcile
+    from numdev.stats import replicate_spread
+
+    def cell(*values):
+        e = replicate_spread(list(values))
+        return {"max_abs": e, "mean_abs": e}
+
+    key = reconcile._key
+    r = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): cell(*v)
+         for t, v in (("16", (3.0, 3.1, 3.2)), ("64", (2.0, 2.1, 2.2)), ("256", (1.2, 1.3, 1.4)))}
+    kernel = ("sdpa_flash", "uniform", "None", "None", "None")
+    r[kernel] = cell(0.5, 0.5, 0.5)
+    eager = {kernel: cell(1.2, 1.3, 1.25)}  # above eager PyTorch's Baseline: contradicts "below"
+    seed_ratios = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): dict(enumerate(v))
+                   for t, v in (("16", (3.0, 3.1, 3.2)), ("64", (2.0, 2.1, 2.2)), ("256", (1.2, 1.3, 1.4)))}
+    parts = reconcile.sentences(r, "64", {"16": 16, "64": 64, "256": 256}, seed_ratios, eager)[0]
+    assert parts["paper-like cell ~10x"].status == PARTLY and "2.1" in parts["paper-like cell ~10x"].detail
+    assert parts["paper-like ratio grows with key/value blocks"].status == FAILS  # falls with more blocks
+    assert parts["PyTorch's CPU flash kernel below eager PyTorch's Baseline"].status == FAILS
