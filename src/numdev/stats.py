@@ -30,8 +30,6 @@ METHOD = "percentile"
 MIN_SEEDS = 3
 MIN_BOOTSTRAP = 5  # house rule: fewer replicates give a range over them, labelled "range of n"
 RULE = f"{int(CONFIDENCE * 100)}% percentile bootstrap over seeds ({RESAMPLES} resamples, scipy.stats.bootstrap)"
-SPREAD_RULE = (f"from {MIN_BOOTSTRAP} or more seeds the {RULE}; from fewer, the range over seeds "
-               "(labelled 'range of n')")
 
 
 @dataclass(frozen=True)

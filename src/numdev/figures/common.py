@@ -10,7 +10,8 @@ import numpy as np
 
 from numdev.formats import parse_format
 from numdev.provenance import provenance
-from numdev.stats import SPREAD_RULE
+from numdev.stats import MIN_BOOTSTRAP
+from numdev.stats import RULE as INTERVAL_RULE
 from numdev.verdicts import NOT_MEASURABLE, Verdict
 
 PAIR = "flash-baseline"
@@ -106,8 +107,10 @@ def seeds_of(rows) -> list[int]:
 
 def spread_sentence(rows) -> str:
     n = len(seeds_of(rows))
-    return (f"{n} seed(s); points are means over seeds, bars/bands the range over seeds; a number's spread is, "
-            f"{SPREAD_RULE}.")
+    spread = (f"a number's spread is the {INTERVAL_RULE}" if n >= MIN_BOOTSTRAP else
+              f"a number's spread is the range over the {n} seeds (labelled 'range of {n}'): fewer than "
+              f"{MIN_BOOTSTRAP} seeds give no 95% interval")
+    return f"{n} seed(s); points are means over seeds, bars/bands the range over seeds; {spread}."
 
 
 def curves(by_x: dict) -> dict:
