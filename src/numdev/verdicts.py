@@ -204,7 +204,7 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
         return Verdict(NOT_MEASURABLE, rule, "a value at or below 0 (or non-finite): no log-slope")
     values = np.where(np.abs(values) < SLOPE_ZERO, 0.0, values)  # a flat curve's fit leaves float noise
     sign = 1 if direction == "increasing" else -1
-    spread = f"range of {len(values)}" if len(values) < 5 else f"{len(values)} seeds"
+    spread = f"range of {len(values)}"  # the slopes themselves, smallest to largest: never an interval
     with_claim = int((sign * values > 0).sum())
     summary = (f"{'log-log slope' if log_x else 'slope of log per ' + unit} {values.mean():+.3g} [{spread}: {values.min():+.3g}, "
                f"{values.max():+.3g}]; {with_claim} of {len(values)} seeds' slopes {direction}")
