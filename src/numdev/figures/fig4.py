@@ -102,5 +102,6 @@ def _blocks(row):
 
 
 def _short(rows, setting) -> str:
+    """The setting's Baseline preset(s), e.g. 'paper' or 'eager', for a panel title."""
     presets = sorted({str(r.get("knobs.formats.preset")) for r in rows if setting_of(r) == setting and r["method"] == "baseline"})
     return "/".join(presets)

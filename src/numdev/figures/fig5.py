@@ -21,7 +21,7 @@ from numdev.figures.common import (
     summary,
     unmeasurable,
 )
-from numdev.figures.fig4 import setting_of
+from numdev.figures.fig4 import _short, setting_of
 from numdev.plotting import plt, save_png
 from numdev.verdicts import combine, trend_verdict
 
@@ -56,7 +56,7 @@ def summarise(rows, out_dir: Path) -> dict:
         for method, style in (("flash", "o-"), ("baseline", "s--")):
             band(row_axes[1], lengths, [gold["max_abs"].get((setting, method, n)) for n in lengths], style, label=method)
             band(row_axes[2], lengths, [gold["mean_signed"].get((setting, method, n)) for n in lengths], style, label=method)
-        row_axes[0].set_title(f"{setting}: flash − baseline (the paper's metric)")
+        row_axes[0].set_title(f"{setting}: flash − {_short(golden, setting)} baseline (the paper's metric)")
         row_axes[1].set_title(f"{setting}: max |Δ| vs FP64 golden")
         row_axes[2].set_title(f"{setting}: mean signed error vs FP64 (bias)")
         row_axes[2].axhline(0.0, color="k", lw=0.8)

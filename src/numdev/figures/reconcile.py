@@ -306,7 +306,9 @@ def factors(r: dict, blocks: dict) -> str:
     said = []
     inputs = {i: ratio(i) for i in ("uniform", "normal", "outliers") if ratio(i) is not None}
     if len(inputs) > 1:
-        said.append("the input distribution (FA1, paper formats: " + ", ".join(f"{i} {e.value:.2g}x" for i, e in inputs.items()) + ")")
+        top = max(inputs, key=lambda i: inputs[i].value)
+        lead = "all-positive inputs" if top == "uniform" else f"{top} inputs"
+        said.append(f"{lead} (FA1, paper formats: " + ", ".join(f"{i} {e.value:.2g}x" for i, e in inputs.items()) + ")")
     if ratio(tiles=fewest) is not None and fewest != most:
         said.append(f"the number of key/value blocks (uniform, FA1, paper formats: {blocks.get(fewest, fewest)} blocks "
                     f"{ratio(tiles=fewest).value:.2g}x, {blocks.get(most, most)} blocks {ratio().value:.2g}x)")
