@@ -84,9 +84,10 @@ def summarise(rows, out_dir: Path) -> dict:
         + "; ".join(f"{s} {text(s, 'bf16', 'max_abs')}; {text(s, 'bf16', 'mean_abs')}" for s in settings)
         + ". Other formats: "
         + "; ".join(f"{s}/{p} {text(s, p, 'max_abs')}" for s in settings for p in precisions if p != "bf16")
-        + (". At fp64 a ratio compares noise floors: the FP64 Baseline is, to its last bits, the FP64 golden value's own "
-           "computation, so Flash's distance to the golden value is mostly the golden value's own rounding error "
-           "(scripts/why_high_precision_ratio.py)" if "fp64" in precisions else "")
+        + (". At fp64 a ratio compares noise floors: the FP64 Baseline runs the golden value's own algorithm in the "
+           "same format, so their rounding errors largely coincide, and Flash's distance to the golden value is mostly "
+           "the golden value's own rounding error (docs/microbenchmark.md, scripts/why_high_precision_ratio.py)"
+           if "fp64" in precisions else "")
         + ". Each ratio divides by its setting's Baseline: "
         + "; ".join(f"{s}: {baselines[s]}, {'/'.join(map(str, blocks[s]))} key/value blocks" for s in settings)
         + f". {spread_sentence(golden)}"
