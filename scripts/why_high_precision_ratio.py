@@ -3,7 +3,8 @@
 Two questions, answered by measurement:
 1. Is the FP64 golden value exact enough to judge FP64 runs? Against a reference in x87 extended
    precision (numpy.longdouble, 64-bit significand: 11 bits more than FP64), compare the errors of
-   the golden value, the FP64 Baseline and the FP64 Flash emulator.
+   the golden value, the FP64 Baseline and the FP64 Flash emulator, and how far the Baseline is
+   from the golden value (q2, and the share of its outputs bit-identical to it).
 2. Does the ratio in FP32/FP64 follow the number of key/value blocks (each FA1 block renormalises
    the accumulator: one more rounding of O per block) and the variant (FA2 normalises once)?
 
@@ -62,6 +63,8 @@ def main(argv=None) -> int:
                 for blocks in args.blocks:
                     flash = FlashEmulated(stage_formats("paper", precision), block_r=64, block_c=args.seq // blocks, variant=variant)
                     runs[f"flash {variant} {blocks} blocks"] = flash(q, k, v)
+            same = (runs["baseline (paper)"].double() == golden).double().mean().item()
+            out.setdefault("baseline_bit_identical_to_golden", {}).setdefault(precision, []).append(same)
             for name, o in runs.items():
                 o64 = o[0, 0].double().numpy()
                 vs_ext = float(np.abs(o64.astype(np.longdouble) - ref).max())
