@@ -89,6 +89,21 @@ def test_tiles_from_sram_cpu_rule_and_clamping():
         FlashEmulated(block_c=0)
 
 
+def test_kv_blocks_rule_pins_the_number_of_key_value_blocks():
+    """setting=paper_like pins 64 key/value blocks whatever N: B_c = ceil(N_k / 64)."""
+    for n_k, block_c in ((4096, 64), (2048, 32), (1000, 16), (64, 1)):
+        t = resolve_tiles(n_k, n_k, 64, block_r=64, rule="kv_blocks", kv_blocks=64)
+        assert (t.block_c, t.source) == (block_c, "kv_blocks") and -(-n_k // t.block_c) <= 64
+    with pytest.raises(ValueError, match="tiles.kv_blocks"):
+        resolve_tiles(128, 128, 64, rule="kv_blocks")
+    with pytest.raises(ValueError, match="kv_blocks=0 must be a positive integer"):
+        FlashEmulated(tile_rule="kv_blocks", kv_blocks=0)
+    flash = FlashEmulated(stage_formats("paper", "bf16"), block_r=64, tile_rule="kv_blocks", kv_blocks=8, variant="fa1")
+    q = torch.rand(1, 1, 256, 16, dtype=torch.float64)
+    explicit = FlashEmulated(stage_formats("paper", "bf16"), block_r=64, block_c=32, variant="fa1")
+    assert torch.equal(flash(q, q, q), explicit(q, q, q)) and flash.describe()["tiles.block_c"] == 32
+
+
 KERNEL_SHAPES = [(2, 3, 256, 256, 64, False), (1, 4, 1000, 1000, 64, True), (2, 2, 700, 300, 64, False),
                  (1, 2, 130, 1500, 32, True)]
 

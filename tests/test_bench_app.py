@@ -62,14 +62,17 @@ def test_fig3_deviation_falls_with_mantissa_bits(tmp_path):
 
 
 def test_fig4_paper_like_is_about_10x_and_real_kernels_go_the_other_way(tmp_path):
-    # 64 key/value blocks as at the paper's N=4096, B_c=64, on a CI-small shape.
-    summary = _figure(tmp_path, "fig4", "shape.seq_q=1024", "shape.dim=16", "tiles.block_c=16", "numerics.precision=bf16,fp32")
+    # setting=paper_like pins 64 key/value blocks (as the paper's N=4096, B_c=64): B_c=16 at this CI-small N.
+    summary = _figure(tmp_path, "fig4", "shape.seq_q=1024", "shape.dim=16", "numerics.precision=bf16,fp32")
+    assert summary["kv_blocks"]["paper_like"] == [64]
     ratio = summary["ratio"]
-    # Measured 2026-11-23: paper_like 9.5-11.9x (max) per seed; real_kernel 0.55-0.6x.
-    assert ratio["paper_like/bf16"]["max_abs"]["value"] >= 5 and ratio["paper_like/bf16"]["mean_abs"]["value"] >= 5
-    assert ratio["real_kernel/bf16"]["max_abs"]["value"] <= 1.2
-    assert summary["parts"]["paper_like"]["status"] == "holds" and summary["parts"]["real_kernel"]["status"] == "fails"
-    assert summary["status"] == "partly" and not summary["claim_holds"]  # never green on half the claim
+    # Flash deviates more than the paper's Baseline at every seed; the real kernel less than eager PyTorch's.
+    assert ratio["paper_like/bf16"]["max_abs"]["low"] > 1 and ratio["paper_like/bf16"]["mean_abs"]["low"] > 1
+    assert ratio["real_kernel/bf16"]["max_abs"]["high"] < 1
+    assert summary["parts"]["paper_like"]["status"] in ("holds", "partly")  # inside or outside the 7-14 band
+    assert summary["parts"]["real_kernel"]["status"] == "fails"
+    assert summary["status"] in ("partly", "fails") and not summary["claim_holds"]  # never green on half the claim
+    assert "paper_like: the paper's Baseline" in summary["caption"] and "real_kernel: eager PyTorch's Baseline" in summary["caption"]
 
 
 def test_fig5_both_settings_and_the_papers_metric(tmp_path):
@@ -88,8 +91,8 @@ def test_fig6_larger_key_blocks_deviate_less(tmp_path):
     tiles = summary["tiles"]["bf16"]
     assert tiles["square_ratio"]["16x128"] == 1.0  # B_r changes nothing, by construction
     assert tiles["swapped_ratio"]["16x128"] > 1.2  # B_c = 16 instead of 128 (measured 1.44x)
-    assert summary["parts"]["(a) bf16"]["status"] == "holds" and summary["parts"]["(b) bf16"]["status"] == "holds"
-    # (c) with two tile areas Kendall's test cannot see a trend: not measurable, so never green.
+    assert summary["parts"]["(a) bf16"]["status"] == "holds" and summary["parts"]["(b) bf16"]["status"] == "by construction"
+    # (c) with two tile areas there is no trend to test: not measurable, so never green.
     assert summary["parts"]["(c) bf16"]["status"] == "not measurable" and summary["status"] == "partly"
 
 

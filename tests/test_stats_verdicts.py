@@ -131,3 +131,89 @@ def test_docblocks_replace_only_the_marked_block(tmp_path):
     assert read_block(doc, "t") == "| a | 2.0 |"
     with pytest.raises(ValueError, match="README.md: needs exactly one"):
         replace_block(doc, "missing", "x")
+
+
+# --- the phase-1 house rules: ranges below 5 seeds, about-10x band, trends, by construction -------
+
+
+def test_fewer_than_five_seeds_give_a_labelled_range_not_an_interval():
+    from numdev.stats import MIN_BOOTSTRAP, ratio_spread, replicate_spread
+
+    three = replicate_spread([1.0, 2.0, 4.0])
+    assert (three.method, three.low, three.high, three.n) == ("range", 1.0, 4.0, 3)
+    assert "range of 3: 1, 4" in three.text() and three.spread_name == "range over 3 seeds"
+    # A ratio of means lies within the range of the per-seed ratios, which is what is shown.
+    a, b = [2.0, 3.0, 9.0], [1.0, 2.0, 3.0]
+    ratio = ratio_spread(a, b)
+    assert ratio.value == pytest.approx(14 / 6) and (ratio.low, ratio.high) == (1.5, 3.0)
+    five = replicate_spread(np.arange(MIN_BOOTSTRAP, dtype=float))
+    assert five.method == "bootstrap" and five.text().count("range") == 0
+    assert five.as_dict() == mean_interval(np.arange(MIN_BOOTSTRAP, dtype=float)).as_dict()
+    assert not replicate_spread([1.0, 2.0]).has_interval  # two seeds: shown, never judged
+
+
+@pytest.mark.parametrize("values, status", [
+    ([9.0, 10.0, 11.0], HOLDS),
+    ([6.2, 6.6, 6.9], PARTLY),  # more than 1x but below the band: the number is given
+    ([15.0, 16.9, 18.0], PARTLY),  # above the band
+    ([0.4, 0.5, 0.6], FAILS),  # Flash not worse: contradicts the claim
+    ([0.8, 1.0, 1.3], NOT_MEASURABLE),  # contains 1
+])
+def test_about_10x_holds_only_within_its_band(values, status):
+    from numdev.stats import ratio_spread
+    from numdev.verdicts import ABOUT_10X, about_verdict
+
+    verdict = about_verdict(ratio_spread(values, [1.0, 1.0, 1.0]), ABOUT_10X, what="r")
+    assert verdict.status == status, verdict.text()
+    assert ABOUT_10X == (7.0, 14.0) and "[7, 14]" in verdict.rule
+
+
+def _curves(exponent, seeds=(0, 1, 2, 3, 4), noise=0.0, x=(256, 512, 1024, 2048)):
+    rng = np.random.default_rng(1)
+    return {s: {n: (n / 256) ** exponent * math.exp(noise * rng.standard_normal()) for n in x} for s in seeds}
+
+
+@pytest.mark.parametrize("exponent, noise, status", [
+    (0.5, 0.05, HOLDS),
+    (-0.5, 0.05, FAILS),  # significant the other way
+    (0.0, 0.0, FAILS),  # flat at every seed (one bf16 ulp at every N): counts against growth
+    (0.0, 0.3, NOT_MEASURABLE),  # noise, no trend either way
+])
+def test_trend_verdict_can_hold_fail_and_abstain(exponent, noise, status):
+    from numdev.verdicts import trend_verdict
+
+    verdict = trend_verdict([256, 512, 1024, 2048], _curves(exponent, noise=noise), "increasing", what="d")
+    assert verdict.status == status, verdict.text()
+
+
+def test_trend_verdict_is_a_t_test_on_per_seed_slopes():
+    """The p-value is scipy's one-sample t-test on the seeds' OLS log-log slopes: one number per
+    seed, so the serially dependent points of one curve never count as independent evidence."""
+    from scipy import stats as scipy_stats
+
+    from numdev.verdicts import seed_slopes, trend_verdict
+
+    curves = _curves(0.3, noise=0.2)
+    slopes = seed_slopes([256, 512, 1024, 2048], curves)
+    x = np.log([256, 512, 1024, 2048])
+    for s, by_x in curves.items():
+        y = np.log([by_x[n] for n in (256, 512, 1024, 2048)])
+        assert slopes[s] == pytest.approx(np.cov(x, y)[0, 1] / np.var(x, ddof=1))
+    p = scipy_stats.ttest_1samp(list(slopes.values()), 0.0, alternative="greater").pvalue
+    assert f"p = {p:.2g} (df 4)" in trend_verdict([256, 512, 1024, 2048], curves, "increasing").detail
+    # More points per seed do not make the evidence stronger by themselves: 5 seeds, df 4, always.
+    dense = _curves(0.3, noise=0.2, x=tuple(256 * 2**i for i in range(12)))
+    assert "(df 4)" in trend_verdict(sorted(dense[0]), dense, "increasing").detail
+    # Two seeds: no test.
+    assert trend_verdict([1, 2, 4], {0: {1: 1, 2: 2, 4: 4}, 1: {1: 1, 2: 2, 4: 4}}, "increasing").status == NOT_MEASURABLE
+
+
+def test_a_claim_true_by_construction_is_never_green():
+    from numdev.verdicts import BY_CONSTRUCTION, SYMBOLS, by_construction
+
+    built = by_construction("B_r has no numeric effect", "bit-identical")
+    held = Verdict(HOLDS, "r")
+    assert built.symbol == SYMBOLS[BY_CONSTRUCTION] and built.symbol not in (SYMBOLS[HOLDS], SYMBOLS[FAILS])
+    assert combine({"a": held, "b": built}).status == PARTLY
+    assert combine({"b": built}).status == BY_CONSTRUCTION
+    assert combine({"a": Verdict(FAILS, "r"), "b": built}).status == FAILS

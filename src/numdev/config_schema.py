@@ -140,6 +140,7 @@ class Tiles:
     block_r: int | None = integer(min=1, null=True)
     block_c: int | None = integer(min=1, null=True)
     sram: int | None = integer(min=1, null=True)
+    kv_blocks: int | None = integer(min=1, null=True)
 
 
 @dataclass

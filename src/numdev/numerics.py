@@ -15,14 +15,19 @@ float64) and then rounded, once, to its format. So a matmul is modelled as an ac
 working precision rounded to the stage's format, as tensor cores accumulate in FP32.
 
 Presets name the common combinations for a run precision p:
-  paper     every stage in p. Alone it does not give the paper's ~10x at BF16: that needs FA1
-            (normalise at every block), all-positive inputs (U[0, 1)) and many key/value blocks
-            (N=4096, B_c=64); with N(0, 1) inputs the same emulation gives about 3x
-            (numdev-bench experiment=reconcile, docs/microbenchmark.md)
+  paper     every stage in p: the paper's Baseline and emulation. Alone it does not give the
+            paper's ~10x at BF16: the reconciliation's grid (numdev-bench experiment=reconcile,
+            docs/microbenchmark.md) supports all-positive inputs (U[0, 1)), many key/value blocks
+            and bf16 statistics or a bf16 accumulator (either alone; FA1 is not needed)
   fa2       FP32 score/stats/rescale/accum, input/prob/output in p: FlashAttention-2 and
             PyTorch's own kernels
   cpu_sdpa  the fa2 formats under the name of PyTorch's CPU flash kernel; its tiles come from
             the tile rule (tiles.rule=cpu_sdpa, numdev.attention.tiles), not from this label
+  eager     what eager PyTorch computes for softmax(q @ k^T * scale) @ v on bf16/fp16 tensors on
+            CPU: S rounded to p (the matmul, then the scaled product), the softmax's internals
+            (S - max, exp, row sum) in FP32 with P rounded once to p, P.V accumulated in FP32 and
+            rounded to p. The real Baseline (Baseline backend; tests/test_eager_baseline.py holds
+            it to PyTorch's own bits); `paper` is the paper's.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ import torch
 from numdev.formats import FloatFormat, parse_format, round_to
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
-PRESETS = ("paper", "fa2", "cpu_sdpa")
+PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
 INPUT_SCALINGS = ("none", "tensor")
 _HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
+# The stages each preset keeps in FP32 (never below the run precision: an fp64 run keeps fp64).
+_FP32_STAGES = {"paper": (), "fa2": _HIGH_PRECISION_STAGES, "cpu_sdpa": _HIGH_PRECISION_STAGES, "eager": ("stats", "rescale")}
 
 
 @dataclass(frozen=True)
@@ -93,11 +100,9 @@ def stage_formats(
         )
     run = parse_format(precision)
     chosen = {s: run for s in STAGES}
-    if preset in ("fa2", "cpu_sdpa"):
-        chosen.update({s: parse_format("fp32") for s in _HIGH_PRECISION_STAGES})
-        # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
-        if run.exponent_bits > 8 or run.mantissa_bits > 23:
-            chosen.update({s: run for s in _HIGH_PRECISION_STAGES})
+    # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
+    if not (run.exponent_bits > 8 or run.mantissa_bits > 23):
+        chosen.update({s: parse_format("fp32") for s in _FP32_STAGES[preset]})
     for stage, spec in overrides.items():
         if spec is not None:
             chosen[stage] = parse_format(spec)

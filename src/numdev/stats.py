@@ -8,6 +8,12 @@ seed's inputs) are resampled together, so the interval of a ratio keeps their co
 With fewer than MIN_SEEDS seeds there is no interval: a bootstrap over two values has three
 distinct resamples and its "95%" interval is little more than their range. The interval is then
 (nan, nan) — null in JSON — shown as "n/a", and no verdict may rest on it (see numdev.verdicts).
+
+The phase-1 figures follow a stricter house rule (`replicate_spread`, `ratio_spread`): from fewer
+than MIN_BOOTSTRAP replicates the spread is the *range* over replicates (the smallest and largest
+per-seed value; for a ratio of means, the per-seed ratios, between which it always lies), labelled
+"range of n", never a "95%" interval; from MIN_BOOTSTRAP or more, the 95% percentile bootstrap.
+An Estimate says which (`method`: "bootstrap" or "range").
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ CONFIDENCE = 0.95
 RESAMPLES = 2000
 METHOD = "percentile"
 MIN_SEEDS = 3
+MIN_BOOTSTRAP = 5  # house rule: fewer replicates give a range over them, labelled "range of n"
 RULE = f"{int(CONFIDENCE * 100)}% percentile bootstrap over seeds ({RESAMPLES} resamples, scipy.stats.bootstrap)"
 
 
@@ -33,6 +40,7 @@ class Estimate:
     low: float
     high: float
     n: int
+    method: str = "bootstrap"  # "bootstrap": a 95% interval; "range": the smallest to the largest replicate
 
     def __post_init__(self):  # null (JSON) and nan both mean "no interval"
         for name in ("value", "low", "high"):
@@ -52,9 +60,15 @@ class Estimate:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
     def text(self, fmt: str = ".3g", unit: str = "") -> str:
-        """'2.7x [2.4, 3.1]' — the value and its interval, or 'n/a' in place of the interval."""
-        interval = f"[{self.low:{fmt}}, {self.high:{fmt}}]" if self.has_interval else f"[n/a: {self.n} seed(s)]"
-        return f"{self.value:{fmt}}{unit} {interval}"
+        """'2.7x [2.4, 3.1]' (a 95% interval), '2.7x [range of 3: 2.4, 3.1]', or 'n/a' in its place."""
+        if not self.has_interval:
+            return f"{self.value:{fmt}}{unit} [n/a: {self.n} seed(s)]"
+        label = f"range of {self.n}: " if self.method == "range" else ""
+        return f"{self.value:{fmt}}{unit} [{label}{self.low:{fmt}}, {self.high:{fmt}}]"
+
+    @property
+    def spread_name(self) -> str:
+        return f"range over {self.n} seeds" if self.method == "range" else "95% interval over seeds"
 
 
 def _finite(values) -> np.ndarray:
@@ -111,3 +125,29 @@ def statistic_interval(values, statistic, seed: int = 0) -> Estimate:
     x = _finite(values)
     low, high = _interval((x,), statistic, seed, vectorized=False)
     return Estimate(float(statistic(x)), low, high, int(x.size))
+
+
+def replicate_spread(values, seed: int = 0) -> Estimate:
+    """Mean over seeds with its spread by the house rule: the 95% bootstrap from MIN_BOOTSTRAP
+    seeds, else the range over seeds (method "range")."""
+    x = _finite(values)
+    if x.size >= MIN_BOOTSTRAP:
+        return mean_interval(x, seed)
+    low, high = (float(x.min()), float(x.max())) if x.size >= MIN_SEEDS else (math.nan, math.nan)
+    return Estimate(float(x.mean()), low, high, int(x.size), method="range")
+
+
+def ratio_spread(numerators, denominators, seed: int = 0) -> Estimate:
+    """mean(numerators) / mean(denominators), paired by seed, with its spread by the house rule:
+    the paired 95% bootstrap from MIN_BOOTSTRAP seeds, else the range of the per-seed ratios (the
+    ratio of means, a weighted mean of them, lies within it)."""
+    a, b = _finite(numerators), _finite(denominators)
+    if a.size >= MIN_BOOTSTRAP:
+        return ratio_interval(a, b, seed)
+    if a.size != b.size:
+        raise ValueError(f"a paired ratio needs as many numerators as denominators, got {a.size} and {b.size}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value, per_seed = float(a.mean() / b.mean()), a / b
+    ok = a.size >= MIN_SEEDS and np.isfinite(per_seed).all()
+    low, high = (float(per_seed.min()), float(per_seed.max())) if ok else (math.nan, math.nan)
+    return Estimate(value, low, high, int(a.size), method="range")

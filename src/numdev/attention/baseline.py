@@ -1,4 +1,11 @@
-"""Baseline Attention: the full score matrix, softmax, then P.V, each stage in an explicit format."""
+"""Baseline Attention: the full score matrix, softmax, then P.V, each stage in an explicit format.
+
+Two presets name the two Baselines a Flash ratio can divide by (numdev.numerics):
+  paper  every stage in the run precision, the exps and the row sum included: the paper's Baseline.
+  eager  what eager PyTorch computes for softmax(q @ k^T * scale) @ v on bf16/fp16 tensors: the
+         softmax's internals in FP32, P rounded once. tests/test_eager_baseline.py holds it to
+         PyTorch's own result (the only differing bits come from the softmax kernel's fast exp).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,9 @@ from numdev.numerics import StageFormats, stage_formats, working_input
 class Baseline(AttentionBackend):
     """S = QK^T scale -> E = exp(S - max) -> l = sum E -> P = E / l -> O = P V.
 
-    Stages: input (Q, K, V), score (S), stats (E and l), prob (P), accum (P V), output (O).
+    Stages: input (Q, K, V), score (S: the product QK^T, then the scaled product, each rounded,
+    as the literal expression `q @ k.transpose(-1, -2) * scale` rounds them), stats (the softmax's
+    internals: S - max, E and l), prob (P), accum (P V), output (O).
     """
 
     def __init__(self, formats: StageFormats | None = None):
@@ -24,13 +33,14 @@ class Baseline(AttentionBackend):
         f = self.formats
         out_dtype = q.dtype
         q, k, v = (working_input(t, f) for t in (q, k, v))
-        scores = round_to(q @ k.transpose(-1, -2) * scale, f.score)  # (B, H, Nq, Nk)
+        products = round_to(q @ k.transpose(-1, -2), f.score)  # (B, H, Nq, Nk)
+        scores = round_to(products * scale, f.score)
         if causal:
             key_index = torch.arange(k.shape[2], device=q.device)
             scores = scores.masked_fill(causal_mask(q.shape[2], key_index, q.device), float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True)
         row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # fully masked rows
-        exps = round_to(torch.exp(round_masked(scores - row_max, f.score)), f.stats)
+        exps = round_to(torch.exp(round_masked(scores - row_max, f.stats)), f.stats)
         row_sum = round_to(exps.sum(dim=-1, keepdim=True), f.stats)
         probs = round_to(exps / row_sum, f.prob)
         out = round_to(round_to(probs @ v, f.accum), f.output)

@@ -11,6 +11,10 @@ this device:
   computes max, exp and sum in fp32 and rounds P once to bf16/fp16, then P @ V runs in bf16/fp16.
 - CUDA autocast: softmax is on the fp32 list, so P is fp32 until autocast casts it back for P @ V.
 
+The CPU computation, stage by stage, is the Baseline backend's `eager` numerics preset
+(numdev.numerics): the phase-1 figures divide real kernels' deviation by that Baseline, which
+tests/test_eager_baseline.py holds to PyTorch's own eager attention.
+
 `dtype="fp32"` instead upcasts q, k, v and computes the expression in fp32 without autocast (the
 output is cast back to the input dtype): the study's "truth" run, attention without rounding
 error to speak of, beside a model that is otherwise the reference's.

@@ -60,6 +60,7 @@ class FlashEmulated(AttentionBackend):
         query_chunk: int | None = None,
         native: bool = True,
         tile_rule: str | None = None,
+        kv_blocks: int | None = None,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
@@ -75,8 +76,9 @@ class FlashEmulated(AttentionBackend):
         ):
             raise ValueError(f"query_chunk={query_chunk!r} must be an integer >= {_MIN_CHUNK_ROWS} (or null: automatic)")
         self.query_chunk = None if query_chunk is None else int(query_chunk)
-        self.tile_rule = tile_rule  # numdev.attention.tiles: explicit, sram, cpu_sdpa, default
-        resolve_tiles(1, 1, 1, block_r, block_c, sram, tile_rule)  # reject bad tiles at construction
+        self.tile_rule = tile_rule  # numdev.attention.tiles: explicit, sram, cpu_sdpa, kv_blocks, default
+        self.kv_blocks = kv_blocks  # the number of key/value blocks the kv_blocks rule pins
+        resolve_tiles(1, 1, 1, block_r, block_c, sram, tile_rule, kv_blocks)  # reject bad tiles at construction
         self.last_tiles = None  # the tiles of the latest call, for result records
         self.last_path = None  # which implementation ran the latest call: native, compiled or eager
 
@@ -89,6 +91,7 @@ class FlashEmulated(AttentionBackend):
             self.block_c,
             self.sram,
             self.tile_rule,
+            self.kv_blocks,
         )
 
     def forward(self, q, k, v, scale, causal):
@@ -207,6 +210,7 @@ class FlashEmulated(AttentionBackend):
             **{f"formats.{k}": v for k, v in self.formats.describe().items()},
             **{f"tiles.{k}": v for k, v in tiles.items()},
             "tiles.sram": self.sram,
+            "tiles.kv_blocks_pinned": self.kv_blocks,
         }
 
 

@@ -25,11 +25,21 @@ from numdev.bench.inputs import GENERATORS, Shape
 from numdev.bench.metrics import deviation
 from numdev.bench.runner import warn_nonfinite
 from numdev.figures import Figure
-from numdev.figures.common import band, mean, select, split_finite, spread_sentence, summary, unmeasurable
+from numdev.figures.common import (
+    band,
+    curves,
+    mean,
+    paired,
+    select,
+    split_finite,
+    spread_sentence,
+    summary,
+    unmeasurable,
+)
 from numdev.numerics import stage_formats
 from numdev.plotting import plt, save_png
-from numdev.stats import mean_interval
-from numdev.verdicts import HOLDS, NOT_MEASURABLE, Verdict, combine, monotone_verdict
+from numdev.stats import ratio_spread, replicate_spread
+from numdev.verdicts import combine, ratio_verdict, trend_verdict
 
 FIGURE = Figure(
     "bias",
@@ -138,28 +148,49 @@ def summarise(rows, out_dir: Path) -> dict:
     if not lengths:
         return summary("bias", "no records", unmeasurable("bias", "no records"), rows, note=note)
     largest = att[lengths[-1]]
-    whole = mean_interval(list(largest["whole"].values())) if len(largest.get("whole", {})) else None
+    whole = replicate_spread(list(largest["whole"].values())) if len(largest.get("whole", {})) else None
     parts = {}
-    rule = "the 95% interval over seeds of the mean signed error at the largest N excludes 0"
-    if whole is not None and whole.has_interval:
-        parts["bias at largest N"] = Verdict(HOLDS if whole.excludes(0.0) else NOT_MEASURABLE, rule, f"whole flash {whole.text('.2e')}")
+    # Rule that can fail: flash's |mean signed error| is larger than the Baseline's on the same inputs
+    # (per seed, paired): holds when the ratio's spread lies wholly above 1, fails wholly below 1.
+    if largest.get("whole") and largest.get("baseline"):
+        f, b = paired({s: abs(v) for s, v in largest["whole"].items()}, {s: abs(v) for s, v in largest["baseline"].items()})
+        parts["bias beyond the Baseline's at largest N"] = ratio_verdict(
+            ratio_spread(f, b), "above", 1.0, what="|flash bias| / |baseline bias|")
     else:
-        parts["bias at largest N"] = unmeasurable(rule, "fewer than 2 seeds")
-    parts["|bias| grows with N"] = monotone_verdict(
-        lengths, [[abs(v) for v in att[n]["whole"].values()] for n in lengths], "increasing", what="|mean signed error| of flash")
+        parts["bias beyond the Baseline's at largest N"] = unmeasurable("|flash bias| / |baseline bias| above 1", "no records")
+    parts["|bias| grows with N"] = trend_verdict(
+        lengths, curves({n: {s: abs(v) for s, v in att[n]["whole"].items()} for n in lengths}), "increasing",
+        what="|mean signed error| of flash")
     shares = {s: mean(largest.get(s)) for s in STAGES}
-    dominant = max(shares, key=lambda s: abs(shares[s]))
+    total = mean(largest.get("whole"))
+    same_sign = {s: v for s, v in shares.items() if v * total > 0}
+    opposite = {s: v for s, v in shares.items() if v * total < 0}
     gaps = [additivity_gap(att[n], s) for n in lengths for s in att[n]["whole"]]
     worst = max(g / t for g, t in gaps if t > 0) if gaps else float("nan")
-    pair_share = mean(largest.get(PAIR_LABEL)) / mean(largest.get("whole")) if largest.get(PAIR_LABEL) else float("nan")
+    pair_share = mean(largest.get(PAIR_LABEL)) / total if largest.get(PAIR_LABEL) else float("nan")
+    largest_alone = max(shares, key=lambda s: abs(shares[s]))
+    best_same = max(same_sign, key=lambda s: abs(same_sign[s])) if same_sign else None
+    # Which stages explain the whole: one alone if it has the whole's sign and >= 75% of its size
+    # (within the additivity tolerance); else the interaction, if the pair gives the whole within it.
+    alone = best_same is not None and abs(same_sign[best_same] / total - 1) <= ADDITIVITY
+    if alone:
+        source = f"{best_same} alone gives {same_sign[best_same] / total:.0%} of the whole"
+    elif abs(pair_share - 1) <= ADDITIVITY:
+        source = (f"no single stage explains it ({'the largest alone, ' + largest_alone + ', has the opposite sign' if largest_alone in opposite else 'none has its size'}); "
+                  f"{PAIR_LABEL} rounded together (the rest fp64) gives {pair_share:.0%} of the whole: an interaction")
+    else:
+        source = f"neither one stage nor {PAIR_LABEL} together ({pair_share:.0%} of the whole) explains it"
     caption = (
-        f"Mean signed error of flash against FP64 at N={lengths[-1]}: whole {whole.text('.2e') if whole else 'n/a'}, "
-        f"baseline {mean(largest.get('baseline')):+.2e}. By stage: " + ", ".join(f"{s} {v:+.2e}" for s, v in shares.items())
-        + f"; {dominant} contributes most alone. The single stages add up to the whole within {100 * worst:.2g}% of the "
-        f"sum of their magnitudes (worst N and seed; additive where stages do not interact, tolerance {100 * ADDITIVITY:.0f}%"
-        + ("" if worst <= ADDITIVITY else ": here they interact")
-        + f"); {PAIR_LABEL} rounded together (the rest fp64) gives {pair_share:.0%} of the whole. {spread_sentence(rows)}"
+        f"Mean signed error of flash against FP64 at N={lengths[-1]}: whole {whole.text('+.2e') if whole else 'n/a'} "
+        f"({'positive' if total > 0 else 'negative'}), baseline (the paper's) {mean(largest.get('baseline')):+.2e}. "
+        "One stage in bf16, the rest fp64: "
+        + ", ".join(f"{s} {v:+.2e}" for s, v in shares.items())
+        + f" (same sign as the whole: {', '.join(same_sign) or 'none'}; opposite: {', '.join(opposite) or 'none'}); {source}. "
+        f"The single stages add up to the whole within {100 * worst:.2g}% of the sum of their magnitudes (worst N and seed; "
+        f"additive where stages do not interact, tolerance {100 * ADDITIVITY:.0f}%"
+        + ("" if worst <= ADDITIVITY else ": here they interact") + f"). {spread_sentence(rows)}"
     )
-    return summary("bias", caption, combine(parts), rows, parts=parts, note=note, dominant_stage=dominant,
+    return summary("bias", caption, combine(parts), rows, parts=parts, note=note, largest_single_stage=largest_alone,
+                   same_sign_stages=list(same_sign), opposite_sign_stages=list(opposite),
                    mean_signed={str(n): {label: mean(att[n].get(label)) for label in ("whole", "baseline", *STAGES, PAIR_LABEL)} for n in lengths},
                    additivity_worst_fraction=worst, pair_share_of_whole=pair_share)

@@ -10,6 +10,7 @@ import numpy as np
 
 from numdev.formats import parse_format
 from numdev.provenance import provenance
+from numdev.stats import MIN_BOOTSTRAP
 from numdev.stats import RULE as INTERVAL_RULE
 from numdev.verdicts import NOT_MEASURABLE, Verdict
 
@@ -106,8 +107,44 @@ def seeds_of(rows) -> list[int]:
 
 def spread_sentence(rows) -> str:
     n = len(seeds_of(rows))
-    return (f"{n} seed(s); points are means over seeds, bars/bands the range over seeds; intervals are "
-            f"the {INTERVAL_RULE}.")
+    spread = (f"a number's spread is the {INTERVAL_RULE}" if n >= MIN_BOOTSTRAP else
+              f"a number's spread is the range over the {n} seeds (labelled 'range of {n}'): fewer than "
+              f"{MIN_BOOTSTRAP} seeds give no 95% interval")
+    return f"{n} seed(s); points are means over seeds, bars/bands the range over seeds; {spread}."
+
+
+def curves(by_x: dict) -> dict:
+    """{x: {seed: value}} -> {seed: {x: value}}: one curve per seed, as trend_verdict takes them."""
+    out = defaultdict(dict)
+    for x, by_seed in by_x.items():
+        for seed, value in (by_seed or {}).items():
+            out[seed][x] = value
+    return dict(out)
+
+
+# The Baselines a Flash ratio can divide by, by their numerics preset (numdev.numerics).
+BASELINES = {
+    "paper": "the paper's Baseline (every stage, exp and row sum included, in the run precision)",
+    "eager": "eager PyTorch's Baseline (softmax computed in FP32 inside, P rounded once)",
+}
+
+
+def baseline_name(rows) -> str:
+    """Which Baseline the rows' `baseline` method is, in words (from its recorded formats)."""
+    names = []
+    for r in rows:
+        if r.get("method") != "baseline" or r.get("kind") != "vs_golden":
+            continue
+        preset = str(r.get("knobs.formats.preset", "?"))
+        if preset in BASELINES:
+            name = BASELINES[preset]
+        else:
+            stages = ("score", "stats", "prob", "accum", "output")
+            name = (f"a custom Baseline ({preset}: "
+                    + ", ".join(f"{st} {r.get(f'knobs.formats.{st}')}" for st in stages) + ")")
+        if name not in names:
+            names.append(name)
+    return " / ".join(names) or "no Baseline recorded"
 
 
 def unmeasurable(rule: str, why: str) -> Verdict:

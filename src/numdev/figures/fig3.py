@@ -8,7 +8,9 @@ from numdev.figures import Figure
 from numdev.figures.common import (
     PAIR,
     PAIR_METRICS,
+    baseline_name,
     by_mantissa_bits,
+    curves,
     errorbar,
     mantissa_bits,
     mean,
@@ -19,8 +21,8 @@ from numdev.figures.common import (
     summary,
 )
 from numdev.plotting import plt, save_png
-from numdev.stats import mean_interval
-from numdev.verdicts import monotone_verdict
+from numdev.stats import replicate_spread
+from numdev.verdicts import trend_verdict
 
 FIGURE = Figure(
     "fig3",
@@ -48,16 +50,17 @@ def summarise(rows, out_dir: Path) -> dict:
     ax.legend()
     ax.grid(alpha=0.3)
     save_png(fig, out_dir / "fig3.png")
-    # Rule: Kendall's tau of every seed's max |flash − baseline| against the mantissa bits.
-    verdict = monotone_verdict(
-        [mantissa_bits(p) for p in precisions], [list(by["max_abs"].get(p, {}).values()) for p in precisions],
-        "decreasing", what="max |flash − baseline|",
+    # Rule: per-seed slope of log max |flash − baseline| on the mantissa bits, t-test over seeds.
+    bits = {p: mantissa_bits(p) for p in precisions}
+    verdict = trend_verdict(
+        bits, curves({p: by["max_abs"].get(p) for p in precisions}),
+        "decreasing", what="max |flash − baseline|", log_x=False, unit="mantissa bit",
     )
-    estimates = {p: mean_interval(list(by["max_abs"][p].values())) for p in precisions}
+    estimates = {p: replicate_spread(list(by["max_abs"][p].values())) for p in precisions}
     caption = (
-        "Max |flash − baseline| per format, mean over seeds [95% interval]: "
+        "Max |flash − baseline| per format, mean over seeds [spread]: "
         + ", ".join(f"{p} {estimates[p].text('.2e')}" for p in precisions)
-        + f". {spread_sentence(pairs)}"
+        + f". Baseline: {baseline_name(select(rows, 'vs_golden', 'baseline'))}. {spread_sentence(pairs)}"
     )
     return summary(
         "fig3", caption, verdict, pairs, note=note,

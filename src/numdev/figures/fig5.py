@@ -11,6 +11,8 @@ from numdev.figures.common import (
     PAIR,
     PAIR_METRICS,
     band,
+    baseline_name,
+    curves,
     mean,
     per_seed,
     select,
@@ -19,9 +21,9 @@ from numdev.figures.common import (
     summary,
     unmeasurable,
 )
-from numdev.figures.fig4 import setting_of
+from numdev.figures.fig4 import _short, setting_of
 from numdev.plotting import plt, save_png
-from numdev.verdicts import combine, monotone_verdict
+from numdev.verdicts import combine, trend_verdict
 
 FIGURE = Figure(
     "fig5",
@@ -48,13 +50,13 @@ def summarise(rows, out_dir: Path) -> dict:
         for metric, style, label in PAIR_METRICS:
             series = [by[metric].get((setting, n)) for n in lengths]
             band(row_axes[0], lengths, series, style, label=label)
-            parts[f"{setting} {label}"] = monotone_verdict(
-                lengths, [list((s or {}).values()) for s in series], "increasing", what=f"{setting} flash − baseline {label}")
+            parts[f"{setting} {label}"] = trend_verdict(
+                lengths, curves(dict(zip(lengths, series))), "increasing", what=f"{setting} flash − baseline {label}")
             growth[f"{setting}/{metric}"] = mean(series[-1]) / mean(series[0]) if series[0] and series[-1] else None
         for method, style in (("flash", "o-"), ("baseline", "s--")):
             band(row_axes[1], lengths, [gold["max_abs"].get((setting, method, n)) for n in lengths], style, label=method)
             band(row_axes[2], lengths, [gold["mean_signed"].get((setting, method, n)) for n in lengths], style, label=method)
-        row_axes[0].set_title(f"{setting}: flash − baseline (the paper's metric)")
+        row_axes[0].set_title(f"{setting}: flash − {_short(golden, setting)} baseline (the paper's metric)")
         row_axes[1].set_title(f"{setting}: max |Δ| vs FP64 golden")
         row_axes[2].set_title(f"{setting}: mean signed error vs FP64 (bias)")
         row_axes[2].axhline(0.0, color="k", lw=0.8)
@@ -78,6 +80,8 @@ def summarise(rows, out_dir: Path) -> dict:
         + "; ".join(
             f"{s} {m} {mean(gold['mean_signed'].get((s, m, lengths[-1]))):+.2e}" for s in settings for m in ("flash", "baseline")
         )
+        + ". The Baseline in each setting: "
+        + "; ".join(f"{s}: {baseline_name([r for r in golden if setting_of(r) == s])}" for s in settings)
         + f". {spread_sentence(pairs)}"
     )
     numbers = {f"{s}/{metric}": {str(n): mean(by[metric].get((s, n))) for n in lengths} for s in settings for metric, _, _ in PAIR_METRICS}

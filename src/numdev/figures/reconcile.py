@@ -3,19 +3,26 @@ deviates ~10x more" (this paper)?
 
 A factorial grid at one shape (default N=4096, d=64, bf16): input distribution (normal, uniform,
 outliers) x variant (fa1, fa2) x stage formats (the paper preset; the paper preset with exactly
-one of score / stats / rescale / prob / accum promoted to fp32; the fa2 preset) x key/value tile
-(B_c 16, 64, 256, and FlashAttention-1's SRAM rule with an A100-like M). Every cell's Flash is
-compared, seed by seed, with the same Baseline — the paper's, every stage in bf16 — against the
-FP64 golden value; the ratio of means over seeds gets a paired 95% bootstrap interval. Real
-kernels are placed on the same scale: the cpu_sdpa emulation (fa2 formats, PyTorch's CPU tile
-rule) and PyTorch's CPU flash kernel itself.
+one of score / stats / rescale / prob / accum promoted to fp32; the fa2 preset) x the number of
+key/value blocks (16, 64, 256: B_c = ceil(N / blocks), and FlashAttention-1's SRAM rule with an
+A100-like M). Every cell's Flash is compared, seed by seed, with the paper's Baseline (every stage
+in bf16) against the FP64 golden value; the ratio of means over seeds gets a paired spread (95%
+bootstrap from 5 seeds, else the range over seeds). Real kernels — the fa2 emulation, the cpu_sdpa
+emulation (fa2 formats, PyTorch's CPU tile rule) and PyTorch's CPU flash kernel — are placed on the
+same scale against both Baselines: the paper's, and eager PyTorch's (numerics preset eager: softmax
+in FP32 inside, P rounded once), the Baseline they really replace.
 
-All cells sharing one seed's inputs run in one process, against one golden value and one
-Baseline (one numdev-bench job, not one Hydra job per cell).
+The central figure (reconcile.png) is the ratio against the number of key/value blocks, one panel
+per input distribution, one line per variant and stage formats; reconcile_grid.png is the whole
+grid as a table of colours.
+
+All cells sharing one seed's inputs run in one process, against one golden value and one pair of
+Baselines (one numdev-bench job, not one Hydra job per cell).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,15 +31,25 @@ import numpy as np
 import torch
 
 from numdev.attention import Baseline, FlashEmulated, SdpaFlash, golden_attention
+from numdev.attention.tiles import resolve_tiles
 from numdev.bench.inputs import GENERATORS, Shape
 from numdev.bench.metrics import deviation
 from numdev.bench.runner import warn_nonfinite
 from numdev.figures import Figure
-from numdev.figures.common import paired, per_seed, select, split_finite, spread_sentence, summary, unmeasurable
+from numdev.figures.common import (
+    BASELINES,
+    paired,
+    per_seed,
+    select,
+    split_finite,
+    spread_sentence,
+    summary,
+    unmeasurable,
+)
 from numdev.numerics import stage_formats
 from numdev.plotting import plt, save_png
-from numdev.stats import ratio_interval
-from numdev.verdicts import HOLDS, combine, range_verdict, ratio_verdict
+from numdev.stats import ratio_spread
+from numdev.verdicts import ABOUT_10X, HOLDS, about_verdict, combine, ratio_verdict, trend_verdict
 
 FIGURE = Figure(
     "reconcile",
@@ -45,10 +62,12 @@ FIGURE = Figure(
 )
 PROMOTABLE = ("score", "stats", "rescale", "prob", "accum")
 # The paper-like cell and the real-kernel cell the sentences and the verdict are about (at the
-# grid's reference tile, B_c=64 by default).
+# grid's reference number of key/value blocks, 64 by default: N=4096 with B_c=64).
 PAPER_LIKE = {"inputs": "uniform", "variant": "fa1", "formats": "paper"}
 FA2_CELL = {"inputs": "uniform", "variant": "fa2", "formats": "fa2"}
-ABOUT_10X = (5.0, 20.0)  # "about 10x": within a factor of two of 10
+# The two Baselines, by the method name their records carry.
+BASELINE_METHODS = {"baseline": "paper", "baseline_eager": "eager"}
+KERNELS = ("cpu_sdpa", "sdpa_flash")
 
 
 def formats_for(name: str, precision: str):
@@ -63,32 +82,34 @@ def formats_for(name: str, precision: str):
 class Grid:
     """The numdev-bench runner of experiment=reconcile (conf/experiment/reconcile.yaml)."""
 
-    def __init__(self, inputs, variants, formats, block_c, sram: int, block_r: int = 64, kernels: bool = True,
-                 reference_block_c: int = 64):
+    def __init__(self, inputs, variants, formats, kv_blocks, sram: int, block_r: int = 64, kernels: bool = True,
+                 reference_kv_blocks: int = 64):
         self.inputs, self.variants, self.formats = list(inputs), list(variants), list(formats)
-        self.block_c, self.sram, self.block_r, self.kernels = [int(c) for c in block_c], int(sram), int(block_r), kernels
-        # The tile of the cells the sentences and verdict name (the paper-like and the fa2 cell).
-        self.reference_block_c = int(reference_block_c)
-        if self.reference_block_c not in self.block_c:
-            raise ValueError(f"runner.reference_block_c={reference_block_c} must be one of runner.block_c={self.block_c}")
+        self.kv_blocks, self.sram, self.block_r, self.kernels = [int(b) for b in kv_blocks], int(sram), int(block_r), kernels
+        # The block count of the cells the sentences and verdict name (the paper-like and the fa2 cell).
+        self.reference_kv_blocks = int(reference_kv_blocks)
+        if self.reference_kv_blocks not in self.kv_blocks:
+            raise ValueError(f"runner.reference_kv_blocks={reference_kv_blocks} must be one of runner.kv_blocks={self.kv_blocks}")
         unknown = [name for name in self.inputs if name not in GENERATORS]
         if unknown:
             raise ValueError(f"runner.inputs: unknown {unknown}: use {', '.join(GENERATORS)}")
         for name in self.formats:
             formats_for(name, "bf16")
 
-    def tiles(self):
-        """(label, FlashEmulated tile kwargs): the explicit B_c values, then FA1's SRAM rule."""
-        for c in self.block_c:
-            yield str(c), {"block_r": self.block_r, "block_c": c, "tile_rule": "explicit"}
-        yield f"sram {self.sram}", {"sram": self.sram, "tile_rule": "sram"}
+    def tiles(self, n_k: int, dim: int):
+        """(label, FlashEmulated tile kwargs, key/value blocks run): the pinned block counts, then FA1's SRAM rule."""
+        for b in self.kv_blocks:
+            kwargs = {"block_r": self.block_r, "kv_blocks": b, "tile_rule": "kv_blocks"}
+            yield str(b), kwargs, _blocks_of(n_k, dim, **kwargs)
+        kwargs = {"sram": self.sram, "tile_rule": "sram"}
+        yield f"sram {self.sram}", kwargs, _blocks_of(n_k, dim, **kwargs)
 
     def __call__(self, cfg, log=print) -> list[dict]:
         shape = Shape(**cfg.shape)
         precision = str(cfg.numerics.precision)
         causal = bool(cfg.causal)
         common = {"experiment": cfg.get("experiment_name"), "shape": asdict(shape), "causal": causal, "precision": precision,
-                  "reference_tiles": str(self.reference_block_c)}
+                  "reference_tiles": str(self.reference_kv_blocks)}
         records = []
 
         def record(method, seed, cell, out, golden, seconds, knobs):
@@ -104,15 +125,17 @@ class Grid:
                 out = backend(q, k, v, causal=causal)
             return out, time.perf_counter() - start
 
+        n_k = shape.seq_k or shape.seq_q
         for seed in (int(s) for s in cfg.seeds):
             for name in self.inputs:
                 base_formats = stage_formats("paper", precision)
                 q, k, v = GENERATORS[name](quantize=True)(shape, seed, base_formats.input)
                 golden = golden_attention(q, k, v, causal=causal)
-                base = Baseline(base_formats)
-                out, seconds = timed(base, q, k, v)
-                m = record("baseline", seed, {"inputs": name, "formats": "paper"}, out, golden, seconds, base.describe())
-                log(f"seed {seed} {name:>8} baseline (paper, {precision}): max {m['max_abs']:.3e}")
+                for method, preset in BASELINE_METHODS.items():
+                    base = Baseline(stage_formats(preset, precision))
+                    out, seconds = timed(base, q, k, v)
+                    m = record(method, seed, {"inputs": name, "formats": preset}, out, golden, seconds, base.describe())
+                    log(f"seed {seed} {name:>8} baseline ({preset}, {precision}): max {m['max_abs']:.3e}")
                 if self.kernels:
                     for method, backend in (
                         ("cpu_sdpa", FlashEmulated(stage_formats("cpu_sdpa", precision), tile_rule="cpu_sdpa")),
@@ -122,32 +145,54 @@ class Grid:
                         record(method, seed, {"inputs": name}, out, golden, seconds, backend.describe())
                 for variant in self.variants:
                     for formats in self.formats:
-                        for tile_label, tiles in self.tiles():
+                        for tile_label, tiles, blocks in self.tiles(n_k, shape.dim):
                             flash = FlashEmulated(formats_for(formats, precision), variant=variant, **tiles)
                             out, seconds = timed(flash, q, k, v)
-                            cell = {"inputs": name, "variant": variant, "formats": formats, "tiles": tile_label}
-                            m = record("flash", seed, cell, out, golden, seconds, flash.describe())
-                    log(f"seed {seed} {name:>8} {variant}: {len(self.formats) * (len(self.block_c) + 1)} cells done")
+                            cell = {"inputs": name, "variant": variant, "formats": formats, "tiles": tile_label, "kv_blocks": blocks}
+                            record("flash", seed, cell, out, golden, seconds, flash.describe())
+                    log(f"seed {seed} {name:>8} {variant}: {len(self.formats) * (len(self.kv_blocks) + 1)} cells done")
         return records
+
+
+def _blocks_of(n_k: int, dim: int, **tiles) -> int:
+    """How many key/value blocks a flash call with these tile kwargs runs over n_k keys."""
+    t = resolve_tiles(n_k, n_k, dim, tiles.get("block_r"), tiles.get("block_c"), tiles.get("sram"),
+                      tiles.get("tile_rule"), tiles.get("kv_blocks"))
+    return math.ceil(n_k / t.block_c)
 
 
 def _cell_key(row) -> tuple:
     return tuple(str(row.get(f"cell.{k}")) for k in ("inputs", "variant", "formats", "tiles"))
 
 
-def ratios(rows) -> dict:
-    """{(method, inputs, variant, formats, tiles): {metric: Estimate}} against the paper Baseline."""
-    base = {m: per_seed(select(rows, "vs_golden", "baseline"), lambda r: r["cell.inputs"], m) for m in ("max_abs", "mean_abs")}
+def ratios(rows, baseline: str = "baseline") -> dict:
+    """{(method, inputs, variant, formats, tiles): {metric: Estimate}} against one Baseline
+    ('baseline': the paper's, every stage in bf16; 'baseline_eager': eager PyTorch's)."""
+    base = {m: per_seed(select(rows, "vs_golden", baseline), lambda r: r["cell.inputs"], m) for m in ("max_abs", "mean_abs")}
     out = {}
-    for method in ("flash", "cpu_sdpa", "sdpa_flash"):
+    for method in ("flash", *KERNELS):
         chosen = select(rows, "vs_golden", method)
         by = {m: per_seed(chosen, lambda r, method=method: (method, *_cell_key(r)), m) for m in ("max_abs", "mean_abs")}
         for key in by["max_abs"]:
             inputs = key[1]
             if inputs not in base["max_abs"]:
                 continue
-            out[key] = {m: ratio_interval(*paired(by[m][key], base[m][inputs])) for m in ("max_abs", "mean_abs")}
+            out[key] = {m: ratio_spread(*paired(by[m][key], base[m][inputs])) for m in ("max_abs", "mean_abs")}
     return out
+
+
+def per_seed_ratios(rows, baseline: str = "baseline") -> dict:
+    """{(method, inputs, variant, formats, tiles): {seed: flash/baseline max |Δ|}}: one value per seed."""
+    base = per_seed(select(rows, "vs_golden", baseline), lambda r: r["cell.inputs"], "max_abs")
+    flash = per_seed(select(rows, "vs_golden", "flash"), lambda r: ("flash", *_cell_key(r)), "max_abs")
+    return {key: {s: v / base[key[1]][s] for s, v in by.items() if s in base.get(key[1], {}) and base[key[1]][s] > 0}
+            for key, by in flash.items()}
+
+
+def kv_blocks_of(rows) -> dict:
+    """{tiles label: key/value blocks run} from the flash records."""
+    return {str(r.get("cell.tiles")): int(r["cell.kv_blocks"]) for r in rows
+            if r.get("method") == "flash" and r.get("cell.kv_blocks") not in (None, "None")}
 
 
 def _key(method="flash", **cell) -> tuple:
@@ -161,27 +206,50 @@ def _overlap(a, b) -> bool:
 
 def _x(estimate) -> str:
     if estimate.has_interval:
-        return f"{estimate.value:.3g}x [{estimate.low:.3g}, {estimate.high:.3g}]"
+        label = f"range of {estimate.n}: " if estimate.method == "range" else ""
+        return f"{estimate.value:.3g}x [{label}{estimate.low:.3g}, {estimate.high:.3g}]"
     return f"{estimate.value:.3g}x"
 
 
-def sentences(r: dict, tile: str = "64") -> tuple[dict, str, str, str]:
-    """The three findings, each one sentence, plus the verdict parts behind them."""
+def _tile_order(tiles, blocks) -> list:
+    """Tile labels by the number of key/value blocks they run (few to many)."""
+    return sorted(tiles, key=lambda t: (blocks.get(t, 0), t))
+
+
+def sentences(r: dict, tile: str = "64", blocks: dict | None = None, seed_ratios: dict | None = None,
+              eager: dict | None = None) -> tuple[dict, str, str, str, str]:
+    """The findings, one sentence each, plus the verdict parts behind them:
+    s1 the paper-like cell and how the ratio follows the number of key/value blocks; s2 which single
+    stage's promotion lowers it most; s3 the real kernels against both Baselines; s4 the factors the
+    grid supports. `r`: ratios against the paper's Baseline; `eager`: against eager PyTorch's."""
+    blocks = blocks or {}
     paper_cell, fa2_cell = {**PAPER_LIKE, "tiles": tile}, {**FA2_CELL, "tiles": tile}
     parts = {}
     paper = r.get(_key(**paper_cell))
+    n_blocks = blocks.get(tile, tile)
     if paper is None:
-        s1 = f"The paper-like cell (uniform inputs, fa1, paper preset, B_c={tile}) is not in this grid."
+        s1 = f"The paper-like cell (uniform inputs, fa1, paper preset, {n_blocks} key/value blocks) is not in this grid."
     else:
         others = [f"{inp} {r[_key(**{**paper_cell, 'inputs': inp})]['max_abs'].value:.2g}x"
                   for inp in ("normal", "outliers") if _key(**{**paper_cell, "inputs": inp}) in r]
-        top = max((k for k in r if k[0] == "flash"), key=lambda k: r[k]["max_abs"].value)
-        parts["paper-like cell ~10x"] = range_verdict(paper["max_abs"], *ABOUT_10X, what="paper-like flash/baseline max |Δ|")
-        about = "the paper's ~10x" if parts["paper-like cell ~10x"].status == HOLDS else "not the paper's ~10x at this N"
-        s1 = (f"The paper-like cell (U[0,1) inputs, FA1, every stage in bf16, B_c={tile}) gives flash/baseline "
-              f"{_x(paper['max_abs'])} by max |Δ| and {_x(paper['mean_abs'])} by mean |Δ| ({about})"
+        parts["paper-like cell ~10x"] = about_verdict(paper["max_abs"], ABOUT_10X, what="paper-like flash/baseline max |Δ|")
+        about = ("about 10x: within the stated band " if parts["paper-like cell ~10x"].status == HOLDS
+                 else "not about 10x: outside the stated band ") + f"[{ABOUT_10X[0]:g}, {ABOUT_10X[1]:g}]"
+        tiles = _tile_order({k[4] for k in r if k[0] == "flash" and k[1:4] == ("uniform", "fa1", "paper")}, blocks)
+        follow = ", ".join(f"{blocks.get(t, t)}{' (FA1 SRAM rule)' if t.startswith('sram') else ''} -> "
+                           f"{r[_key(**{**paper_cell, 'tiles': t})]['max_abs'].value:.3g}x" for t in tiles)
+        s1 = (f"The paper-like cell (U[0,1) inputs, FA1, every stage in bf16, {n_blocks} key/value blocks) gives flash/baseline "
+              f"{_x(paper['max_abs'])} by max |Δ| and {_x(paper['mean_abs'])} by mean |Δ| against the paper's Baseline ({about})"
               + (f"; the same cell gives {', '.join(others)} with the other inputs" if others else "")
-              + f"; the largest cell is {'/'.join(top[1:])} at {r[top]['max_abs'].value:.3g}x.")
+              + f". The ratio follows the number of key/value blocks (blocks -> ratio by max): {follow}.")
+        curve = {t: (seed_ratios or {}).get(_key(**{**paper_cell, "tiles": t})) for t in tiles}
+        if seed_ratios and all(curve.values()):
+            by_seed = {}
+            for t, by in curve.items():
+                for seed, value in by.items():
+                    by_seed.setdefault(seed, {})[t] = value
+            parts["paper-like ratio grows with key/value blocks"] = trend_verdict(
+                {t: blocks.get(t, 0) for t in tiles}, by_seed, "increasing", what="paper-like flash/baseline max |Δ|")
     promoted = {s: r[_key(**{**paper_cell, "formats": s})] for s in PROMOTABLE if _key(**{**paper_cell, "formats": s}) in r}
     if promoted and paper is not None:
         ranked = sorted(promoted, key=lambda s: promoted[s]["mean_abs"].value)
@@ -200,31 +268,149 @@ def sentences(r: dict, tile: str = "64") -> tuple[dict, str, str, str]:
                  if all_fp32 is not None else "."))
     else:
         s2 = "No single-stage promotion of the paper-like cell is in this grid."
-    kernels = [(label, r[key]) for label, key in (
-        (f"fa2 emulation (FA2, fa2 preset, B_c={tile})", _key(**fa2_cell)),
+    kernels = [(label, key) for label, key in (
+        (f"fa2 emulation (FA2, fa2 preset, {n_blocks} blocks)", _key(**fa2_cell)),
         ("cpu_sdpa emulation", ("cpu_sdpa", "uniform", "None", "None", "None")),
         ("PyTorch's CPU flash kernel", ("sdpa_flash", "uniform", "None", "None", "None")),
     ) if key in r]
     if kernels:
-        s3 = ("Real kernels sit below the bf16 Baseline on the same U[0,1) inputs: "
-              + "; ".join(f"{label} {_x(e['max_abs'])} by max, {e['mean_abs'].value:.2g}x by mean" for label, e in kernels) + ".")
-        for label, e in kernels:
-            parts[f"{label} below 1"] = ratio_verdict(e["max_abs"], "below", 1.0, what=f"{label} flash/baseline max |Δ|")
+        against = []
+        if eager:
+            against.append("against eager PyTorch's Baseline (softmax in FP32 inside, P rounded once: the Baseline they replace) "
+                           + "; ".join(f"{label} {_x(eager[key]['max_abs'])} by max, {eager[key]['mean_abs'].value:.2g}x by mean"
+                                       for label, key in kernels if key in eager))
+            for label, key in kernels:
+                if key in eager:
+                    parts[f"{label} below eager PyTorch's Baseline"] = ratio_verdict(
+                        eager[key]["max_abs"], "below", 1.0, what=f"{label} flash/eager-baseline max |Δ|")
+        against.append("against the paper's Baseline " + "; ".join(
+            f"{label} {_x(r[key]['max_abs'])} by max, {r[key]['mean_abs'].value:.2g}x by mean" for label, key in kernels))
+        s3 = "Real kernels on the same U[0,1) inputs: " + "; and ".join(against) + "."
     else:
         s3 = "No real-kernel cell is in this grid."
-    return parts, s1, s2, s3
+    return parts, s1, s2, s3, factors(r, blocks)
+
+
+def factors(r: dict, blocks: dict) -> str:
+    """The factors the grid supports, read off the grid at its most key/value blocks (by max |Δ|)."""
+    explicit = [t for t in {k[4] for k in r if k[0] == "flash"} if not t.startswith("sram")]
+    if not explicit:
+        return "No cells with a pinned number of key/value blocks are in this grid."
+    most = _tile_order(explicit, blocks)[-1]
+    fewest = _tile_order(explicit, blocks)[0]
+
+    def ratio(inputs="uniform", variant="fa1", formats="paper", tiles=most):
+        e = r.get(_key(inputs=inputs, variant=variant, formats=formats, tiles=tiles))
+        return e["max_abs"] if e else None
+
+    said = []
+    inputs = {i: ratio(i) for i in ("uniform", "normal", "outliers") if ratio(i) is not None}
+    if len(inputs) > 1:
+        top = max(inputs, key=lambda i: inputs[i].value)
+        lead = "all-positive inputs" if top == "uniform" else f"{top} inputs"
+        said.append(f"{lead} (FA1, paper formats: " + ", ".join(f"{i} {e.value:.2g}x" for i, e in inputs.items()) + ")")
+    if ratio(tiles=fewest) is not None and fewest != most:
+        said.append(f"the number of key/value blocks (uniform, FA1, paper formats: {blocks.get(fewest, fewest)} blocks "
+                    f"{ratio(tiles=fewest).value:.2g}x, {blocks.get(most, most)} blocks {ratio().value:.2g}x)")
+    stage_notes = []
+    for variant in ("fa1", "fa2"):
+        cells = {f: ratio(variant=variant, formats=f) for f in ("paper", "accum", "stats", "fa2")}
+        if any(e is None for e in cells.values()):
+            continue
+        removes = [f for f in ("accum", "stats") if cells[f].has_interval and cells[f].high < 1]
+        keeps = [f for f in ("accum", "stats") if cells[f].has_interval and cells[f].low > 1]
+        if len(keeps) == 2 and cells["fa2"].has_interval and cells["fa2"].high < 1:
+            reading = "either bf16 stage alone keeps Flash above the Baseline; only both in fp32 bring it below"
+        elif removes:
+            reading = f"promoting {' or '.join(removes)} alone brings it below 1"
+        else:
+            reading = "the promotions are not told apart from 1 by these seeds"
+        stage_notes.append(f"{variant.upper()} paper formats {cells['paper'].value:.3g}x, accumulator alone in fp32 "
+                           f"{cells['accum'].value:.3g}x, statistics alone in fp32 {cells['stats'].value:.3g}x, both (fa2 formats) "
+                           f"{cells['fa2'].value:.3g}x: {reading}")
+    if stage_notes:
+        said.append("bf16 statistics or accumulator (uniform, " + f"{blocks.get(most, most)} blocks: " + "; ".join(stage_notes) + ")")
+    fa2_paper, fa1_paper = ratio(variant="fa2"), ratio()
+    if fa2_paper is not None and fa1_paper is not None:
+        needed = "FA1 is not needed" if fa2_paper.has_interval and fa2_paper.low > 1 else "FA2 is not told apart from 1"
+        said.append(f"and not the variant alone (FA2 with the paper formats {fa2_paper.value:.3g}x beside FA1's "
+                    f"{fa1_paper.value:.3g}x: {needed})")
+    return "What the grid supports, by max |Δ| against the paper's Baseline: " + "; ".join(said) + "."
 
 
 def summarise(rows, out_dir: Path) -> dict:
     rows, note = split_finite(rows)
     r = ratios(rows)
-    parts, s1, s2, s3 = sentences(r, next(iter({str(x.get("reference_tiles", "64")) for x in rows}), "64"))
+    r_eager = ratios(rows, "baseline_eager") if select(rows, "vs_golden", "baseline_eager") else {}
+    blocks = kv_blocks_of(rows)
+    reference = next(iter({str(x.get("reference_tiles", "64")) for x in rows}), "64")
+    parts, s1, s2, s3, s4 = sentences(r, reference, blocks, per_seed_ratios(rows), r_eager)
+    n = next(iter({int(x["shape.seq_q"]) for x in rows}), "?")
+    _draw_lines(r, r_eager, blocks, n, out_dir)
+    _draw_grid(r, blocks, n, (s1, s4, s2, s3), out_dir)
+    verdict = combine(parts) if parts else unmeasurable("the paper-like cell and the real kernels", "not in this grid")
+    table = ["| inputs | variant | formats | key/value blocks | max ratio [spread] | mean ratio [spread] |", "|---|---|---|---|---|---|"]
+    for key in sorted(r):
+        table.append(f"| {key[1]} | {key[2] if key[0] == 'flash' else key[0]} | {key[3] if key[0] == 'flash' else '-'} | "
+                     f"{blocks.get(key[4], '-') if key[0] == 'flash' else '-'} | {_x(r[key]['max_abs'])} | {_x(r[key]['mean_abs'])} |")
+    caption = (f"{s1} {s4} {s2} {s3} Grid cells divide by {BASELINES['paper']}; real kernels by both Baselines. "
+               f"{spread_sentence(select(rows, 'vs_golden', 'baseline'))}")
+    return summary("reconcile", caption, verdict, rows, parts=parts, note=note, sentences=[s1, s4, s2, s3], table="\n".join(table),
+                   ratio={"/".join(k): {m: e.as_dict() for m, e in v.items()} for k, v in r.items()},
+                   ratio_vs_eager={"/".join(k): {m: e.as_dict() for m, e in v.items()} for k, v in r_eager.items()},
+                   kv_blocks=blocks, seq_q=n)
+
+
+STYLES = {"paper": "-", "stats": "--", "accum": ":", "fa2": "-."}
+
+
+def _draw_lines(r, r_eager, blocks, n, out_dir: Path) -> None:
+    """The central figure: flash/baseline max |Δ| against the number of key/value blocks."""
+    inputs = [i for i in ("uniform", "normal", "outliers") if any(k[1] == i for k in r)]
+    fig, axes = plt.subplots(1, max(1, len(inputs)), figsize=(5.2 * max(1, len(inputs)), 4.6), squeeze=False, sharey=True)
+    for ax, inp in zip(axes[0], inputs):
+        ax.axhspan(*ABOUT_10X, color="0.85", label=f"'about 10x' band [{ABOUT_10X[0]:g}, {ABOUT_10X[1]:g}]")
+        ax.axhline(1.0, color="k", lw=0.8)
+        for i, variant in enumerate(("fa1", "fa2")):
+            for formats, style in STYLES.items():
+                tiles = _tile_order([k[4] for k in r if k[0] == "flash" and k[1:4] == (inp, variant, formats)], blocks)
+                if not tiles:
+                    continue
+                xs = [blocks.get(t, math.nan) for t in tiles]
+                est = [r[("flash", inp, variant, formats, t)]["max_abs"] for t in tiles]
+                ys = [e.value for e in est]
+                low = [e.value - e.low if e.has_interval else 0 for e in est]
+                high = [e.high - e.value if e.has_interval else 0 for e in est]
+                label = f"{variant}, " + ("paper formats" if formats == "paper" else "fa2 formats" if formats == "fa2" else f"{formats} in fp32")
+                ax.errorbar(xs, ys, yerr=[low, high], fmt="o" + style, color=f"C{i}", capsize=2, ms=3, label=label)
+        for j, m in enumerate(KERNELS):
+            key = (m, inp, "None", "None", "None")
+            if key in r_eager:
+                ax.axhline(r_eager[key]["max_abs"].value, color=f"C{j + 2}", ls=(0, (4, 2)), lw=1,
+                           label=f"{'PyTorch CPU kernel' if m == 'sdpa_flash' else 'cpu_sdpa emulation'} / eager baseline")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("key/value blocks (N / B_c: rescalings)")
+        ax.set_title(f"{inp} inputs", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("flash / paper-baseline max |Δ| vs FP64")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"Reconciliation at N={n}, bf16: the ratio follows the number of key/value blocks "
+                 "(mean over seeds; bars: spread; grid lines divide by the paper's Baseline, kernel lines by eager PyTorch's)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    save_png(fig, out_dir / "reconcile.png")
+
+
+def _draw_grid(r, blocks, n, texts, out_dir: Path) -> None:
+    """The whole grid as colours: reconcile_grid.png."""
     inputs = [i for i in ("normal", "uniform", "outliers") if any(k[1] == i for k in r)]
+    order = ["paper", *PROMOTABLE, "fa2"]
     row_labels = sorted({(k[2], k[3]) for k in r if k[0] == "flash"},
-                        key=lambda vf: (vf[0], ["paper", *PROMOTABLE, "fa2"].index(vf[1]) if vf[1] in ["paper", *PROMOTABLE, "fa2"] else 99))
-    tiles = sorted({k[4] for k in r if k[0] == "flash"}, key=lambda t: (not t.isdigit(), int(t) if t.isdigit() else 0))
+                        key=lambda vf: (vf[0], order.index(vf[1]) if vf[1] in order else 99))
+    tiles = _tile_order({k[4] for k in r if k[0] == "flash"}, blocks)
     width = max(1, len(inputs))
-    fig, axes = plt.subplots(1, width, figsize=(4.6 * width + 2.5, 0.36 * len(row_labels) + 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, width, figsize=(4.6 * width + 2.5, 0.36 * len(row_labels) + 4.6), squeeze=False, sharey=True)
     image = None
     for ax, inp in zip(axes[0], inputs):
         grid = np.full((len(row_labels), len(tiles)), np.nan)
@@ -235,26 +421,16 @@ def summarise(rows, out_dir: Path) -> dict:
                     grid[i, j] = e["max_abs"].value
                     ax.text(j, i, f"{e['max_abs'].value:.2g}/{e['mean_abs'].value:.2g}", ha="center", va="center", fontsize=7)
         image = ax.imshow(np.log10(grid), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(tiles)), [f"B_c {t}" if t.isdigit() else "FA1 SRAM\n" + t.replace("sram ", "M=") for t in tiles], fontsize=8)
-        kern = [f"{m} {r[(m, inp, 'None', 'None', 'None')]['max_abs'].value:.2g}x" for m in ("cpu_sdpa", "sdpa_flash")
-                if (m, inp, "None", "None", "None") in r]
-        ax.set_title(f"{inp} inputs\n" + ("real kernels: " + ", ".join(kern) if kern else ""), fontsize=9)
+        ax.set_xticks(range(len(tiles)), [f"{blocks.get(t, '?')} blocks" + ("\n(FA1 SRAM)" if t.startswith("sram") else "")
+                                          for t in tiles], fontsize=8)
+        ax.set_title(f"{inp} inputs", fontsize=9)
     axes[0][0].set_yticks(range(len(row_labels)), [f"{v} {f if f in ('paper', 'fa2') else 'paper, ' + f + ' fp32'}" for v, f in row_labels], fontsize=8)
     if image is not None:
-        fig.colorbar(image, cax=fig.add_axes([0.875, 0.3, 0.012, 0.55]), label="log10 flash/baseline max |Δ| vs FP64")
-    n = next(iter({int(x["shape.seq_q"]) for x in rows}), "?")
-    fig.suptitle(f"Reconciliation at N={n}, bf16: flash / bf16-baseline deviation from FP64 (cell: max/mean |Δ| ratio, mean over seeds)", fontsize=10)
-    fig.text(0.01, 0.005, "\n".join(_wrap(f"{i}. {s}", 190) for i, s in enumerate((s1, s2, s3), start=1)), fontsize=7.5, va="bottom")
-    fig.subplots_adjust(bottom=0.22, top=0.88, left=0.12, right=0.86, wspace=0.08)
-    save_png(fig, out_dir / "reconcile.png")
-    verdict = combine(parts) if parts else unmeasurable("the paper-like cell and the real kernels", "not in this grid")
-    table = ["| inputs | variant | formats | tiles | max ratio [95%] | mean ratio [95%] |", "|---|---|---|---|---|---|"]
-    for key in sorted(r):
-        table.append(f"| {key[1]} | {key[2] if key[0] == 'flash' else key[0]} | {key[3] if key[0] == 'flash' else '-'} | "
-                     f"{key[4] if key[0] == 'flash' else '-'} | {_x(r[key]['max_abs'])} | {_x(r[key]['mean_abs'])} |")
-    caption = f"{s1} {s2} {s3} Baseline: every stage in bf16. {spread_sentence(select(rows, 'vs_golden', 'baseline'))}"
-    return summary("reconcile", caption, verdict, rows, parts=parts, note=note, sentences=[s1, s2, s3], table="\n".join(table),
-                   ratio={"/".join(k): {m: e.as_dict() for m, e in v.items()} for k, v in r.items()}, seq_q=n)
+        fig.colorbar(image, cax=fig.add_axes([0.875, 0.3, 0.012, 0.55]), label="log10 flash/paper-baseline max |Δ| vs FP64")
+    fig.suptitle(f"Reconciliation grid at N={n}, bf16: flash / paper-baseline deviation from FP64 (cell: max/mean |Δ| ratio, mean over seeds)", fontsize=10)
+    fig.text(0.01, 0.005, "\n".join(_wrap(f"{i}. {s}", 190) for i, s in enumerate(texts, start=1)), fontsize=6.5, va="bottom")
+    fig.subplots_adjust(bottom=0.3, top=0.88, left=0.12, right=0.86, wspace=0.08)
+    save_png(fig, out_dir / "reconcile_grid.png")
 
 
 def _wrap(text: str, width: int = 170) -> str:
@@ -266,4 +442,3 @@ def _wrap(text: str, width: int = 170) -> str:
         else:
             line = f"{line} {w}".strip()
     return "\n".join([*lines, line])
-
