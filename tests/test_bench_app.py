@@ -90,7 +90,7 @@ def test_fig6_larger_key_blocks_deviate_less(tmp_path):
     )
     tiles = summary["tiles"]["bf16"]
     assert tiles["square_ratio"]["16x128"] == 1.0  # B_r changes nothing, by construction
-    assert tiles["swapped_ratio"]["16x128"] > 1.2  # B_c = 16 instead of 128 (measured 1.44x)
+    assert tiles["swapped_ratio"]["16x128"] > 1  # the paper's (a): B_c = 16 instead of 128 (8x the rescalings) deviates more
     assert summary["parts"]["(a) bf16"]["status"] == "holds" and summary["parts"]["(b) bf16"]["status"] == "by construction"
     # (c) with two tile areas there is no trend to test: not measurable, so never green.
     assert summary["parts"]["(c) bf16"]["status"] == "not measurable" and summary["status"] == "partly"
