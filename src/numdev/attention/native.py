@@ -34,13 +34,16 @@ from numdev.formats import FloatFormat, round_to
 from numdev.numerics import StageFormats
 
 CODES = {"fp32": 0, "bf16": 1, "fp16": 2}  # the C enum of stage formats
-_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd",
+_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
           "-shared", "-fPIC"]  # -ffp-contract=off: a fused multiply-add would change bits
 _SIGNATURES = {
     "fa2_probs": ["p", "i", "i", "i", "i", "f", "c", "c", "c", "c", "i", "i", "p", "p", "p", "p", "p", "p"],
     "fa1_probs": ["p", "i", "i", "i", "i", "f", "c", "c", "c", "i", "i", "p", "p", "p", "p", "p"],
     "fa2_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
     "fa1_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
+    "libm_expf": ["p", "p", "i"],
+    "cpu_flash_forward": ["p", "p", "p", "p", "i", "i", "i", "i", "f", "c", "i", "i", "i", "c", "p", "c"],
+    "blas_in_region": ["p", "c", "c", "c", "c", "c", "p", "c", "p", "c", "f", "p", "c", "c"],
 }
 _CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "c": ctypes.c_int, "f": ctypes.c_float}
 _failure: list[str] = []  # why the library is unavailable, once known
@@ -122,7 +125,7 @@ def _build(compiler: str, source: bytes, built: Path) -> None:
     with tempfile.TemporaryDirectory(dir=built.parent) as scratch:
         source_copy, partial = Path(scratch) / "flash_emulator.c", Path(scratch) / built.name
         source_copy.write_bytes(source)
-        result = subprocess.run([compiler, *_FLAGS, str(source_copy), "-o", str(partial)],
+        result = subprocess.run([compiler, *_FLAGS, str(source_copy), "-o", str(partial), "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} could not build flash_emulator.c: {result.stderr.strip()[:300]}")
