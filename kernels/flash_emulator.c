@@ -343,6 +343,18 @@ static inline uint16_t to_half_bits(float x, int code) {
     return b;
 }
 
+/* P (float32) to the 16-bit type `code`, rounded to nearest even; one loop per type so each vectorises. */
+static void to_half_row(const float *x, uint16_t *out, int64_t n, int code) {
+    if (code == BF16) {
+        for (int64_t j = 0; j < n; j++) out[j] = (uint16_t)(bits_of(round_bf16(x[j])) >> 16);
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            _Float16 h = (_Float16)x[j];
+            memcpy(out + j, &h, 2);
+        }
+    }
+}
+
 typedef void (*gemm_fn)(int layout, int transa, int transb, int m, int n, int k, float alpha, const void *a,
                         int lda, const void *b, int ldb, float beta, float *c, int ldc);
 enum { COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
@@ -379,21 +391,36 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
                 int64_t visible = causal ? (m + r - n + 1 < cols ? m + r - n + 1 : cols) : cols;
                 if (visible < 0) visible = 0;
                 float block_max = -__builtin_inff();
+                int nan = 0;
+#pragma omp simd reduction(max : block_max) reduction(| : nan)
                 for (int64_t j = 0; j < cols; j++) {
-                    s[j] = j < visible ? s[j] * scale : -__builtin_inff();
-                    block_max = nan_max(block_max, s[j]);
+                    float x = j < visible ? s[j] * scale : -__builtin_inff();
+                    s[j] = x;
+                    nan |= x != x;
+                    block_max = x > block_max ? x : block_max;
                 }
+                if (nan) block_max = __builtin_nanf("");  /* a NaN score makes the max NaN, as ATen's amax */
                 float top = nan_max(row_max[r], block_max);
                 if (top == -__builtin_inff()) {  /* no visible key yet: P = 0, the state stays */
                     memset(pr, 0, sizeof(uint16_t) * (size_t)cols);
                     continue;
                 }
                 for (int64_t l = 0; l < width; l++) acc[l] = 0.0f;
-                for (int64_t j = 0; j < vector; j += width) {
-                    for (int64_t l = 0; l < width; l++) {
-                        float e = fexp_u20_one(s[j + l] - top);
-                        acc[l] += e;
-                        s[j + l] = e;
+                if (width == 16) {  /* the AVX-512 build: a constant trip count vectorises the lanes */
+                    for (int64_t j = 0; j < vector; j += 16) {
+                        for (int64_t l = 0; l < 16; l++) {
+                            float e = fexp_u20_one(s[j + l] - top);
+                            acc[l] += e;
+                            s[j + l] = e;
+                        }
+                    }
+                } else {
+                    for (int64_t j = 0; j < vector; j += width) {
+                        for (int64_t l = 0; l < width; l++) {
+                            float e = fexp_u20_one(s[j + l] - top);
+                            acc[l] += e;
+                            s[j + l] = e;
+                        }
                     }
                 }
                 for (int64_t half = width / 2; half >= 1; half /= 2)
@@ -404,7 +431,7 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
                     total += e;
                     s[j] = e;
                 }
-                for (int64_t j = 0; j < cols; j++) pr[j] = to_half_bits(s[j], code);
+                to_half_row(s, pr, cols, code);
                 float alpha = expf(row_max[r] - top);
                 row_sum[r] = total + alpha * row_sum[r];
                 row_max[r] = top;
