@@ -373,7 +373,7 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
     float *dst = malloc(sizeof(float) * (size_t)(block_r * d));
     float *row_max = malloc(sizeof(float) * (size_t)block_r), *row_sum = malloc(sizeof(float) * (size_t)block_r);
     uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(block_r * block_c));
-    float acc[16];
+    float acc[64];
     for (int64_t item = first; item < last; item++) {
         int64_t head = item / tiles, m = (item % tiles) * block_r;
         int64_t rows = n_q - m < block_r ? n_q - m : block_r;
@@ -405,25 +405,33 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
                     memset(pr, 0, sizeof(uint16_t) * (size_t)cols);
                     continue;
                 }
-                for (int64_t l = 0; l < width; l++) acc[l] = 0.0f;
-                if (width == 16) {  /* the AVX-512 build: a constant trip count vectorises the lanes */
-                    for (int64_t j = 0; j < vector; j += 16) {
-                        for (int64_t l = 0; l < 16; l++) {
+                /* 2*width lane accumulators (a pair of vectors) over chunks of 2*width columns, one
+                   chunk of width columns into the first vector, a butterfly over the 2*width lanes */
+                for (int64_t l = 0; l < 2 * width; l++) acc[l] = 0.0f;
+                int64_t pairs = 2 * width * (cols / (2 * width));
+                if (width == 16) {  /* the AVX-512 build: constant trip counts vectorise the lanes */
+                    for (int64_t j = 0; j < pairs; j += 32) {
+                        for (int64_t l = 0; l < 32; l++) {
                             float e = fexp_u20_one(s[j + l] - top);
                             acc[l] += e;
                             s[j + l] = e;
                         }
                     }
                 } else {
-                    for (int64_t j = 0; j < vector; j += width) {
-                        for (int64_t l = 0; l < width; l++) {
+                    for (int64_t j = 0; j < pairs; j += 2 * width) {
+                        for (int64_t l = 0; l < 2 * width; l++) {
                             float e = fexp_u20_one(s[j + l] - top);
                             acc[l] += e;
                             s[j + l] = e;
                         }
                     }
                 }
-                for (int64_t half = width / 2; half >= 1; half /= 2)
+                for (int64_t l = 0; l < vector - pairs; l++) {
+                    float e = fexp_u20_one(s[pairs + l] - top);
+                    acc[l] += e;
+                    s[pairs + l] = e;
+                }
+                for (int64_t half = width; half >= 1; half /= 2)
                     for (int64_t l = 0; l < half; l++) acc[l] = acc[l] + acc[l + half];
                 float total = acc[0];
                 for (int64_t j = vector; j < cols; j++) {

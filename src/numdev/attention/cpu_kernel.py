@@ -6,7 +6,7 @@ per query tile and key/value block of 512, in float32:
   m = max(m_old, rowmax(S)); P = exp(S - m)      exp: ATen's `fexp_u20` on the first W*floor(B_c/W)
                                                  columns (W = the float lanes of the build: 16 for
                                                  AVX-512, 8 for AVX2), libm's expf on the rest
-  l_block = the lane sums of P (W accumulators, then a butterfly over the lanes), then + the tail
+  l_block = the lane sums of P (2W accumulators, then a butterfly over the lanes), then + the tail
   alpha = expf(m_old - m); l = l_block + alpha * l; O = alpha * O (after the first block)
   O = gemm(P rounded to the input dtype, V_block) + O   (the BLAS GEMM with beta = 1)
   out = O * (1 / l), rounded to the input dtype.
@@ -118,14 +118,21 @@ def probs(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def lane_sum(p: torch.Tensor, width: int) -> torch.Tensor:
-    """The row sum of P (float32) in the kernel's order: `width` lane accumulators over the vector
-    part, reduced lane i + lane i^(w/2), ..., i^1 (ATen's vec_reduce_all), then the tail in order."""
+    """The row sum of P (float32) in the kernel's order, for vectors of `width` floats: 2*width
+    lane accumulators (a pair of vectors, ATen's VectorizedN<float, 2>) over the chunks of 2*width
+    columns, then one chunk of `width` columns added into the first vector if that many are left,
+    the lanes reduced lane i + lane i + width, then i + width/2, ..., i + 1, then the tail
+    (fewer than `width` columns) added in order. Measured against the kernel (tests/test_attention.py):
+    `width` accumulators alone, or the last chunk summed on its own, match fewer outputs."""
     n = p.shape[-1]
+    pairs = 2 * width * (n // (2 * width))
     vector = width * (n // width)
-    acc = torch.zeros(*p.shape[:-1], width, dtype=torch.float32)
-    for start in range(0, vector, width):
-        acc = acc + p[..., start:start + width]
-    half = width
+    acc = torch.zeros(*p.shape[:-1], 2 * width, dtype=torch.float32)
+    for start in range(0, pairs, 2 * width):
+        acc = acc + p[..., start:start + 2 * width]
+    if vector > pairs:
+        acc = torch.cat([acc[..., :width] + p[..., pairs:vector], acc[..., width:]], dim=-1)
+    half = 2 * width
     while half > 1:
         half //= 2
         acc = acc[..., :half] + acc[..., half:2 * half]
