@@ -335,6 +335,11 @@ static inline float fexp_u20_one(float x) {
     return float_of(i);
 }
 
+/* fexp_u20 of n values (tests hold it to numdev.attention.cpu_kernel.fexp_u20 bit for bit). */
+void fexp_u20_array(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = fexp_u20_one(x[i]);
+}
+
 static inline uint16_t to_half_bits(float x, int code) {
     if (code == BF16) return (uint16_t)(bits_of(round_bf16(x)) >> 16);
     _Float16 h = (_Float16)x;

@@ -42,6 +42,7 @@ _SIGNATURES = {
     "fa2_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
     "fa1_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
     "libm_expf": ["p", "p", "i"],
+    "fexp_u20_array": ["p", "p", "i"],
     "cpu_flash_forward": ["p", "p", "p", "p", "i", "i", "i", "i", "f", "c", "i", "i", "i", "c", "p", "c"],
     "blas_in_region": ["p", "c", "c", "c", "c", "c", "p", "c", "p", "c", "f", "p", "c", "c"],
 }
