@@ -58,6 +58,18 @@ def lanes() -> int | None:
     return LANES.get(torch.backends.cpu.get_cpu_capability())
 
 
+def model_lanes() -> int:
+    """W for the model: the build's, or 8 (ATen's generic 32-byte vectors) with one warning where the
+    running torch's kernels are neither AVX2 nor AVX-512 (ARM, DEFAULT), which the model does not cover."""
+    width = lanes()
+    if width is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+        warn_once("capability", f"numerics=cpu_sdpa models the AVX2/AVX512 builds of PyTorch's CPU flash kernel; "
+                                f"this torch runs its {capability} kernels, whose bits the model may not give")
+        return 8
+    return width
+
+
 # fexp_u20's constants, bit for bit as ATen sets them (vec512_float.h / vec256_float.h).
 def _f32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32)

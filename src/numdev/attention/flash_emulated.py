@@ -150,7 +150,7 @@ class FlashEmulated(AttentionBackend):
         if blas:  # the kernel's GEMMs take the 16-bit inputs (exact: q, k, v hold input-format values)
             tile_last_row = torch.minimum(tile_last_row, torch.tensor(n_q - 1))  # the kernel's num_keys
             q16, k16, v16 = (t.to(f.input.torch_dtype) for t in (q, k, v))
-        width = cpu_kernel.lanes() or 1
+        width = cpu_kernel.model_lanes()
         for start in range(0, k.shape[2], tiles.block_c):
             stop = min(start + tiles.block_c, k.shape[2])
             if causal and start > last_needed_key:
@@ -365,7 +365,7 @@ def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
     shift = _finite_or_zero(new_max)
     if f.exp == "fexp_u20":  # PyTorch's CPU flash kernel: libm's expf for alpha, fexp_u20 on the vector lanes
         alpha = round_to(cpu_kernel.libm_exp(row_max - shift), f.rescale)
-        exp_of = functools.partial(cpu_kernel.probs, width=cpu_kernel.lanes() or 1)
+        exp_of = functools.partial(cpu_kernel.probs, width=cpu_kernel.model_lanes())
     else:
         alpha = round_to(compiled.exp(row_max - shift), f.rescale)
         exp_of = compiled.exp
