@@ -163,6 +163,23 @@ def test_cpu_sdpa_paths_agree_on_special_values():
             pytest.skip("the fused C path is unavailable here: only the ATen path ran")
 
 
+def test_a_fused_model_that_differs_from_its_aten_path_warns_and_is_not_used(monkeypatch):
+    from numdev.attention import flash_emulated
+
+    formats = stage_formats("cpu_sdpa", "bf16", row_sum="lanes")  # a fresh cache key
+    monkeypatch.setattr(flash_emulated, "same_bits", lambda a, b: False)
+    flash_emulated._kernel_model_checked.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="differs from its ATen path"):
+            model = FlashEmulated(formats, tile_rule="cpu_sdpa")
+            q = torch.randn(1, 1, 40, 16).bfloat16()
+            with torch.no_grad():
+                model(q, q, q)
+        assert model.last_path == "eager"
+    finally:
+        flash_emulated._kernel_model_checked.cache_clear()
+
+
 def test_fexp_u20_follows_its_definition():
     """ATen's fexp_u20 as modelled: within 1.25e-4 of exp where it is defined (1.21e-4 at worst
     on a 2M-point grid over [-87, 88.7]), 0 below ln(FLT_MIN),

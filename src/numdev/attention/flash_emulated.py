@@ -277,8 +277,27 @@ def _kernel_model_fits(f: StageFormats, variant: str) -> bool:
         and half in ("bf16", "fp16") and f.prob.name == f.output.name == half and f.input_scaling == "none"
         and all(getattr(f, s).name == "fp32" for s in ("score", "stats", "rescale", "accum"))
         and cpu_kernel.lanes() is not None and cpu_kernel.blas_address(f.input.torch_dtype) != 0
-        and native.library() is not None
+        and native.library() is not None and _kernel_model_checked(f)
     )
+
+
+@functools.cache
+def _kernel_model_checked(f: StageFormats) -> bool:
+    """The fused C model against the ATen path on a small ragged causal case, once per format set:
+    a compiler or CPU that changes a bit disables it (with a warning)."""
+    emulator = FlashEmulated(f, block_r=16, block_c=40, native=False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 37, 16, generator=g).to(f.input.torch_dtype) for _ in range(3))
+    tiles = emulator.tiles(37, 37, 16)
+    with torch.no_grad():
+        for causal in (False, True):
+            expected = emulator(q, k, v, scale=0.3, causal=causal)
+            got = _cpu_flash_native(q, k, v, float(torch.tensor(0.3, dtype=torch.float32)), causal, tiles, f).to(q.dtype)
+            if not same_bits(got, expected):
+                warnings.warn(f"numdev's fused model of PyTorch's CPU flash kernel differs from its ATen path for "
+                              f"{f.describe()}; not using it", stacklevel=3)
+                return False
+    return True
 
 
 def _cpu_flash_native(q, k, v, scale: float, causal: bool, tiles, f: StageFormats) -> torch.Tensor:
