@@ -309,8 +309,12 @@ void fa1_merge(int64_t rows, int64_t period, int64_t dim, int stats, int accum, 
    ATen's fexp_u20 fuses is an explicit fmaf; nothing else is fused (-ffp-contract=off). */
 
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
+
+/* OpenMP's runtime (libgomp.so.1: the one torch has loaded, same soname), declared here so the
+   build needs no omp.h */
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
 
 /* expf from the C library: the kernel's std::exp (also used by the ATen path, element by element). */
 void libm_expf(const float *x, float *y, int64_t n) {
@@ -472,6 +476,10 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
 void cpu_flash_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t tiles,
                        int64_t n_q, int64_t n_k, int64_t d, float scale, int causal, int64_t block_r,
                        int64_t block_c, int64_t width, int code, void *gemm_address, int threads) {
+    if (threads <= 1 || tiles <= 1) {  /* at::parallel_for runs inline then, outside any parallel region */
+        cpu_flash_tiles(q, k, v, out, 0, tiles, n_q, n_k, d, scale, causal, block_r, block_c, width, code, gemm_address);
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
@@ -482,10 +490,15 @@ void cpu_flash_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, 
 }
 
 /* One GEMM call from inside a parallel region of `threads` threads (thread 0 calls it), as the
-   kernel calls it: for numdev.attention.cpu_kernel's ATen path. */
+   kernel calls it (threads <= 1: directly, as when the kernel's loop runs inline): for
+   numdev.attention.cpu_kernel's ATen path. */
 void blas_in_region(void *gemm_address, int transa, int transb, int m, int n, int k, const void *a, int lda,
                     const void *b, int ldb, float beta, float *c, int ldc, int threads) {
     gemm_fn gemm = (gemm_fn)gemm_address;
+    if (threads <= 1) {  /* as the kernel calls it when its loop runs inline */
+        gemm(COL_MAJOR, transa, transb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         if (omp_get_thread_num() == 0) gemm(COL_MAJOR, transa, transb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);

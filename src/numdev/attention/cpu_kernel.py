@@ -214,11 +214,12 @@ def blas_address(dtype: torch.dtype) -> int:
     return 0 if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
 
-def _caller(dtype: torch.dtype):
+def _caller(dtype: torch.dtype, parallel: bool):
     """A function calling the kernel's GEMM (column-major arguments, alpha 1) the way the kernel
     does: from inside an OpenMP parallel region of torch's thread count (numdev's C helper
-    `blas_in_region`; MKL's fp16 GEMM gives other bits when called from outside one), or, without
-    the C kernels, directly."""
+    `blas_in_region`; MKL's fp16 GEMM gives other bits when called from outside one) where the
+    kernel's loop is `parallel` (more than one query tile and thread), else, or without the C
+    kernels, directly."""
     from numdev.attention import native
 
     gemm = blas_gemm(dtype)
@@ -226,14 +227,15 @@ def _caller(dtype: torch.dtype):
     if lib is None:
         return lambda ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc: gemm(_COL_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb,
                                                                           beta, c, ldc)
-    address, threads = blas_address(dtype), torch.get_num_threads()
+    address, threads = blas_address(dtype), torch.get_num_threads() if parallel else 1
     return lambda ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc: lib.blas_in_region(address, ta, tb, m, n, k, a, lda, b,
                                                                                     ldb, beta, c, ldc, threads)
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, rows: int) -> torch.Tensor:
+def scores(q: torch.Tensor, k: torch.Tensor, rows: int, parallel: bool = True) -> torch.Tensor:
     """Q K^T in float32 as the kernel's GEMM computes it: one call per (batch, head, `rows` query
-    rows) and key block, q (B, H, n, d) and k (B, H, m, d) contiguous in the input dtype."""
+    rows) and key block, q (B, H, n, d) and k (B, H, m, d) contiguous in the input dtype.
+    parallel: whether the kernel runs these tiles in a parallel loop (more than one tile and thread)."""
     gemm = blas_gemm(q.dtype)
     if gemm is None:
         return q.float() @ k.float().transpose(-1, -2)
@@ -241,7 +243,7 @@ def scores(q: torch.Tensor, k: torch.Tensor, rows: int) -> torch.Tensor:
     m = k.shape[2]
     q, k = q.contiguous(), k.contiguous()
     out = torch.empty(batch, heads, n, m, dtype=torch.float32)
-    gemm = _caller(q.dtype)
+    gemm = _caller(q.dtype, parallel)
     for b in range(batch):
         for h in range(heads):
             for start in range(0, n, rows):
@@ -251,7 +253,8 @@ def scores(q: torch.Tensor, k: torch.Tensor, rows: int) -> torch.Tensor:
     return out
 
 
-def accumulate(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor, rows: int, beta: float, active=None) -> None:
+def accumulate(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor, rows: int, beta: float, active=None,
+               parallel: bool = True) -> None:
     """out (float32, updated in place) = p @ v + beta * out, as the kernel's GEMM does it, one call
     per (batch, head, `rows` rows); tiles whose `active` (B, H, n, 1) is False are left alone."""
     gemm = blas_gemm(p.dtype)
@@ -265,7 +268,7 @@ def accumulate(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor, rows: int, b
     p, v = p.contiguous(), v.contiguous()
     if active is not None:
         active = active.expand(batch, heads, n, 1)
-    gemm = _caller(p.dtype)
+    gemm = _caller(p.dtype, parallel)
     for b in range(batch):
         for h in range(heads):
             for start in range(0, n, rows):

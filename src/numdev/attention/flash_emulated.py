@@ -150,6 +150,8 @@ class FlashEmulated(AttentionBackend):
         if blas:  # the kernel's GEMMs take the 16-bit inputs (exact: q, k, v hold input-format values)
             tile_last_row = torch.minimum(tile_last_row, torch.tensor(n_q - 1))  # the kernel's num_keys
             q16, k16, v16 = (t.to(f.input.torch_dtype) for t in (q, k, v))
+            # the kernel's tile loop runs in parallel only with more than one tile and thread
+            parallel = q.shape[0] * q.shape[1] * -(-n_q // tiles.block_r) > 1 and torch.get_num_threads() > 1
         width = cpu_kernel.model_lanes()
         for start in range(0, k.shape[2], tiles.block_c):
             stop = min(start + tiles.block_c, k.shape[2])
@@ -160,7 +162,7 @@ class FlashEmulated(AttentionBackend):
                 masked = torch.arange(start, stop, device=q.device)[None, :] > query_index  # (rows, Bc)
                 active = (tile_last_row >= start).view(1, 1, n_rows, 1)
             if blas:
-                raw_scores = cpu_kernel.scores(q16, k16[:, :, start:stop], tiles.block_r)
+                raw_scores = cpu_kernel.scores(q16, k16[:, :, start:stop], tiles.block_r, parallel)
             else:
                 raw_scores = q @ k[:, :, start:stop].transpose(-1, -2)  # (B, H, rows, Bc)
             block = probs_step(raw_scores, scale, row_max, masked, f=f)
@@ -171,7 +173,7 @@ class FlashEmulated(AttentionBackend):
                 block_sum = block["probs"].sum(dim=-1, keepdim=True)
             if blas:
                 row_max, row_sum, out = _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16[:, :, start:stop],
-                                                        active, start, tiles.block_r, f=f)
+                                                        active, start, tiles.block_r, parallel, f=f)
                 continue
             raw_pv = block["matmul_probs"] @ v[:, :, start:stop]
             row_max, row_sum, out = merge_step(row_max, row_sum, out, block, block_sum, raw_pv, active, f=f)
@@ -406,7 +408,7 @@ def _fa2_merge(row_max, row_sum, out, block, block_sum, raw_pv, active, *, f: St
     )
 
 
-def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start, tile_rows, *, f: StageFormats):
+def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start, tile_rows, parallel, *, f: StageFormats):
     """The FA2 merge as PyTorch's CPU flash kernel does it: O = alpha O after the first block, then
     the kernel's GEMM adds P.V into O (beta = 1; beta = 0 for the first block), one call per tile."""
     alpha = block["alpha"]
@@ -415,7 +417,7 @@ def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start,
         out = _keep_active(active, round_to(alpha * out, f.accum), out)
     out = out.contiguous()
     cpu_kernel.accumulate(block["matmul_probs"].to(f.prob.torch_dtype), v16, out, tile_rows,
-                          0.0 if start == 0 else 1.0, active)
+                          0.0 if start == 0 else 1.0, active, parallel)
     return (
         _keep_active(active, block["new_max"], row_max),
         _keep_active(active, new_sum, row_sum),
