@@ -260,6 +260,15 @@ def test_cpu_sdpa_choices_are_checked_in_one_line():
     assert (formats.exp, formats.row_sum, formats.matmul) == ("fexp_u20", "lanes", "blas")
 
 
+def test_the_kernel_model_refuses_autograd_in_one_line():
+    q = torch.randn(1, 1, 40, 16).bfloat16().requires_grad_()
+    with pytest.raises(ValueError, match="have no gradient: set numerics.exp=aten numerics.matmul=aten"):
+        FlashEmulated(stage_formats("cpu_sdpa", "bf16"), tile_rule="cpu_sdpa")(q, q, q)
+    out = FlashEmulated(stage_formats("cpu_sdpa", "bf16", exp="aten", matmul="aten"), tile_rule="cpu_sdpa")(q, q, q)
+    out.float().sum().backward()
+    assert q.grad is not None
+
+
 def test_another_torch_version_warns_once_in_one_line(monkeypatch):
     from numdev.attention import cpu_kernel
 

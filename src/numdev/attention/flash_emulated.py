@@ -112,6 +112,9 @@ class FlashEmulated(AttentionBackend):
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         attend, self.last_path = self._attend, "eager"
         plain = f.exp == f.row_sum == f.matmul == "aten"  # the other two paths know only ATen's arithmetic
+        if grad and (f.exp != "aten" or f.matmul != "aten"):
+            raise ValueError("numerics.exp=fexp_u20 and numerics.matmul=blas (PyTorch's CPU flash kernel, forward only) "
+                             "have no gradient: set numerics.exp=aten numerics.matmul=aten to train through the emulator")
         if self.native and not grad and _kernel_model_fits(f, self.variant):
             self.last_path = "native"
             return _cpu_flash_native(q, k, v, float(scale), causal, tiles, f).to(out_dtype)
