@@ -6,6 +6,9 @@ row sum differ from ATen's). The C kernels do a block's elementwise work in two 
 taken from a table that ATen's own exp filled (`exp_table`), and leave the order-sensitive work to
 ATen: the matmuls, the row sum, and exp of float32 arguments (the rescale factors, one per row).
 
+The same library holds the fused model of PyTorch's CPU flash kernel (`cpu_flash_forward`, for
+numerics=cpu_sdpa; numdev.attention.cpu_kernel), which calls the kernel's BLAS GEMM itself.
+
 They apply where every stage's format is a native conversion from float32 and the score format
 has 16 bits, so its 65,536 values can be tabulated (`supports`). The library is built once per
 machine with the system C compiler into ~/.cache/numdev/native (or $NUMDEV_CACHE/native); no
@@ -35,7 +38,8 @@ from numdev.numerics import StageFormats
 
 CODES = {"fp32": 0, "bf16": 1, "fp16": 2}  # the C enum of stage formats
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
-          "-shared", "-fPIC"]  # -ffp-contract=off: a fused multiply-add would change bits
+          "-shared", "-fPIC"]  # -ffp-contract=off: a fused multiply-add would change bits; -fopenmp: the
+# cpu_sdpa model's parallel region (cpu_flash_forward) runs in the OpenMP runtime torch has loaded (libgomp.so.1)
 _SIGNATURES = {
     "fa2_probs": ["p", "i", "i", "i", "i", "f", "c", "c", "c", "c", "i", "i", "p", "p", "p", "p", "p", "p"],
     "fa1_probs": ["p", "i", "i", "i", "i", "f", "c", "c", "c", "i", "i", "p", "p", "p", "p", "p"],
