@@ -301,3 +301,206 @@ void fa1_merge(int64_t rows, int64_t period, int64_t dim, int stats, int accum, 
         }
     }
 }
+
+/* ---- PyTorch's CPU flash kernel (numerics=cpu_sdpa; numdev.attention.cpu_kernel) ----
+   The same arithmetic as the ATen path of numdev.attention.flash_emulated with exp=fexp_u20,
+   row_sum=lanes and matmul=blas, fused: one query tile at a time through every key/value block,
+   calling the BLAS GEMM the kernel calls (its address comes from Python). Every multiply-add that
+   ATen's fexp_u20 fuses is an explicit fmaf; nothing else is fused (-ffp-contract=off). */
+
+#include <math.h>
+#include <stdlib.h>
+
+/* OpenMP's runtime (libgomp.so.1: the one torch has loaded, same soname), declared here so the
+   build needs no omp.h */
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+
+/* expf from the C library: the kernel's std::exp (also used by the ATen path, element by element). */
+void libm_expf(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+static inline float fexp_u20_one(float x) {
+    const float c0 = 0.00010703434948458272f, c1 = 0.30354260500649682f;
+    const float c2 = (float)-0.22433836478672356, c3 = (float)-0.079204240219773236;
+    const float log2e = float_of(0x3fb8aa3bu), a = 8388608.0f, b = 8388608.0f * 127.0f;
+    const float ln_min = float_of(0xc2aeac50u), ln_max = float_of(0x42b17218u);
+    float src = x * log2e;
+    float frac = src - floorf(src);
+    float r = fmaf(frac, c3, c2);
+    r = fmaf(frac, r, c1);
+    r = fmaf(frac, r, c0);
+    float t = fmaf(a, src - r, b);
+    /* the truncation to int32 of a NaN (or of anything out of range, which the masks replace) is 0x80000000 */
+    uint32_t i = (t != t || !(t > -2147483648.0f && t < 2147483648.0f)) ? 0x80000000u : (uint32_t)(int32_t)t;
+    i = x < ln_min ? 0u : i;
+    i = x > ln_max ? 0x7F800000u : i;
+    return float_of(i);
+}
+
+/* fexp_u20 of n values (tests hold it to numdev.attention.cpu_kernel.fexp_u20 bit for bit). */
+void fexp_u20_array(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = fexp_u20_one(x[i]);
+}
+
+static inline uint16_t to_half_bits(float x, int code) {
+    if (code == BF16) return (uint16_t)(bits_of(round_bf16(x)) >> 16);
+    _Float16 h = (_Float16)x;
+    uint16_t b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+
+/* P (float32) to the 16-bit type `code`, rounded to nearest even; one loop per type so each vectorises. */
+static void to_half_row(const float *x, uint16_t *out, int64_t n, int code) {
+    if (code == BF16) {
+        for (int64_t j = 0; j < n; j++) out[j] = (uint16_t)(bits_of(round_bf16(x[j])) >> 16);
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            _Float16 h = (_Float16)x[j];
+            memcpy(out + j, &h, 2);
+        }
+    }
+}
+
+typedef void (*gemm_fn)(int layout, int transa, int transb, int m, int n, int k, float alpha, const void *a,
+                        int lda, const void *b, int ldb, float beta, float *c, int ldc);
+enum { COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
+
+static inline float nan_max(float a, float b) { return (a != a || b != b) ? __builtin_nanf("") : (a > b ? a : b); }
+
+/* Query tiles [first, last) of (batch*heads*tiles) of q, k, v (contiguous (B, H, n, d), 16-bit
+   `code`), writing out (same layout and type). block_r query rows per tile, block_c keys per block,
+   `width` float lanes. */
+static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t first,
+                       int64_t last, int64_t n_q, int64_t n_k, int64_t d, float scale, int causal, int64_t block_r,
+                       int64_t block_c, int64_t width, int code, void *gemm_address) {
+    gemm_fn gemm = (gemm_fn)gemm_address;
+    int64_t tiles = (n_q + block_r - 1) / block_r;
+    float *qk = malloc(sizeof(float) * (size_t)(block_r * block_c));
+    float *dst = malloc(sizeof(float) * (size_t)(block_r * d));
+    float *row_max = malloc(sizeof(float) * (size_t)block_r), *row_sum = malloc(sizeof(float) * (size_t)block_r);
+    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(block_r * block_c));
+    float acc[64];
+    for (int64_t item = first; item < last; item++) {
+        int64_t head = item / tiles, m = (item % tiles) * block_r;
+        int64_t rows = n_q - m < block_r ? n_q - m : block_r;
+        const uint16_t *qh = q + (head * n_q + m) * d, *kh = k + head * n_k * d, *vh = v + head * n_k * d;
+        for (int64_t r = 0; r < rows; r++) { row_max[r] = -__builtin_inff(); row_sum[r] = 0.0f; }
+        int64_t keys = causal ? (m + rows < n_k ? m + rows : n_k) : n_k;
+        for (int64_t n = 0; n < keys; n += block_c) {
+            int64_t cols = n_k - n < block_c ? n_k - n : block_c;
+            gemm(COL_MAJOR, TRANS, NO_TRANS, (int)cols, (int)rows, (int)d, 1.0f, kh + n * d, (int)d, qh, (int)d, 0.0f,
+                 qk, (int)cols);
+            int64_t vector = width * (cols / width);
+            for (int64_t r = 0; r < rows; r++) {
+                float *s = qk + r * cols;
+                uint16_t *pr = p + r * cols;
+                int64_t visible = causal ? (m + r - n + 1 < cols ? m + r - n + 1 : cols) : cols;
+                if (visible < 0) visible = 0;
+                float block_max = -__builtin_inff();
+                int nan = 0;
+#pragma omp simd reduction(max : block_max) reduction(| : nan)
+                for (int64_t j = 0; j < cols; j++) {
+                    float x = j < visible ? s[j] * scale : -__builtin_inff();
+                    s[j] = x;
+                    nan |= x != x;
+                    block_max = x > block_max ? x : block_max;
+                }
+                if (nan) block_max = __builtin_nanf("");  /* a NaN score makes the max NaN, as ATen's amax */
+                float top = nan_max(row_max[r], block_max);
+                if (top == -__builtin_inff()) {  /* no visible key yet: P = 0, the state stays */
+                    memset(pr, 0, sizeof(uint16_t) * (size_t)cols);
+                    continue;
+                }
+                /* 2*width lane accumulators (a pair of vectors) over chunks of 2*width columns, one
+                   chunk of width columns into the first vector, a butterfly over the 2*width lanes */
+                for (int64_t l = 0; l < 2 * width; l++) acc[l] = 0.0f;
+                int64_t pairs = 2 * width * (cols / (2 * width));
+                if (width == 16) {  /* the AVX-512 build: constant trip counts vectorise the lanes */
+                    for (int64_t j = 0; j < pairs; j += 32) {
+                        for (int64_t l = 0; l < 32; l++) {
+                            float e = fexp_u20_one(s[j + l] - top);
+                            acc[l] += e;
+                            s[j + l] = e;
+                        }
+                    }
+                } else {
+                    for (int64_t j = 0; j < pairs; j += 2 * width) {
+                        for (int64_t l = 0; l < 2 * width; l++) {
+                            float e = fexp_u20_one(s[j + l] - top);
+                            acc[l] += e;
+                            s[j + l] = e;
+                        }
+                    }
+                }
+                for (int64_t l = 0; l < vector - pairs; l++) {
+                    float e = fexp_u20_one(s[pairs + l] - top);
+                    acc[l] += e;
+                    s[pairs + l] = e;
+                }
+                for (int64_t half = width; half >= 1; half /= 2)
+                    for (int64_t l = 0; l < half; l++) acc[l] = acc[l] + acc[l + half];
+                float total = acc[0];
+                for (int64_t j = vector; j < cols; j++) {
+                    float e = expf(s[j] - top);
+                    total += e;
+                    s[j] = e;
+                }
+                to_half_row(s, pr, cols, code);
+                float alpha = expf(row_max[r] - top);
+                row_sum[r] = total + alpha * row_sum[r];
+                row_max[r] = top;
+                if (n > 0) {
+                    float *o = dst + r * d;
+                    for (int64_t j = 0; j < d; j++) o[j] = o[j] * alpha;
+                }
+            }
+            gemm(COL_MAJOR, NO_TRANS, NO_TRANS, (int)d, (int)rows, (int)cols, 1.0f, vh + n * d, (int)d, p, (int)cols,
+                 n == 0 ? 0.0f : 1.0f, dst, (int)d);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            float inverse = 1.0f / (row_sum[r] == 0.0f ? 1.0f : row_sum[r]);
+            uint16_t *o = out + (head * n_q + m + r) * d;
+            for (int64_t j = 0; j < d; j++) o[j] = to_half_bits(dst[r * d + j] * inverse, code);
+        }
+    }
+    free(qk); free(dst); free(row_max); free(row_sum); free(p);
+}
+
+/* Every query tile, in an OpenMP parallel region of `threads` threads (the runtime torch loaded,
+   libgomp.so.1): the kernel calls its GEMMs from inside such a region, where MKL runs each on the
+   calling thread, and the bits of MKL's fp16 GEMM depend on that. Tiles are independent, so how
+   they are split changes nothing else. */
+void cpu_flash_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t tiles,
+                       int64_t n_q, int64_t n_k, int64_t d, float scale, int causal, int64_t block_r,
+                       int64_t block_c, int64_t width, int code, void *gemm_address, int threads) {
+    if (threads <= 1 || tiles <= 1) {  /* at::parallel_for runs inline then, outside any parallel region */
+        cpu_flash_tiles(q, k, v, out, 0, tiles, n_q, n_k, d, scale, causal, block_r, block_c, width, code, gemm_address);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+        int64_t first = tiles * me / team, last = tiles * (me + 1) / team;
+        cpu_flash_tiles(q, k, v, out, first, last, n_q, n_k, d, scale, causal, block_r, block_c, width, code,
+                        gemm_address);
+    }
+}
+
+/* One GEMM call from inside a parallel region of `threads` threads (thread 0 calls it), as the
+   kernel calls it (threads <= 1: directly, as when the kernel's loop runs inline): for
+   numdev.attention.cpu_kernel's ATen path. */
+void blas_in_region(void *gemm_address, int transa, int transb, int m, int n, int k, const void *a, int lda,
+                    const void *b, int ldb, float beta, float *c, int ldc, int threads) {
+    gemm_fn gemm = (gemm_fn)gemm_address;
+    if (threads <= 1) {  /* as the kernel calls it when its loop runs inline */
+        gemm(COL_MAJOR, transa, transb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        if (omp_get_thread_num() == 0) gemm(COL_MAJOR, transa, transb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+    }
+}

@@ -3,6 +3,8 @@
     python scripts/bench_emulator.py                          # N = 1k, 4k, 16k; paper and fa2; 1 thread
     python scripts/bench_emulator.py --lengths 1024 --repeats 3 --out bench.json
     python scripts/bench_emulator.py --table docs/results/bench_emulator.json   # only rewrite the docs table
+    python scripts/bench_emulator.py --presets --kernel-model --out docs/results/bench_kernel_model.json
+                                              # only the cpu_sdpa model against the kernel it models
 
 For every N and preset it times, on the same bf16-valued inputs (batch 1, 1 head, d = 64, tiles
 64 x 64, no mask):
@@ -17,6 +19,12 @@ For every N and preset it times, on the same bf16-valued inputs (batch 1, 1 head
   before            the implementation before the speed work (tests/flash_reference.py)
 and reports medians over repeats (wall clock and this thread's CPU time), each emulator path's
 ratio to the flash kernel, and whether its outputs are bit-identical to `before`'s.
+
+With --kernel-model it also times numdev's model of that kernel (numerics=cpu_sdpa,
+tiles.rule=cpu_sdpa: default path, the fused C one calling the kernel's own BLAS GEMMs; and its
+ATen path up to --aten-max) side by side with the kernel, call after call in turn, on bf16 inputs
+(batch 1, `--heads` heads, d = 64), and reports the ratio of medians and the share of outputs that
+are bit-identical to the kernel's.
 The thread count is pinned (torch.set_num_threads) and recorded with the machine. On a shared
 machine only the thread-CPU-time ratios mean much; rerun on a quiet one for the numbers you quote.
 """
@@ -136,10 +144,58 @@ def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: i
     return row
 
 
+def bench_kernel_model(n: int, dim: int, heads: int, repeats: int, seed: int, aten_max: int) -> dict:
+    """numerics=cpu_sdpa against PyTorch's CPU flash kernel, timed in turn (kernel, model, kernel, ...)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from numdev.attention import FlashEmulated
+    from numdev.attention.checks import same_bits
+    from numdev.numerics import stage_formats
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, n, dim, generator=g).bfloat16() for _ in range(3))
+
+    def flash_kernel():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    paths = {"model": FlashEmulated(stage_formats("cpu_sdpa", "bf16"), tile_rule="cpu_sdpa")}
+    if n <= aten_max:
+        paths["model_aten"] = FlashEmulated(stage_formats("cpu_sdpa", "bf16"), tile_rule="cpu_sdpa", native=False)
+    calls = {"flash_kernel": flash_kernel, **{name: (lambda e=e: e(q, k, v)) for name, e in paths.items()}}
+    outputs = {name: call() for name, call in calls.items()}  # warm-up (builds the C kernels once)
+    wall = {name: [] for name in calls}
+    with torch.no_grad():
+        for _ in range(repeats):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                outputs[name] = call()
+                wall[name].append(time.perf_counter() - start)
+    kernel_out = outputs["flash_kernel"]
+    row = {"n": n, "heads": heads, "dim": dim, "repeats": repeats,
+           "flash_kernel": {"wall_s": statistics.median(wall["flash_kernel"]), "wall_s_all": wall["flash_kernel"]}}
+    for name, emulator in paths.items():
+        out = outputs[name]
+        row[name] = {
+            "wall_s": statistics.median(wall[name]), "wall_s_all": wall[name], "path": emulator.last_path,
+            "ratio_to_flash_kernel_wall_s": statistics.median(wall[name]) / row["flash_kernel"]["wall_s"],
+            "bit_identical_to_kernel_fraction": float((out.view(torch.int16) == kernel_out.view(torch.int16)).double().mean()),
+        }
+    if "model_aten" in row:
+        row["model_aten"]["bit_identical_to_model"] = same_bits(outputs["model_aten"], outputs["model"])
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--presets", nargs="+", default=["paper", "fa2"])
+    parser.add_argument("--presets", nargs="*", default=["paper", "fa2"], help="none: skip the preset table")
+    parser.add_argument("--kernel-model", action="store_true",
+                        help="also time numerics=cpu_sdpa (the model of the kernel) side by side with the kernel")
+    parser.add_argument("--heads", type=int, default=1, help="heads of the --kernel-model inputs")
+    parser.add_argument("--aten-max", type=int, default=4096, help="--kernel-model: time its ATen path up to this N")
     parser.add_argument("--variant", default="fa2", choices=["fa2", "fa1"])
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--block", type=int, default=64, help="B_r = B_c of the emulator")
@@ -173,18 +229,29 @@ def main() -> None:
         "lengths": [],
         "compiler": os.environ.get("CC"),  # the C kernels' compiler, when not the system cc
     }
-    for n in args.lengths:
+    for n in args.lengths if args.presets else []:
         repeats = args.repeats if n < 16384 else min(args.repeats, 3)
         row = bench_length(n, args.presets, args.variant, args.dim, args.block, repeats, args.seed)
         row["repeats"] = repeats
         report["lengths"].append(row)
         summary = {p: round(row[p]["emulator"]["ratio_to_flash_kernel_thread_cpu_s"], 2) for p in args.presets}
         print(f"N={n}: emulator / flash kernel (thread CPU time) {summary}", file=sys.stderr, flush=True)
+    if args.kernel_model:
+        report["kernel_model"] = []
+        for n in args.lengths:
+            row = bench_kernel_model(n, args.dim, args.heads, args.repeats, args.seed, args.aten_max)
+            report["kernel_model"].append(row)
+            print(f"N={n}: cpu_sdpa model / flash kernel (wall) {row['model']['ratio_to_flash_kernel_wall_s']:.2f} "
+                  f"({row['model']['path']}), {row['model']['bit_identical_to_kernel_fraction']:.6%} bit-identical",
+                  file=sys.stderr, flush=True)
+    report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     text = json.dumps(report, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
-        if not args.no_docs:
+        if not args.no_docs and report["lengths"]:
             write_table(report, args.docs, args.out)
+        if not args.no_docs and args.kernel_model:
+            write_kernel_model_table(report, args.docs, args.out)
     print(text)
 
 
@@ -220,6 +287,35 @@ def write_table(report: dict, docs: Path, source: Path) -> None:
                          + f" | {row['matmul_floor']['ratio_to_flash_kernel_wall_s']:.1f}x"
                          + f" | {row['flash_kernel']['wall_s'] * 1e3:.1f} ms | {'yes' if identical else '**no**'} |")
     replace_block(docs, "emulator-speed", "\n".join(lines))
+
+
+def write_kernel_model_table(report: dict, docs: Path, source: Path) -> None:
+    """The cpu_sdpa model's time over the kernel's, into docs' block `kernel-model-speed`."""
+    from numdev.docblocks import replace_block
+
+    machine = report["machine"]
+    provenance = report.get("provenance", {})
+    lines = [
+        f"Generated from `{source.resolve().relative_to(ROOT) if source.resolve().is_relative_to(ROOT) else source}` "
+        f"(commit {(provenance.get('git', {}).get('commit') or '?')[:10]}, {(provenance.get('date') or '?')[:10]}): "
+        f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs, {machine['torch_threads']} torch thread(s), "
+        f"load average {machine['load_average_1min']:.2f} at the start and "
+        f"{machine.get('load_average_1min_at_end') or float('nan'):.2f} at the end, torch {machine['torch']}; bf16, "
+        f"batch 1, {report['kernel_model'][0]['heads']} head(s), d = {report['kernel_model'][0]['dim']}, no mask, "
+        f"seed {report['seed']}; medians of {report['kernel_model'][0]['repeats']} calls, kernel and model in turn.",
+        "",
+        "| N | flash kernel | cpu_sdpa model (default path) | model / kernel | bit-identical to the kernel | ATen path / kernel |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["kernel_model"]:
+        model = row["model"]
+        aten = row.get("model_aten")
+        aten_text = (f"{aten['ratio_to_flash_kernel_wall_s']:.1f}x"
+                     + ("" if aten.get("bit_identical_to_model") else " (**bits differ**)")) if aten else "not timed"
+        lines.append(f"| {row['n']} | {row['flash_kernel']['wall_s'] * 1e3:.1f} ms | {model['wall_s'] * 1e3:.1f} ms "
+                     f"({model['path']}) | {model['ratio_to_flash_kernel_wall_s']:.2f}x | "
+                     f"{model['bit_identical_to_kernel_fraction']:.4%} | {aten_text} |")
+    replace_block(docs, "kernel-model-speed", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -45,12 +45,18 @@ def assert_same_bits(got: torch.Tensor, expected: torch.Tensor):
     assert not differ.any(), f"{int(differ.sum())} of {got.numel()} outputs differ, max |d| {(got - expected)[differ].abs().max()}"
 
 
+# The frozen reference knows ATen's arithmetic only: the cpu_sdpa preset is held to it with that
+# arithmetic; its model of PyTorch's kernel (exp=fexp_u20, row_sum=lanes, matmul=blas) is held to
+# the kernel itself and to its fused C path in tests/test_attention.py.
+ATEN_ARITHMETIC = {"exp": "aten", "row_sum": "aten", "matmul": "aten"}
+
+
 def _check(preset, precision, variant, case, compile, native_kernels=False, formats=None, inputs=None):
     batch, heads, n_q, n_k, dim, causal, (block_r, block_c), query_chunk = CASES[case]
     dtype = torch.float64 if precision == "fp64" else torch.float32
     q, k, v = inputs if inputs is not None else _inputs(batch, heads, n_q, n_k, dim, dtype)
     emulator = FlashEmulated(
-        formats or stage_formats(preset, precision), block_r=block_r, block_c=block_c, variant=variant,
+        formats or stage_formats(preset, precision, **ATEN_ARITHMETIC), block_r=block_r, block_c=block_c, variant=variant,
         compile=compile, query_chunk=query_chunk, native=native_kernels,
     )
     scale = dim**-0.5

@@ -25,6 +25,11 @@ before the speed work):
   eager     ATen ops; always under autograd, and for every format the others do not take
 The matmuls, the row sum and exp of float32 arguments stay in ATen in all three. `last_path`
 says which one ran the latest call.
+
+PyTorch's CPU flash kernel (`numerics=cpu_sdpa`, bf16/fp16: exp=fexp_u20, row_sum=lanes,
+matmul=blas; numdev.attention.cpu_kernel) runs in the ATen path with those three choices, and,
+fused, in one C function per query tile (`cpu_flash_forward`, path "native") that calls the
+kernel's BLAS GEMM; tests/test_attention.py holds both to the same bits and to the kernel.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import warnings
 
 import torch
 
-from numdev.attention import compiled, native
+from numdev.attention import compiled, cpu_kernel, native
 from numdev.attention.checks import round_masked, same_bits
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
@@ -65,6 +70,11 @@ class FlashEmulated(AttentionBackend):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
         self.formats = formats if formats is not None else stage_formats("fa2", "fp32")
+        if self.formats.exp == "fexp_u20" and variant != "fa2":
+            raise ValueError("numerics.exp=fexp_u20 models PyTorch's CPU flash kernel, an FA2 loop: use variant=fa2 "
+                             "(or numerics.exp=aten)")
+        if self.formats.exp == "fexp_u20" or self.formats.matmul == "blas":
+            cpu_kernel.check_torch_version()
         self.block_r, self.block_c, self.sram = block_r, block_c, sram
         self.variant = variant
         for name, value in (("compile", compile), ("native", native)):
@@ -104,15 +114,25 @@ class FlashEmulated(AttentionBackend):
         steps = _STEPS[self.variant]
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         attend, self.last_path = self._attend, "eager"
-        if self.native and not grad and 0 < float(scale) < float("inf") and _native_fits(f, self.variant):
+        plain = f.exp == f.row_sum == f.matmul == "aten"  # the other two paths know only ATen's arithmetic
+        if grad and (f.exp != "aten" or f.matmul != "aten"):
+            raise ValueError("numerics.exp=fexp_u20 and numerics.matmul=blas (PyTorch's CPU flash kernel, forward only) "
+                             "have no gradient: set numerics.exp=aten numerics.matmul=aten to train through the emulator")
+        if self.native and not grad and _kernel_model_fits(f, self.variant):
+            self.last_path = "native"
+            return _cpu_flash_native(q, k, v, float(scale), causal, tiles, f).to(out_dtype)
+        if plain and self.native and not grad and 0 < float(scale) < float("inf") and _native_fits(f, self.variant):
             attend, self.last_path = self._attend_native, "native"
-        elif self.compile and not grad and compiled.supports(f):
+        elif plain and self.compile and not grad and compiled.supports(f):
             steps = tuple(compiled.compiled(step, f) for step in steps)
             self.last_path = "compiled"
-        chunks = [
-            attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps)
-            for rows in _row_chunks(n_q, self._chunk_rows(tiles, v.shape[-1]))
-        ]
+        chunk_rows = self._chunk_rows(tiles, v.shape[-1])
+        if f.matmul == "blas":  # the GEMMs run per query tile, as in the kernel: chunks hold whole tiles
+            size = -(-chunk_rows // tiles.block_r) * tiles.block_r
+            row_chunks = [slice(a, min(a + size, n_q)) for a in range(0, n_q, size)]
+        else:
+            row_chunks = _row_chunks(n_q, chunk_rows)
+        chunks = [attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps) for rows in row_chunks]
         return (chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)).to(out_dtype)
 
     def _chunk_rows(self, tiles, dim_v: int) -> int:
@@ -132,6 +152,13 @@ class FlashEmulated(AttentionBackend):
         # Last query row of each row's tile: a tile is skipped when all its keys lie beyond it.
         tile_last_row = (query_index // tiles.block_r + 1) * tiles.block_r - 1
         last_needed_key = _last_needed_key(rows, tiles, n_q)
+        blas = f.matmul == "blas"
+        if blas:  # the kernel's GEMMs take the 16-bit inputs (exact: q, k, v hold input-format values)
+            tile_last_row = torch.minimum(tile_last_row, torch.tensor(n_q - 1))  # the kernel's num_keys
+            q16, k16, v16 = (t.to(f.input.torch_dtype) for t in (q, k, v))
+            # the kernel's tile loop runs in parallel only with more than one tile and thread
+            parallel = q.shape[0] * q.shape[1] * -(-n_q // tiles.block_r) > 1 and torch.get_num_threads() > 1
+        width = cpu_kernel.model_lanes()
         for start in range(0, k.shape[2], tiles.block_c):
             stop = min(start + tiles.block_c, k.shape[2])
             if causal and start > last_needed_key:
@@ -140,10 +167,20 @@ class FlashEmulated(AttentionBackend):
             if causal:
                 masked = torch.arange(start, stop, device=q.device)[None, :] > query_index  # (rows, Bc)
                 active = (tile_last_row >= start).view(1, 1, n_rows, 1)
-            raw_scores = q @ k[:, :, start:stop].transpose(-1, -2)  # (B, H, rows, Bc)
+            if blas:
+                raw_scores = cpu_kernel.scores(q16, k16[:, :, start:stop], tiles.block_r, parallel)
+            else:
+                raw_scores = q @ k[:, :, start:stop].transpose(-1, -2)  # (B, H, rows, Bc)
             block = probs_step(raw_scores, scale, row_max, masked, f=f)
-            # The two order-sensitive reductions stay in ATen, whichever path runs the rest.
-            block_sum = block["probs"].sum(dim=-1, keepdim=True)
+            # The two order-sensitive reductions stay in ATen (or in the kernel's order), whichever path runs the rest.
+            if f.row_sum == "lanes":
+                block_sum = cpu_kernel.lane_sum(block["probs"], width)
+            else:
+                block_sum = block["probs"].sum(dim=-1, keepdim=True)
+            if blas:
+                row_max, row_sum, out = _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16[:, :, start:stop],
+                                                        active, start, tiles.block_r, parallel, f=f)
+                continue
             raw_pv = block["matmul_probs"] @ v[:, :, start:stop]
             row_max, row_sum, out = merge_step(row_max, row_sum, out, block, block_sum, raw_pv, active, f=f)
         return self._finish(out, row_sum)
@@ -241,6 +278,53 @@ def _last_needed_key(rows: slice, tiles, n_q: int) -> int:
     return min(n_q - 1, last_tile_row)
 
 
+def _kernel_model_fits(f: StageFormats, variant: str) -> bool:
+    """Whether the fused C model of PyTorch's CPU flash kernel (cpu_flash_forward) computes these numerics."""
+    half = f.input.name
+    return (
+        variant == "fa2" and f.exp == "fexp_u20" and f.row_sum == "lanes" and f.matmul == "blas"
+        and half in ("bf16", "fp16") and f.prob.name == f.output.name == half and f.input_scaling == "none"
+        and all(getattr(f, s).name == "fp32" for s in ("score", "stats", "rescale", "accum"))
+        and cpu_kernel.lanes() is not None and cpu_kernel.blas_address(f.input.torch_dtype) != 0
+        and native.library() is not None and _kernel_model_checked(f)
+    )
+
+
+@functools.cache
+def _kernel_model_checked(f: StageFormats) -> bool:
+    """The fused C model against the ATen path on a small ragged causal case, once per format set:
+    a compiler or CPU that changes a bit disables it (with a warning)."""
+    emulator = FlashEmulated(f, block_r=16, block_c=40, native=False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 37, 16, generator=g).to(f.input.torch_dtype) for _ in range(3))
+    tiles = emulator.tiles(37, 37, 16)
+    with torch.no_grad():
+        for causal in (False, True):
+            expected = emulator(q, k, v, scale=0.3, causal=causal)
+            got = _cpu_flash_native(q, k, v, float(torch.tensor(0.3, dtype=torch.float32)), causal, tiles, f).to(q.dtype)
+            if not same_bits(got, expected):
+                warnings.warn(f"numdev's fused model of PyTorch's CPU flash kernel differs from its ATen path for "
+                              f"{f.describe()}; not using it", stacklevel=3)
+                return False
+    return True
+
+
+def _cpu_flash_native(q, k, v, scale: float, causal: bool, tiles, f: StageFormats) -> torch.Tensor:
+    """The whole forward in kernels/flash_emulator.c (cpu_flash_forward): query tiles split over
+    torch's thread count in an OpenMP region, as the kernel splits them."""
+    half = f.input.torch_dtype
+    q16, k16, v16 = (t.to(half).contiguous() for t in (q, k, v))
+    batch, heads, n_q, dim = q16.shape
+    n_k = k16.shape[2]
+    out = torch.empty_like(q16)
+    tile_count = batch * heads * -(-n_q // tiles.block_r)
+    native.library().cpu_flash_forward(
+        q16.data_ptr(), k16.data_ptr(), v16.data_ptr(), out.data_ptr(), tile_count, n_q, n_k, dim, scale, int(causal),
+        tiles.block_r, tiles.block_c, cpu_kernel.lanes(), native.CODES[f.input.name], cpu_kernel.blas_address(half),
+        torch.get_num_threads())
+    return out
+
+
 def _native_fits(formats: StageFormats, variant: str) -> bool:
     """Whether the C kernels take these formats, and have been checked to give the ATen path's bits."""
     return (
@@ -307,9 +391,14 @@ def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
     scores = _scores(raw_scores, scale, masked, f)
     new_max = round_masked(torch.maximum(row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
     shift = _finite_or_zero(new_max)
-    alpha = round_to(compiled.exp(row_max - shift), f.rescale)
+    if f.exp == "fexp_u20":  # PyTorch's CPU flash kernel: libm's expf for alpha, fexp_u20 on the vector lanes
+        alpha = round_to(cpu_kernel.libm_exp(row_max - shift), f.rescale)
+        exp_of = functools.partial(cpu_kernel.probs, width=cpu_kernel.model_lanes())
+    else:
+        alpha = round_to(compiled.exp(row_max - shift), f.rescale)
+        exp_of = compiled.exp
     # S - m is held in the score format before exp, as any kernel storing S in that format would.
-    probs = round_to(compiled.exp(round_masked(scores - shift, f.score)), f.stats)  # P, as computed
+    probs = round_to(exp_of(round_masked(scores - shift, f.score)), f.stats)  # P, as computed
     matmul_probs = _round_again(probs, f.prob, f.stats)  # P is converted for the P.V matmul
     return {"new_max": new_max, "alpha": alpha, "probs": probs, "matmul_probs": matmul_probs}
 
@@ -323,6 +412,23 @@ def _fa2_merge(row_max, row_sum, out, block, block_sum, raw_pv, active, *, f: St
         _keep_active(active, block["new_max"], row_max),
         _keep_active(active, new_sum, row_sum),
         _keep_active(active, new_out, out),
+    )
+
+
+def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start, tile_rows, parallel, *, f: StageFormats):
+    """The FA2 merge as PyTorch's CPU flash kernel does it: O = alpha O after the first block, then
+    the kernel's GEMM adds P.V into O (beta = 1; beta = 0 for the first block), one call per tile."""
+    alpha = block["alpha"]
+    new_sum = round_to(round_to(alpha * row_sum, f.stats) + block_sum, f.stats)
+    if start > 0:
+        out = _keep_active(active, round_to(alpha * out, f.accum), out)
+    out = out.contiguous()
+    cpu_kernel.accumulate(block["matmul_probs"].to(f.prob.torch_dtype), v16, out, tile_rows,
+                          0.0 if start == 0 else 1.0, active, parallel)
+    return (
+        _keep_active(active, block["new_max"], row_max),
+        _keep_active(active, new_sum, row_sum),
+        out,
     )
 
 

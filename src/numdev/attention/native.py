@@ -6,6 +6,9 @@ row sum differ from ATen's). The C kernels do a block's elementwise work in two 
 taken from a table that ATen's own exp filled (`exp_table`), and leave the order-sensitive work to
 ATen: the matmuls, the row sum, and exp of float32 arguments (the rescale factors, one per row).
 
+The same library holds the fused model of PyTorch's CPU flash kernel (`cpu_flash_forward`, for
+numerics=cpu_sdpa; numdev.attention.cpu_kernel), which calls the kernel's BLAS GEMM itself.
+
 They apply where every stage's format is a native conversion from float32 and the score format
 has 16 bits, so its 65,536 values can be tabulated (`supports`). The library is built once per
 machine with the system C compiler into ~/.cache/numdev/native (or $NUMDEV_CACHE/native); no
@@ -34,13 +37,18 @@ from numdev.formats import FloatFormat, round_to
 from numdev.numerics import StageFormats
 
 CODES = {"fp32": 0, "bf16": 1, "fp16": 2}  # the C enum of stage formats
-_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd",
-          "-shared", "-fPIC"]  # -ffp-contract=off: a fused multiply-add would change bits
+_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
+          "-shared", "-fPIC"]  # -ffp-contract=off: a fused multiply-add would change bits; -fopenmp: the
+# cpu_sdpa model's parallel region (cpu_flash_forward) runs in the OpenMP runtime torch has loaded (libgomp.so.1)
 _SIGNATURES = {
     "fa2_probs": ["p", "i", "i", "i", "i", "f", "c", "c", "c", "c", "i", "i", "p", "p", "p", "p", "p", "p"],
     "fa1_probs": ["p", "i", "i", "i", "i", "f", "c", "c", "c", "i", "i", "p", "p", "p", "p", "p"],
     "fa2_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
     "fa1_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
+    "libm_expf": ["p", "p", "i"],
+    "fexp_u20_array": ["p", "p", "i"],
+    "cpu_flash_forward": ["p", "p", "p", "p", "i", "i", "i", "i", "f", "c", "i", "i", "i", "c", "p", "c"],
+    "blas_in_region": ["p", "c", "c", "c", "c", "c", "p", "c", "p", "c", "f", "p", "c", "c"],
 }
 _CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "c": ctypes.c_int, "f": ctypes.c_float}
 _failure: list[str] = []  # why the library is unavailable, once known
@@ -122,7 +130,7 @@ def _build(compiler: str, source: bytes, built: Path) -> None:
     with tempfile.TemporaryDirectory(dir=built.parent) as scratch:
         source_copy, partial = Path(scratch) / "flash_emulator.c", Path(scratch) / built.name
         source_copy.write_bytes(source)
-        result = subprocess.run([compiler, *_FLAGS, str(source_copy), "-o", str(partial)],
+        result = subprocess.run([compiler, *_FLAGS, str(source_copy), "-o", str(partial), "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} could not build flash_emulator.c: {result.stderr.strip()[:300]}")
