@@ -82,7 +82,18 @@ def fail(program: str, error: BaseException | str):
     _exit(program, error)
 
 
+def one_line(error: BaseException | str) -> str:
+    """An error's message on one line. An error re-raised from a DataLoader worker carries the
+    worker's whole traceback in its text ("Caught ValueError in DataLoader worker process 0.
+    Original Traceback ..."): only the original message, its last line, is kept."""
+    text = str(error)
+    if "Original Traceback" in text:
+        last = next((line for line in reversed(text.splitlines()) if line.strip()), text)
+        text = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
+    return " ".join(text.split("\n")).strip()
+
+
 def _exit(program: str, error: BaseException | str, code: int = 2):
-    message = " ".join(str(error).split("\n")).strip()  # one line, whatever the exception's text
+    message = one_line(error)  # one line, whatever the exception's text
     print(f"{program}: error: {message}", file=sys.stderr)
     sys.exit(code)

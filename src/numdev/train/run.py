@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from numdev import schemas
 from numdev.atomic import remove_temporaries
 from numdev.config_schema import TRAIN, validate
-from numdev.errors import RunFailed
+from numdev.errors import RunFailed, one_line
 from numdev.models.perturb import apply_init_perturbation
 from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.run_lock import RunLock
@@ -168,7 +168,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
     except BaseException as error:
         interrupted = _signal_of(error)
         step = int(trainer.global_step)
-        message = f"interrupted by {interrupted.name} at step {step}" if interrupted else f"{type(error).__name__}: {error}"[:500]
+        message = f"interrupted by {interrupted.name} at step {step}" if interrupted else f"{type(error).__name__}: {one_line(error)}"[:500]
         try:
             finish("failed", error=message, final_step=step)
         except OSError:  # e.g. the disk is full: the original error is the one to report
