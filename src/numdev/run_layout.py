@@ -10,6 +10,7 @@ One home for the contract that train/ writes and analysis/ reads (docs/run_layou
     <run_dir>/token_rows.json           the token-embedding rows the run's captions index
     <run_dir>/sibling/<label>.csv       weight distances to a sibling run (DISTANCE_COLUMNS)
     <run_dir>/checkpoints/last.ckpt     the resume checkpoint
+    <run_dir>/checkpoints/last.ckpt.sha256   its checksum (numdev.train.checkpoint_io)
     <run_dir>/instability.json, shadow.csv, eval.json, samples.png, tensorboard/
 
 Nothing here imports train/ or analysis/: both import this.
@@ -36,6 +37,7 @@ INDEX_FORMAT = 1
 SORTED_FORMAT = 1
 POOLED = "__pooled__"  # the tensor of a sorted-values file that holds every value of the model, sorted
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
+CHECKPOINT_DIGEST_SUFFIX = ".sha256"  # beside every checkpoint: {"sha256": ..., "previous": ...}
 TOKEN_ROWS = "token_rows.json"
 SIBLING_DIR = "sibling"
 INSTABILITY = "instability.json"
@@ -101,6 +103,12 @@ def config_path(run_dir: str | Path) -> Path:
 
 def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT
+
+
+def checkpoint_digest_path(checkpoint: str | Path) -> Path:
+    """The checksum file beside a checkpoint file (numdev.train.checkpoint_io)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.name + CHECKPOINT_DIGEST_SUFFIX)
 
 
 def token_rows_path(run_dir: str | Path) -> Path:
