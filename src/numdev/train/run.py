@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from numdev import schemas
 from numdev.atomic import remove_temporaries
-from numdev.config_schema import TRAIN, validate
+from numdev.config_schema import SEED_LIMIT, TRAIN, validate
 from numdev.errors import RunFailed, one_line
 from numdev.models.perturb import apply_init_perturbation
 from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
@@ -65,8 +65,8 @@ def build_module(cfg: DictConfig, model: torch.nn.Module) -> DiffusionModule:
 
 def _seed(cfg: DictConfig, name: str) -> int:
     value = cfg.seed.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"seed.{name}={value!r} must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"seed.{name}={value!r} must be a non-negative integer below 2^64 (a 64-bit seed)")
     return value
 
 
@@ -79,6 +79,22 @@ def _check_config(cfg: DictConfig) -> None:
         _seed(cfg, name)
     if cfg.get("threads") is not None and (not isinstance(cfg.threads, int) or cfg.threads <= 0):
         raise ValueError(f"threads={cfg.threads!r} must be a positive integer or null")
+    _check_optimizer(cfg)
+
+
+def _check_optimizer(cfg: DictConfig) -> None:
+    """Build the configured optimizer over one dummy parameter: any setting it refuses (betas=[],
+    a negative eps, a key the optimizer does not take) fails now, before a record is written,
+    not at the first step."""
+    from hydra.errors import InstantiationException
+
+    try:
+        instantiate(cfg.optim.optimizer)([torch.nn.Parameter(torch.zeros(1))])
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        raise ValueError(f"optim.optimizer: {one_line(cause)}: fix the optimizer's settings (optim.optimizer.*)") from None
+    except (ValueError, TypeError, IndexError, KeyError, RuntimeError) as error:
+        raise ValueError(f"optim.optimizer: {type(error).__name__}: {one_line(error)}: fix the optimizer's settings (optim.optimizer.*)") from None
 
 
 def check_backend_for(cfg: DictConfig, backend) -> None:
