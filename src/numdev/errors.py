@@ -23,6 +23,11 @@ class RunFailed(Exception):
         self.exit_code = exit_code
 
 
+class Hangup(BaseException):
+    """SIGHUP (the terminal or the SSH session went away) while numdev-train runs: ends the run like
+    SIGTERM and SIGINT do, run.json final ("failed", resumable with resume=auto)."""
+
+
 def user_facing(program: str):
     """Decorate a Hydra task function: user errors print `program: error: ...` and exit 2."""
 
@@ -33,6 +38,10 @@ def user_facing(program: str):
                 return task(*args, **kwargs)
             except InstantiationException as error:
                 cause = error.__cause__ or error
+                if _out_of_memory(cause):
+                    found = re.search(r"full_key: (\S+)", str(error))
+                    key = found.group(1) if found else "the config"
+                    _exit(program, f"{key}: out of memory while building it ({_first_line(cause)}): lower its size", 1)
                 if isinstance(cause, TypeError):  # a config value of the wrong type reached a constructor
                     found = re.search(r"full_key: (\S+)", str(error))
                     key = found.group(1) if found else "the config"
@@ -49,10 +58,30 @@ def user_facing(program: str):
                 _exit(program, error)
             except RunFailed as error:
                 _exit(program, error, error.exit_code)
+            except (MemoryError, RuntimeError) as error:
+                if not _out_of_memory(error):
+                    raise
+                _exit(program, f"out of memory ({_first_line(error)}): lower data.batch_size, the model's size or the shape", 1)
+            except Hangup:
+                _exit(program, "interrupted by SIGHUP before training started; nothing was trained", 129)
 
         return wrapper
 
     return decorate
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "DefaultCPUAllocator" in text
+                                                or "out of memory" in text.lower())
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def checked_overrides(program: str, app: str):
