@@ -96,7 +96,7 @@ def checked_overrides(program: str, app: str):
         @functools.wraps(main)
         def wrapper(*args, **kwargs):
             if not args and not kwargs:  # the command line, not a test passing a config
-                mistake = config_groups.override_mistake(app, sys.argv[1:])
+                mistake = config_groups.override_mistake(app, sys.argv[1:]) or output_dir_problem(sys.argv[1:])
                 if mistake:
                     _exit(program, mistake)
             return main(*args, **kwargs)
@@ -104,6 +104,47 @@ def checked_overrides(program: str, app: str):
         return wrapper
 
     return decorate
+
+
+PROBE = ".numdev-write-probe"
+PROBE_BYTES = 64 * 1024
+NO_OUTPUT = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+
+
+def output_dir_problem(args: list[str]) -> str | None:
+    """Hydra creates the run (or sweep) directory and writes .hydra/ and its log before numdev runs:
+    on a read-only or full disk that ends in Hydra's tracebacks. So the directory the run will land
+    in (hydra.run.dir / hydra.sweep.dir / output_root as given, up to its first interpolation) is
+    probed first: its nearest existing ancestor must take a small file written and fsynced."""
+    from pathlib import Path
+
+    from numdev.atomic import WriteError, write_bytes
+
+    if NO_OUTPUT & set(args):
+        return None
+    values = dict(a.lstrip("+").split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(args) else "hydra.run.dir"
+    target = values.get(key, values.get("output_root", "outputs"))
+    static = target.split("${", 1)[0]
+    if not static.strip():
+        static = "."
+    path = Path(static).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{key}: {path} is not a directory, so the run's outputs cannot be written under it: choose another directory ({key}=...)"
+    probe = path / PROBE
+    try:
+        write_bytes(probe, bytes(PROBE_BYTES))  # about what Hydra writes before numdev runs (.hydra/, the log)
+    except WriteError as error:
+        return (f"cannot write the run's outputs under {path} ({error.strerror}): free some space or fix the permissions, "
+                f"or choose another directory ({key}=... or output_root=...)")
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return None
 
 
 def fail(program: str, error: BaseException | str):
