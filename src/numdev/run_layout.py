@@ -69,6 +69,11 @@ DISTANCE_COLUMNS = {
 SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
 
 
+# Columns that are finite whenever the weights are (rel_frobenius and w1_over_std divide by a norm
+# or a standard deviation that can be 0: inf or NaN there are values, not damage).
+FINITE_DISTANCES = ("max_abs", "mean_abs", "wasserstein", "pooled_wasserstein")
+
+
 def snapshot_name(step: int) -> str:
     return f"step_{int(step):08d}.safetensors"
 
@@ -125,7 +130,7 @@ def distances_to_csv(rows: list[dict]) -> str:
 
 def read_distances_csv(path: str | Path) -> list[dict]:
     """Rows of a sibling CSV or distances.csv; a file of another shape is a one-line error naming it."""
-    return tables.read_csv(path, DISTANCE_COLUMNS)
+    return tables.read_csv(path, DISTANCE_COLUMNS, finite=FINITE_DISTANCES)
 
 
 def read_shadow_csv(path: str | Path) -> list[dict]:
