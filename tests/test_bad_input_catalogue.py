@@ -102,7 +102,7 @@ def _records(tmp: Path, text: str, where: str = "sweep/0") -> None:
     (tmp / where / "results.jsonl").write_text(text)
 
 
-GOOD_RECORD = json.dumps({"method": "flash", "max_abs": 1.0e-3}) + "\n"
+GOOD_RECORD = json.dumps({"kind": "vs_golden", "method": "flash", "seed": 0, "metrics": {"max_abs": 1.0e-3}}) + "\n"
 
 
 def _bench_results(text: str) -> Callable[[Path], None]:

@@ -144,8 +144,14 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Records (JSON objects) of a JSON-lines file; a corrupt, torn or non-object line is a ValueError
-    naming the file and line. Every record ends with a newline, so a last line without one was torn."""
+    """Records (JSON objects) of a JSON-lines file; a corrupt, torn, blank or non-object line is a
+    ValueError naming the file and line. Every record ends with a newline, so a last line without
+    one was torn; numdev never writes a blank line, so one means a record was blanked or removed."""
+    return [record for _, record in read_jsonl_numbered(path)]
+
+
+def read_jsonl_numbered(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """(line number, record) of every record of a JSON-lines file, checked as read_jsonl says."""
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
@@ -153,17 +159,22 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     lines = text.split("\n")
     records = []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if number == len(lines) and not line:  # after the last newline
             continue
-        if number == len(lines):  # after the last newline
+        if not line.strip():
+            raise ValueError(f"{path}, line {number}: blank line where a record should be: a record was blanked or the "
+                             "file was edited; remove the line (or rerun the job in a new directory)")
+        if number == len(lines):
             raise ValueError(f"{path}, line {number}: incomplete record (no newline at the end): the file was truncated")
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); the file is corrupt") from None
+        except RecursionError:
+            raise ValueError(f"{path}, line {number}: not valid JSON (nested too deeply); the file is corrupt") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {number}: a {type(record).__name__}, not a JSON object; the file is corrupt")
-        records.append(record)
+        records.append((number, record))
     return records
 
 
