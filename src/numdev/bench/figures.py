@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
         summary = make_figure(args.figure, args.sweep_dir)
     except KeyError as error:
         fail("numdev-figure", f"{args.sweep_dir}: the records lack the field {error}: is it a sweep of the {args.figure} experiment?")
+    except (TypeError, IndexError, AttributeError, ArithmeticError) as error:  # fields of another experiment's shape
+        fail("numdev-figure", f"{args.sweep_dir}: the records cannot make {args.figure} ({type(error).__name__}: {error}): "
+             f"is it a sweep of the {args.figure} experiment? Nothing was written")
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-figure", error)
     print(summary["caption"])

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageCms, ImageOps, UnidentifiedImageError
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".pgm", ".ppm")
 ON_BAD_IMAGE = ("skip", "error")
 
 # What PIL raises on a file that is not a decodable image (truncated, corrupt, not an image).

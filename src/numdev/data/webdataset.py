@@ -41,7 +41,7 @@ from numdev.data.images import DECODE_ERRORS, check_on_bad_image, decode, to_ten
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif", "pgm", "ppm")
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from numdev import schemas
-from numdev.atomic import WriteError, write_bytes, write_text
+from numdev.atomic import WriteError, check_regular_target, write_bytes, write_text
 from numdev.commands import script
 from numdev.errors import fail
 from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
@@ -136,7 +136,11 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         sources[f"the study ({study_dir})"] = study_provenance
     if not sections:
         raise FileNotFoundError("nothing to report: no finished bench sweep or study found (run `make demo` first)")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_regular_target(out_dir / "index.html")  # -o onto a file, a FIFO or a device: one line, nothing written
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WriteError(out_dir, error) from None
     for section in sections:
         if section.figure is not None and section.figure.exists():
             write_bytes(out_dir / section.figure.name, section.figure.read_bytes())  # atomic copy
