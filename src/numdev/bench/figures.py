@@ -38,6 +38,12 @@ def make_figure(name: str, sweep_dir: str | Path) -> dict:
     sweep_dir = Path(sweep_dir)
     sweep = read_sweep(sweep_dir)
     rows = sweep.rows
+    from numdev.figures import FIGURES
+
+    others = sorted({str(r["experiment"]) for r in rows if r.get("experiment") in FIGURES and r["experiment"] != name})
+    if others:
+        raise ValueError(f"{sweep_dir}: records of experiment {others[0]!r}, not of {name}: make the {others[0]} figure from it, "
+                         f"or run numdev-bench experiment={name}")
     staging = Path(tempfile.mkdtemp(dir=sweep_dir, prefix=f".{name}-staging-"))
     try:
         summary = {"figure": name, "sweep": str(sweep_dir), "jobs": len({r["job"] for r in rows}), **figure.summarise(rows, staging)}

@@ -185,13 +185,21 @@ def _check_jobs_present(directory: Path, files: list[Path]) -> None:
 
 
 def _grid_size(multirun: Path) -> int | None:
-    """The number of jobs of the sweep that multirun.yaml describes (its task overrides' sweeps)."""
+    """The number of jobs of the sweep that multirun.yaml describes: Hydra's basic sweeper runs the
+    product of its params (hydra.sweeper.params, from the experiment) and the command line's sweeps,
+    the command line's value replacing a param's. None when it cannot be told (another sweeper)."""
     try:
         hydra_cfg = (yaml.safe_load(multirun.read_text(encoding="utf-8")) or {}).get("hydra", {})
-        task = list(hydra_cfg.get("overrides", {}).get("task", []))
+        sweeper = hydra_cfg.get("sweeper") or {}
+        if "BasicSweeper" not in str(sweeper.get("_target_", "BasicSweeper")):
+            return None
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        overrides = OverridesParser.create().parse_overrides(task)
+        lines = {str(k): f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()}
+        parsed = OverridesParser.create().parse_overrides(list(hydra_cfg.get("overrides", {}).get("task", [])))
+        for override in parsed:
+            lines[override.key_or_group] = override.input_line
+        overrides = OverridesParser.create().parse_overrides(list(lines.values()))
         sizes = [len(list(o.sweep_string_iterator())) for o in overrides if o.is_sweep_override()]
     except Exception:  # noqa: BLE001 (unreadable: the job directories alone decide)
         return None
