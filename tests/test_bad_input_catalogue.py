@@ -1031,3 +1031,21 @@ def test_a_figure_that_fails_after_drawing_writes_nothing(tmp_path, monkeypatch,
     assert {name: _digest(tmp_path / "sweep" / name) for name in ("table.csv", "fig3.png")} == before
     assert not (tmp_path / "sweep" / "fig3.json").exists()
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0", "fig3.png", "table.csv"]
+
+
+def test_a_figure_of_jobs_measured_on_different_machines_says_so(tmp_path, monkeypatch, capsys):
+    """Jobs measured on two machines: the summary claims no single machine; it lists each job's."""
+    from numdev.provenance import provenance
+
+    here = json.loads(json.dumps(provenance(seeds=[0])))
+    here["machine"]["cpu"] = "CPU A"
+    there = {**here, "machine": {**here["machine"], "cpu": "CPU B"}}
+    _sweep_of({"0": _record(provenance=here), "1": _record(seed=1, provenance=there)})(tmp_path)
+    assert _invoke("numdev-figure", ["fig3", str(tmp_path / "sweep")], monkeypatch) == 0
+    summary = json.loads((tmp_path / "sweep" / "fig3.json").read_text())
+    assert summary["provenance"] is None and set(summary["provenance_by_job"]) == {"0", "1"}
+    assert "measured on 2 different machines or commits" in summary["caption"]
+    _sweep_of({"0": _record(provenance=here), "1": _record(seed=1, provenance=here)})(tmp_path / "same")
+    assert _invoke("numdev-figure", ["fig3", str(tmp_path / "same" / "sweep")], monkeypatch) == 0
+    summary = json.loads((tmp_path / "same" / "sweep" / "fig3.json").read_text())
+    assert summary["provenance"]["machine"]["cpu"] == "CPU A"  # the records' machine, not the one drawing the figure

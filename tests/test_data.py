@@ -464,7 +464,7 @@ def test_non_utf8_captions_name_their_file(folder, encoding, text, byte):
     manifest.write_bytes(json.dumps({"image": "img0.png", "caption": "x"}).encode() + b"\n" + text.encode(encoding) + b"\n")
     with pytest.raises(ValueError, match=rf"manifest .*latin\.jsonl: not UTF-8 text \(byte {byte}"):
         FolderDataModule(root=str(folder), manifest="latin.jsonl", resolution=8, batch_size=2).setup()
-    (folder / "img0.txt").write_bytes(codecs.BOM_UTF8 + "a cat".encode())  # a BOM is UTF-8: dropped
+    (folder / "img0.txt").write_bytes(codecs.BOM_UTF8 + b"a cat")  # a BOM is UTF-8: dropped
     module = FolderDataModule(root=str(folder), resolution=8, batch_size=2)
     module.setup()
     assert "a cat" in module.dataset.captions

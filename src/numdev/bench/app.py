@@ -23,9 +23,9 @@ from omegaconf import DictConfig, open_dict
 
 from numdev.atomic import append_jsonl, read_jsonl
 from numdev.bench.echo import settings_line
+from numdev.bench.gather import record_key
 from numdev.bench.runner import run_bench
 from numdev.config_schema import BENCH, validate
-from numdev.bench.gather import record_key
 from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.provenance import provenance
 from numdev.workers import stop_worker_pools
