@@ -1049,3 +1049,35 @@ def test_a_figure_of_jobs_measured_on_different_machines_says_so(tmp_path, monke
     assert _invoke("numdev-figure", ["fig3", str(tmp_path / "same" / "sweep")], monkeypatch) == 0
     summary = json.loads((tmp_path / "same" / "sweep" / "fig3.json").read_text())
     assert summary["provenance"]["machine"]["cpu"] == "CPU A"  # the records' machine, not the one drawing the figure
+
+
+def test_an_interrupted_bench_is_refused_by_gather_until_a_rerun_completes_it(tmp_path, monkeypatch, capsys):
+    """SIGTERM in the middle of a bench (raised from its 2nd record, as the signal handler does):
+    one line, exit 143, the records so far kept; gather refuses the job; a rerun completes it."""
+    import signal as signals
+
+    import numdev.bench.app as app
+
+    args = [a.format(tmp=tmp_path) for a in [*BENCH, "seeds=[0,1]"]]
+    real = app.run_bench
+
+    def stopped(cfg, emit):
+        def emit_then_stop(record, count=[0]):  # noqa: B006 (a counter)
+            emit(record)
+            count[0] += 1
+            if count[0] == 2:
+                raise app._Interrupted(signals.SIGTERM)
+
+        return real(cfg, emit=emit_then_stop)
+
+    monkeypatch.setattr(app, "run_bench", stopped)
+    assert _invoke("numdev-bench", args, monkeypatch) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("numdev-bench: error: interrupted by SIGTERM: the 2 record(s) computed so far"), err
+    from numdev.bench.gather import gather
+
+    with pytest.raises(ValueError, match="the job was interrupted by SIGTERM after 2 record"):
+        gather(tmp_path / "bench")
+    monkeypatch.setattr(app, "run_bench", real)
+    assert _invoke("numdev-bench", args, monkeypatch) == 0
+    assert len(gather(tmp_path / "bench")) == 6  # completed, each measurement once

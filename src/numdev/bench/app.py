@@ -21,9 +21,9 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
-from numdev.atomic import append_jsonl, read_jsonl
+from numdev.atomic import append_jsonl, read_jsonl, write_json
 from numdev.bench.echo import settings_line
-from numdev.bench.gather import record_key
+from numdev.bench.gather import INTERRUPTED, record_key
 from numdev.bench.runner import run_bench
 from numdev.config_schema import BENCH, validate
 from numdev.errors import RunFailed, checked_overrides, user_facing
@@ -68,6 +68,7 @@ def run(cfg: DictConfig) -> None:
                 write(records)
         else:
             records = run_bench(cfg, emit=lambda record: write([record]))
+    (run_dir / INTERRUPTED).unlink(missing_ok=True)  # this run completed the job
     if kept:
         print(f"{len(kept)} record(s) were already in {results} from an earlier run of this job: kept, not written twice")
     skipped = sum(r["kind"] == "skipped" for r in records)
@@ -101,6 +102,8 @@ def _signals_end_the_run(results: Path):
     except (_Interrupted, KeyboardInterrupt) as error:
         signum = error.signum if isinstance(error, _Interrupted) else signal.SIGINT
         kept = len(read_jsonl(results)) if results.is_file() else 0
+        # gather refuses the job until a rerun completes it (numdev.bench.gather, INTERRUPTED)
+        write_json(results.parent / INTERRUPTED, {"signal": signal.Signals(signum).name, "records": kept})
         raise RunFailed(
             f"interrupted by {signal.Signals(signum).name}: the {kept} record(s) computed so far are in {results}; to complete "
             f"the run, rerun the same command with hydra.run.dir={results.parent} (records already there are not written twice)",

@@ -8,7 +8,8 @@ and finite metrics (unless the record says how many values were not finite); wit
 no measurement twice (a rerun that appended to the same file) and every record from one run (the
 same experiment and overrides) on one machine and commit (numdev.report.provenance.origin); in a
 Hydra sweep, every job of multirun.yaml's grid present. A violation is one ValueError naming the
-file, the line and what to do.
+file, the line and what to do. A job stopped by a signal (interrupted.json beside its records, until
+a rerun completes it) is refused too: its records are incomplete.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from numdev import schemas
 from numdev.atomic import WriteError, read_jsonl_numbered, write_text
 from numdev.tables import to_csv
 
+INTERRUPTED = "interrupted.json"  # beside results.jsonl while a job stopped by a signal is not completed
 # Fields that differ between two measurements of the same thing (timings, results, where and when).
 VOLATILE = ("seconds", "metrics", "provenance", "reason", "estimated_bytes", "limit_bytes")
 SAME_RUN = ("experiment", "overrides")  # every record of a job shares these
@@ -79,6 +81,7 @@ def read_sweep(directory: str | Path) -> Sweep:
     measured: dict[str, str] = {}  # record key -> the job that measured it
     for path in files:
         job = str(path.parent.relative_to(directory)) if path.parent != directory else "."
+        _check_not_interrupted(path.parent)
         records = _checked_job(path)
         for number, record in records:
             other = measured.setdefault(record_key(record), job)
@@ -133,6 +136,20 @@ def _checked_job(path: Path) -> list[tuple[int, dict]]:
                 "file mixes records of different runs; rerun the job in a new directory"
             )
     return records
+
+
+def _check_not_interrupted(job_dir: Path) -> None:
+    marker = job_dir / INTERRUPTED
+    if marker.is_file():
+        try:
+            what = json.loads(marker.read_text(encoding="utf-8"))
+            how = f"by {what['signal']} after {int(what['records'])} record(s)"
+        except (OSError, ValueError, KeyError, TypeError):
+            how = "(its marker is unreadable)"
+        raise ValueError(
+            f"{job_dir}: the job was interrupted {how} ({marker.name}): its records are incomplete; rerun the same command "
+            f"with hydra.run.dir={job_dir} to complete it (records already there are not written twice)"
+        )
 
 
 def _job_overrides(job_dir: Path) -> list[str] | None:
