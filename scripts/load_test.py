@@ -11,8 +11,9 @@ All processes start at once (the same second, so one-second run-directory stamps
 - trainings use default run directories too: each must finish in its own directory with all its
   snapshots.
 
-Each bench process is tagged (+load_id=i, kept in its records' "overrides") so records are counted
-per process. Tiny shapes; the point is contention, not speed. Prints the result as JSON (and writes
+Each bench process measures its own seeds (seeds=[2i,2i+1], kept in its records' "overrides"), so
+records are counted per process and none measures what another does (numdev-bench writes a
+measurement already in its results.jsonl only once; numdev-gather refuses one measured twice). Tiny shapes; the point is contention, not speed. Prints the result as JSON (and writes
 --out); exits 1 if any record is missing or any process failed.
 """
 
@@ -30,6 +31,11 @@ from pathlib import Path
 
 SEEDS = [0, 1]
 RECORDS_PER_BENCH = 2 * len(SEEDS) + len(SEEDS)  # flash and baseline vs golden, and the pair, per seed
+
+
+def _tag(i: int) -> str:
+    """Bench process i's seeds override: its own seeds, which also tell its records apart."""
+    return f"seeds=[{','.join(str(len(SEEDS) * i + s) for s in SEEDS)}]"
 TRAIN_STEPS, SNAPSHOT_EVERY = 4, 2
 
 
@@ -64,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     shared = root / "bench" / "load" / "shared"
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
 
-    bench_args = ["name=load", "shape.seq_q=64", "shape.dim=16", f"seeds=[{','.join(map(str, SEEDS))}]", f"output_root={root}"]
+    bench_args = ["name=load", "shape.seq_q=64", "shape.dim=16", f"output_root={root}"]
     processes = []
     for i in range(args.benches):
         where = [f"hydra.run.dir={shared}"] if i >= args.benches // 2 else []
-        command = [*_script("numdev-bench"), *bench_args, f"+load_id={i}", *where]
+        command = [*_script("numdev-bench"), *bench_args, _tag(i), *where]
         processes.append(("bench", i, bool(where), command))
     for i in range(args.trainings):
         command = [*_script("numdev-train"), "experiment=train_smoke", "name=load", f"output_root={root}", "threads=1",
@@ -104,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     records, torn = _records(shared / "results.jsonl") if (shared / "results.jsonl").is_file() else ([], 0)
     per_process = {}
     for r in records:
-        tag = next((o for o in r.get("overrides", []) if o.startswith("+load_id=")), "?")
+        tag = next((o for o in r.get("overrides", []) if o.startswith("seeds=")), "?")
         per_process[tag] = per_process.get(tag, 0) + 1
     shared_result = {"processes": shared_count, "expected": RECORDS_PER_BENCH * shared_count, "found": len(records),
                      "torn_lines": torn, "per_process": per_process}
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         all(e["exit"] == 0 for e in exits)
         and own["found"] == own["expected"] and own["directories"] == own["processes"] and own_torn == 0
         and shared_result["found"] == shared_result["expected"] and torn == 0
-        and all(per_process.get(f"+load_id={i}") == RECORDS_PER_BENCH for i in range(args.benches // 2, args.benches))
+        and all(per_process.get(_tag(i)) == RECORDS_PER_BENCH for i in range(args.benches // 2, args.benches))
         and trainings["directories"] == trainings["finished"] == trainings["snapshots_complete"] == args.trainings
     )
     result = {

@@ -102,7 +102,7 @@ def _records(tmp: Path, text: str, where: str = "sweep/0") -> None:
     (tmp / where / "results.jsonl").write_text(text)
 
 
-GOOD_RECORD = json.dumps({"method": "flash", "max_abs": 1.0e-3}) + "\n"
+GOOD_RECORD = json.dumps({"kind": "vs_golden", "method": "flash", "seed": 0, "metrics": {"max_abs": 1.0e-3}}) + "\n"
 
 
 def _bench_results(text: str) -> Callable[[Path], None]:
@@ -269,7 +269,7 @@ CATALOGUE = [
     # numdev-train: the disk fills up
     Case("train-disk-full-snapshot", "numdev-train", TRAIN, "could not write {tmp}/run/weights/step_00000000.safetensors: No space left",
          fault="step_", refused_before_start=False, extra={"absent": ("run/weights/index.json",)}),
-    Case("train-disk-full-checkpoint", "numdev-train", TRAIN, "could not write {tmp}/run/checkpoints/last.ckpt: No space left",
+    Case("train-disk-full-checkpoint", "numdev-train", TRAIN, "could not write {tmp}/run/checkpoints/last.ckpt",  # (its checksum first)
          fault="last.ckpt", refused_before_start=False, extra={"absent": ("run/checkpoints/last.ckpt",)}),
     # numdev-bench
     Case("bench-unknown-option", "numdev-bench", [*BENCH, "numerics=fastest"], "fa2", style="hydra"),
@@ -280,7 +280,7 @@ CATALOGUE = [
     Case("bench-type-seq", "numdev-bench", [*BENCH, "shape.seq_q=abc"], "shape.seq_q='abc' must be a positive integer"),
     Case("bench-negative-seq", "numdev-bench", [*BENCH, "shape.seq_q=-3"], "shape.seq_q=-3 must be a positive integer"),
     Case("bench-overflow", "numdev-bench", [*BENCH, "inputs.scale=1000000"], "inputs overflow the input format fp16"),
-    Case("bench-torn-results", "numdev-bench", BENCH, "{tmp}/bench/results.jsonl does not end with a newline: it was truncated",
+    Case("bench-torn-results", "numdev-bench", BENCH, "{tmp}/bench/results.jsonl, line 2: incomplete record (no newline at the end): the file was truncated",
          setup=_bench_results(GOOD_RECORD + '{"method": "fl'), intact=("bench/results.jsonl",)),
     Case("bench-disk-full", "numdev-bench", BENCH, "could not write {tmp}/bench/results.jsonl: No space left",
          setup=_bench_results(GOOD_RECORD), fault="results.jsonl", intact=("bench/results.jsonl",)),
@@ -304,8 +304,8 @@ CATALOGUE = [
     Case("figure-unknown-figure", "numdev-figure", ["fig99", "{tmp}/sweep"], "invalid choice: 'fig99'", style="argparse"),
     Case("figure-no-results", "numdev-figure", ["fig3", "{tmp}/sweep"], "no results.jsonl under {tmp}/sweep",
          setup=lambda tmp: (tmp / "sweep").mkdir()),
-    Case("figure-other-experiment", "numdev-figure", ["fig3", "{tmp}/sweep"], "the records lack the field",
-         setup=lambda tmp: _records(tmp, GOOD_RECORD)),
+    Case("figure-other-experiment", "numdev-figure", ["fig3", "{tmp}/sweep"], "records of experiment 'fig4', not of fig3",
+         setup=lambda tmp: _records(tmp, json.dumps({**json.loads(GOOD_RECORD), "experiment": "fig4"}) + "\n")),
     Case("figure-torn-results", "numdev-figure", ["fig3", "{tmp}/sweep"], "incomplete record (no newline at the end)",
          setup=lambda tmp: _records(tmp, '{"method": "fl')),
     # numdev-report
@@ -375,7 +375,7 @@ CATALOGUE = [
          "trainer.enable_progress_bar='false' must be true or false (unquoted: trainer.enable_progress_bar=false)"),
     Case("train-threads-zero", "numdev-train", [*TRAIN, "threads=0"], "threads=0 must be a positive integer or null"),
     Case("bench-causal-string", "numdev-bench", [*BENCH, 'causal="false"'], "causal='false' must be true or false (unquoted: causal=false)"),
-    Case("bench-seeds-type", "numdev-bench", [*BENCH, "seeds=abc"], "seeds='abc' must be a list of non-negative integers, e.g. [0,1]"),
+    Case("bench-seeds-type", "numdev-bench", [*BENCH, "seeds=abc"], "seeds='abc' must be a list of non-negative integers below 2^64, e.g. [0,1]"),
     Case("bench-scale-type", "numdev-bench", [*BENCH, "inputs.scale=abc"], "inputs.scale='abc' must be a positive number"),
     Case("bench-scale-zero", "numdev-bench", [*BENCH, "inputs.scale=0"], "inputs.scale=0 must be a positive number"),
     # 7. files read back: schema-checked, the error names the file and the field
@@ -402,6 +402,374 @@ CATALOGUE = [
     Case("compare-index-path-escape", "numdev-compare", ["{tmp}/a", "{tmp}/b"],
          "{tmp}/b/weights/index.json: step 0 lists file '../../a/weights/step_00000000.safetensors', not 'step_00000000.safetensors': the index was edited",
          setup=_edit_index(lambda index: index["snapshots"][0].update(file="../../a/weights/step_00000000.safetensors"))),
+]
+# -- reliability, round two (issue 23): whole classes, many variants each ------------------------------
+def _png_bytes(image: Image.Image) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _good_shard(n: int = 6) -> bytes:
+    png = _png_bytes(Image.new("RGB", (16, 16), (200, 30, 30)))
+    return _tar_bytes([m for i in range(n) for m in ((f"{i:03d}.png", png), (f"{i:03d}.txt", f"a red square {i}".encode()))])
+
+
+def _member_offset(data: bytes, index: int) -> int:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return tar.getmembers()[index].offset
+
+
+def _shard(data: bytes) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / "s.tar").write_bytes(data)
+
+
+_GOOD = _good_shard()
+_PNG = _png_bytes(Image.new("RGB", (16, 16), (1, 2, 3)))
+SHARD = [*TRAIN, "data=webdataset", "data.shards={tmp}/s.tar", "data.shuffle_buffer=2"]
+# 1. data that cannot be read: refused before the run starts (the shard's tar structure) ...
+SHARDS_REFUSED = {
+    "zero-bytes": (b"", "shard {tmp}/s.tar is empty (0 bytes)"),
+    "empty-archive": (_tar_bytes([]), "shard {tmp}/s.tar holds no samples"),
+    "cut-at-a-member": (_GOOD[: _member_offset(_GOOD, 6)], "shard {tmp}/s.tar is truncated"),
+    "cut-at-a-sample": (_GOOD[: _member_offset(_GOOD, 4)], "shard {tmp}/s.tar is truncated"),
+    "cut-inside-data": (_GOOD[: _member_offset(_GOOD, 6) + 700], "shard {tmp}/s.tar is truncated"),
+    "cut-inside-a-header": (_GOOD[: _member_offset(_GOOD, 6) + 100], "shard {tmp}/s.tar is truncated"),
+    "end-marker-missing": (_GOOD[: _member_offset(_GOOD, 11) + 1024], "shard {tmp}/s.tar is truncated"),
+    "gzip": (__import__("gzip").compress(_GOOD), "shard {tmp}/s.tar is gzip-compressed"),
+    "text-file": (b"not a tar\n" * 300, "shard {tmp}/s.tar is truncated or not a tar file"),
+}
+# ... or ending the run that started, failed, in one line (what only reading every sample shows)
+SHARDS_FAILED = {
+    "no-sample-names": (_tar_bytes([("README", b"x"), ("LICENSE", b"y")]), "shard {tmp}/s.tar holds no samples"),
+    "all-garbage-images": (_tar_bytes([m for i in range(3) for m in ((f"{i}.png", b"garbage"), (f"{i}.txt", b"c"))]),
+                           "shard {tmp}/s.tar: none of its 3 sample(s) has an image that can be decoded"),
+    "all-empty-images": (_tar_bytes([m for i in range(2) for m in ((f"{i}.jpg", b""), (f"{i}.txt", b"c"))]),
+                         "shard {tmp}/s.tar: none of its 2 sample(s) has an image that can be decoded"),
+    "all-half-images": (_tar_bytes([m for i in range(2) for m in ((f"{i}.png", _PNG[:40]), (f"{i}.txt", b"c"))]),
+                        "shard {tmp}/s.tar: none of its 2 sample(s)"),
+    "latin1-caption": (_tar_bytes([("a.png", _PNG), ("a.txt", "café".encode("latin-1"))]),
+                       "shard {tmp}/s.tar, sample 'a', .txt: not UTF-8 text (byte 0xe9"),
+    "utf16-caption": (_tar_bytes([("a.png", _PNG), ("a.txt", "a cat".encode("utf-16"))]),
+                      "shard {tmp}/s.tar, sample 'a', .txt: not UTF-8 text (byte 0xff"),
+}
+
+
+def _failed_run(tmp: Path) -> None:
+    run = json.loads((tmp / "run" / "run.json").read_text())
+    assert run["status"] == "failed" and "shard" in run["error"] and "Traceback" not in run["error"], run
+
+
+def _folder_with(caption: bytes, manifest: bytes | None = None) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        _images(tmp / "data")
+        (tmp / "data" / "0.txt").write_bytes(caption)
+        if manifest is not None:
+            (tmp / "data" / "m.jsonl").write_bytes(manifest)
+
+    return setup
+
+
+def _grey_folder(mode: str) -> Callable[[Path], None]:
+    """A folder of images in `mode` whose content is a mid grey (never pure white once converted)."""
+    import numpy as np
+
+    wide = {"I;16": (np.full((16, 16), 30000, np.uint16), "png"), "I": (np.full((16, 16), 30000, np.int32), "tiff"),
+            "F": (np.full((16, 16), 0.4, np.float32), "tiff")}
+
+    def setup(tmp: Path) -> None:
+        (tmp / "data").mkdir(parents=True)
+        for i in range(2):
+            if mode in wide:
+                image, suffix = Image.fromarray(wide[mode][0]), wide[mode][1]
+            else:
+                image, suffix = Image.new("RGB", (16, 16), (90, 90, 90)).convert(mode), "jpg" if mode == "CMYK" else "png"
+            image.save(tmp / "data" / f"{i}.{suffix}")
+            (tmp / "data" / f"{i}.txt").write_text(f"grey {i}")
+
+    return setup
+
+
+def _grey_not_white(tmp: Path) -> None:
+    from numdev.data import FolderDataModule
+
+    _finished(tmp)
+    module = FolderDataModule(root=str(tmp / "data"), resolution=16, batch_size=1)
+    module.setup()
+    image = module.dataset[0]["image"]
+    assert float(image.max()) < 0.9, float(image.max())  # a mid grey, not every pixel 1.0
+
+
+CATALOGUE += [
+    *(Case(f"train-shard-{name}", "numdev-train", SHARD, message, setup=_shard(data)) for name, (data, message) in SHARDS_REFUSED.items()),
+    *(Case(f"train-shard-{name}", "numdev-train", SHARD, message, setup=_shard(data), refused_before_start=False, after=_failed_run)
+      for name, (data, message) in SHARDS_FAILED.items()),
+    *(Case(f"train-folder-caption-{enc}", "numdev-train", [*TRAIN, "data=folder", "data.root={tmp}/data"],
+           f"{{tmp}}/data/0.txt: not UTF-8 text (byte {byte}", setup=_folder_with(text.encode(enc)))
+      for enc, text, byte in (("latin-1", "café", "0xe9"), ("utf-16", "a cat", "0xff"), ("cp1252", "a “cat”", "0x93"),
+                              ("shift_jis", "猫", "0x94"))),
+    *(Case(f"train-folder-manifest-{enc}", "numdev-train", [*TRAIN, "data=folder", "data.root={tmp}/data", "data.manifest=m.jsonl"],
+           f"manifest {{tmp}}/data/m.jsonl: not UTF-8 text (byte {byte}",
+           setup=_folder_with(b"ok", json.dumps({"image": "0.png", "caption": text}, ensure_ascii=False).encode(enc) + b"\n"))
+      for enc, text, byte in (("latin-1", "café", "0xe9"), ("utf-16", "a cat", "0xff"))),
+    *(Case(f"train-folder-mode-{mode.replace(';', '')}", "numdev-train", [*TRAIN, "data=folder", "data.root={tmp}/data"], "",
+           setup=_grey_folder(mode), style="quiet", code=0, refused_before_start=False, after=_grey_not_white)
+      for mode in ("I;16", "I", "F", "LA", "P", "CMYK", "RGBA", "L")),
+]
+
+
+# 2. integrity of what is resumed from: a checkpoint changed after it was written; a snapshot rewritten
+def _flip_checkpoint(where: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        import struct
+        import zipfile
+
+        _trained_run(tmp)
+        path = tmp / "run" / "checkpoints" / "last.ckpt"
+        raw = bytearray(path.read_bytes())
+        with zipfile.ZipFile(path) as archive:
+            spans = []
+            for info in archive.infolist():
+                if "/data/" in info.filename and info.file_size >= 8:
+                    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+                    spans.append((info.header_offset + 30 + name_len + extra_len, info.file_size))
+        start, size = sorted(spans, key=lambda s: -s[1])[0]
+        offset, bit = {"low-bit": (start + size // 2, 0), "exponent": (start + 4 * (size // 8) + 3, 6),
+                       "sign": (start + 3, 7), "first-byte": (start, 3), "last-byte": (start + size - 1, 5)}[where]
+        raw[offset] ^= 1 << bit
+        path.write_bytes(bytes(raw))
+
+    return setup
+
+
+def _rewrite_snapshot(dtype: str | None = None, shape: list[int] | None = None) -> Callable[[Path], None]:
+    """Snapshot b/step 2 rewritten in another dtype (or shape), its index sha256 updated to match."""
+
+    def setup(tmp: Path) -> None:
+        import safetensors.torch
+
+        _snapshots(tmp, "a")
+        _snapshots(tmp, "b")
+        path = tmp / "b" / "weights" / "step_00000002.safetensors"
+        tensor = torch.full((3, 2), 2.0)
+        tensor = tensor.to(getattr(torch, dtype)) if dtype else tensor.reshape(shape)
+        data = safetensors.torch.save({"w": tensor}, metadata={"step": "2"})
+        path.write_bytes(data)
+        index_file = tmp / "b" / "weights" / "index.json"
+        index = json.loads(index_file.read_text())
+        for entry in index["snapshots"]:
+            if entry["step"] == 2:
+                entry["sha256"] = hashlib.sha256(data).hexdigest()
+        index_file.write_text(json.dumps(index))
+
+    return setup
+
+
+CKPT_KEPT = ("run/checkpoints/last.ckpt", "run/weights/index.json", "run/run.json")
+CATALOGUE += [
+    *(Case(f"train-checkpoint-flip-{where}-{mode}", "numdev-train", [*TRAIN, "trainer.max_steps=4", f"resume={mode}"],
+           "{tmp}/run/checkpoints/last.ckpt: its sha256 does not match last.ckpt.sha256", setup=_flip_checkpoint(where),
+           intact=CKPT_KEPT, refused_before_start=False)
+      for where in ("low-bit", "exponent", "sign") for mode in ("true", "auto")),
+    Case("train-checkpoint-checksum-garbage", "numdev-train", RESUME, "{tmp}/run/checkpoints/last.ckpt.sha256: not a checksum record",
+         setup=lambda tmp: _trained_run(tmp) or (tmp / "run/checkpoints/last.ckpt.sha256").write_bytes(b"\x00\xff garbage"),
+         intact=CKPT_KEPT, refused_before_start=False),
+    *(Case(f"compare-snapshot-as-{dtype}", "numdev-compare", ["{tmp}/a", "{tmp}/b"],
+           f"step_00000002.safetensors: tensor 'w' is {dtype}, not float32", setup=_rewrite_snapshot(dtype))
+      for dtype in ("int32", "float16", "bfloat16", "float64", "int8", "int64", "uint8")),
+    Case("compare-snapshot-reshaped", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "its tensors do not match the param_shapes",
+         setup=_rewrite_snapshot(shape=[2, 3])),
+]
+
+
+# 3. readers of the analysis tools: every record checked before anything is written
+def _record(**fields) -> str:
+    record = {"kind": "vs_golden", "method": "flash", "seed": 0, "metrics": {"max_abs": 1.0e-3}, "overrides": [], **fields}
+    return json.dumps(record) + "\n"
+
+
+def _sweep_of(jobs: dict[str, str], grid: list[str] | None = None) -> Callable[[Path], None]:
+    """A sweep directory: job -> results.jsonl text; `grid`: multirun.yaml's task overrides; the previous
+    table.csv and fig3.png that a failing command must leave alone."""
+
+    def setup(tmp: Path) -> None:
+        sweep = tmp / "sweep"
+        for job, text in jobs.items():
+            (sweep / job).mkdir(parents=True, exist_ok=True)
+            (sweep / job / "results.jsonl").write_text(text)
+        sweep.mkdir(parents=True, exist_ok=True)
+        if grid is not None:
+            (sweep / "multirun.yaml").write_text(json.dumps({"hydra": {"overrides": {"task": grid}}}))
+        (sweep / "table.csv").write_text("the,previous\n")
+        Image.new("RGB", (4, 4)).save(sweep / "fig3.png")
+
+    return setup
+
+
+OTHER_MACHINE = {"machine": {"cpu": "another CPU", "torch_threads": 1}, "versions": {"torch": "2.0"}, "git": {"commit": "abc"}}
+BAD_SWEEPS = {
+    "blank-line": ({"0": _record() + "\n" + _record(seed=1)}, None, "{tmp}/sweep/0/results.jsonl, line 2: blank line"),
+    "blanked-record": ({"0": _record() + "   \n"}, None, "line 2: blank line where a record should be"),
+    "duplicate": ({"0": _record() + _record(seconds=2.0)}, None, "line 2: the same measurement as line 1"),
+    "copied-job": ({"0": _record(), "1": _record()}, None, "job 1 holds the same measurement as job 0"),
+    "mixed-overrides": ({"0": _record(overrides=["shape.seq_q=2048"]) + _record(seed=1, overrides=["shape.seq_q=1024"])}, None,
+                        "line 2: overrides ['shape.seq_q=1024'] differs from line 1's"),
+    "mixed-experiment": ({"0": _record(experiment="fig3") + _record(seed=1, experiment="fig4")}, None, "line 2: experiment 'fig4' differs"),
+    "mixed-machine": ({"0": _record() + _record(seed=1, provenance=OTHER_MACHINE)}, None, "line 2: measured on another machine or commit"),
+    "nan-metric": ({"0": _record(metrics={"max_abs": float("nan")})}, None, "line 1: field 'metrics.max_abs' is nan, not a finite number"),
+    "inf-metric": ({"0": _record(metrics={"max_abs": float("inf")})}, None, "field 'metrics.max_abs' is inf"),
+    "string-metric": ({"0": _record(metrics={"max_abs": "0.001"})}, None, "field 'metrics.max_abs' is '0.001', not a finite number"),
+    "metrics-list": ({"0": _record(metrics=[1, 2])}, None, "line 1: field 'metrics' is a list, not a mapping"),
+    "no-metrics": ({"0": json.dumps({"kind": "pair", "method": "a-b", "seed": 0}) + "\n"}, None, "field 'metrics' is missing"),
+    "no-kind": ({"0": json.dumps({"method": "flash", "seed": 0}) + "\n"}, None, "line 1: field 'kind' is missing"),
+    "seed-string": ({"0": _record(seed="0")}, None, "line 1: field 'seed' is a string ('0'), not an integer"),
+    "missing-job": ({"0": _record(), "2": _record(seed=2)}, ["seeds=0,1,2"], "job(s) 1 of the sweep's 3 have no results.jsonl"),
+    "missing-last-jobs": ({"0": _record()}, ["numerics.precision=bf16,fp16", "seeds=0,1"], "job(s) 1, 2, 3 of the sweep's 4"),
+    "extra-job": ({"0": _record(), "1": _record(seed=1), "7": _record(seed=7)}, ["seeds=0,1"], "job 7 is not one of the sweep's 2 jobs"),
+    "binary-garbage": ({"0": "\udcff"}, None, "not UTF-8 text"),
+}
+
+
+def _bad_sweep(jobs, grid):
+    def setup(tmp: Path) -> None:
+        _sweep_of({j: t for j, t in jobs.items() if t != "\udcff"}, grid)(tmp)
+        for job, text in jobs.items():
+            if text == "\udcff":
+                (tmp / "sweep" / job).mkdir(parents=True, exist_ok=True)
+                (tmp / "sweep" / job / "results.jsonl").write_bytes(b"\xff\xfe\x00 garbage\n")
+
+    return setup
+
+
+CATALOGUE += [
+    *(Case(f"{program}-{name}", program, args, message, setup=_bad_sweep(jobs, grid), intact=("sweep/table.csv", "sweep/fig3.png"),
+           extra={"absent": ("sweep/fig3.json",)})
+      for name, (jobs, grid, message) in BAD_SWEEPS.items()
+      for program, args in (("numdev-gather", ["{tmp}/sweep"]), ("numdev-figure", ["fig3", "{tmp}/sweep"]))),
+]
+
+
+def _study_summary(edit: Callable[[dict], object]) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        study = tmp / "study"
+        study.mkdir()
+        summary = {"primary_metric": "m", "paper_metric": "m", "pairs": {"reference": {}}, "ratios": {},
+                   "verdicts": {"fig7": {"status": "holds", "rule": "r"}, "fig8": {"status": "holds", "rule": "r"}},
+                   "role_order": [], "replicates": [0], "steps": 4, "captions": {}, "under_test": "flash"}
+        edited = edit(summary)
+        data = edited if isinstance(edited, bytes) else json.dumps(summary if edited is None else edited).encode()
+        (study / "summary.json").write_bytes(data)
+        (tmp / "report").mkdir()
+        (tmp / "report" / "index.html").write_text("<html>the previous report</html>")
+
+    return setup
+
+
+REPORT_STUDY = ["--bench", "--study", "{tmp}/study", "-o", "{tmp}/report"]
+BAD_SUMMARIES = {
+    "pairs-reference-string": (lambda s: s["pairs"].update(reference="flash"), "field 'pairs.reference' is a string ('flash'), not a mapping"),
+    "pairs-list": (lambda s: s.update(pairs=[1]), "field 'pairs' is a list, not a mapping"),
+    "verdict-string": (lambda s: s["verdicts"].update(fig7="holds"), "field 'verdicts.fig7' holds a string"),
+    "verdict-no-status": (lambda s: s["verdicts"]["fig8"].pop("status") and None, "field 'verdicts.fig8.status' is missing"),
+    "steps-nan": (lambda s: s.update(steps=float("nan")), "field 'steps' is nan"),
+    "steps-string": (lambda s: s.update(steps="4"), "field 'steps' is a string ('4'), not an integer"),
+    "a-list": (lambda s: [s], "holds a list, not a mapping"),
+    "binary": (lambda s: b"\x89PNG\x00\xff", "not valid JSON (not UTF-8)"),
+    "truncated": (lambda s: json.dumps(s)[:40].encode(), "not valid JSON"),
+    "caption-number": (lambda s: s["captions"].update(fig8=8), "field 'captions.fig8' is an integer, not a string"),
+    "inf-deep": (lambda s: s["ratios"].update(x={"m": {"estimate": {"value": float("inf"), "n": 1}}}), "field 'ratios.x.m.estimate.value' is inf, not a finite number"),
+    "downstream-mean-string": (lambda s: s.update(downstream={"heldout_loss": {"label": "l", "roles": {"r": {"mean": {"value": "x", "n": 1}}}}}),
+                               "field 'downstream.heldout_loss.roles.r.mean.value' is a string"),
+}
+CATALOGUE += [
+    *(Case(f"report-study-summary-{name}", "numdev-report", REPORT_STUDY, f"{{tmp}}/study/summary.json: {message}" if name not in ("binary", "truncated", "a-list") else message,
+           setup=_study_summary(edit), intact=("report/index.html",))
+      for name, (edit, message) in BAD_SUMMARIES.items()),
+]
+
+
+def _older_and_unfinished(tmp: Path) -> None:
+    """outputs/bench/fig3: an older finished sweep, and a newer one that never wrote fig3.json."""
+    older = tmp / "outputs" / "bench" / "fig3" / "multirun_old"
+    older.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(older / "fig3.png")
+    (older / "fig3.json").write_text(json.dumps({"figure": "fig3", "caption": "measured", "verdict": "holds"}))
+    newer = tmp / "outputs" / "bench" / "fig3" / "multirun_new"
+    (newer / "0").mkdir(parents=True)
+    os.utime(older, (1_000_000, 1_000_000))
+
+
+CATALOGUE += [
+    Case("report-falls-back-to-an-older-sweep", "numdev-report", ["--outputs", "{tmp}/outputs", "-o", "{tmp}/report"],
+         "fig3: the newest run {tmp}/outputs/bench/fig3/multirun_new has no fig3.json (unfinished or failed): reporting the older",
+         setup=_older_and_unfinished, style="warning", code=0),
+]
+
+
+# 5. config and resources: refused before anything is written, naming the key and what to do
+def _fifo(name: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        _records(tmp, _record())
+        os.mkfifo(tmp / name)
+
+    return setup
+
+
+CATALOGUE += [
+    *(Case(f"train-betas-{name}", "numdev-train", [*TRAIN, f"optim.optimizer.betas={value}"],
+           f"optim.optimizer.betas={shown} must be a list of 2 numbers, each in [0, 1)")
+      for name, value, shown in (("empty", "[]", "[]"), ("one", "[0.9]", "[0.9]"), ("three", "[0.9,0.9,0.9]", "[0.9, 0.9, 0.9]"),
+                                 ("above-one", "[0.9,1.5]", "[0.9, 1.5]"), ("negative", "[-0.1,0.9]", "[-0.1, 0.9]"),
+                                 ("string", "abc", "'abc'"), ("strings", "[a,b]", "['a', 'b']"))),
+    Case("train-optimizer-unknown-key", "numdev-train", [*TRAIN, "+optim.optimizer.foo=1"],
+         "optim.optimizer: TypeError: AdamW.__init__() got an unexpected keyword argument 'foo'"),
+    Case("train-optimizer-eps-negative", "numdev-train", [*TRAIN, "+optim.optimizer.eps=-1"], "optim.optimizer.eps=-1 must be a positive number"),
+    *(Case(f"train-seed-{key}-{bits}bits", "numdev-train", [*TRAIN, f"{key}={2**bits + 1}"],
+           f"{key}={2**bits + 1} must be a non-negative integer below 2^64")
+      for key in ("seed.init", "seed.data", "seed.noise", "callbacks.samples.seed") for bits in (64, 100)),
+    Case("bench-seeds-beyond-64-bits", "numdev-bench", [*BENCH, f"seeds=[0,{2**64}]"], f"seeds=[0, {2**64}] must be a list of non-negative integers below 2^64"),
+    *(Case(f"{program}-unknown-top-level-{key.strip('+').replace('.', '-')}", program, [*args, f"{key}=0.5"],
+           f"{key}=0.5: {key.strip('+').split('.')[0]} is not a setting of {program}" + (f", and nothing would read it; did you mean {hint}=0.5?" if hint else ""))
+      for program, args, key, hint in (("numdev-train", TRAIN, "+lr", "optim.optimizer.lr"), ("numdev-train", TRAIN, "++lr", "optim.optimizer.lr"),
+                                       ("numdev-train", TRAIN, "+batch_size", "data.batch_size"), ("numdev-train", TRAIN, "+foo.bar", None),
+                                       ("numdev-train", TRAIN, "+max_steps", "trainer.max_steps"), ("numdev-bench", BENCH, "+scale", "inputs.scale"),
+                                       ("numdev-bench", BENCH, "+seq_q", "shape.seq_q"))),
+    *(Case(f"train-memory-{name}", "numdev-train", [*TRAIN, override], "training needs at least ~")
+      for name, override in (("batch", "data.batch_size=100000000"), ("hidden", "model.hidden=200000"), ("resolution", "data.resolution=100000"),
+                             ("depth", "model.depth=10000000"), ("text-width", "model.text.width=400000"))),
+    *(Case(f"{program}-output-onto-a-fifo", program, args, "{tmp}/out is a FIFO (named pipe), not a regular file", setup=_fifo("out"))
+      for program, args in (("numdev-gather", ["{tmp}/sweep", "-o", "{tmp}/out"]),)),
+    Case("gather-output-onto-a-device", "numdev-gather", ["{tmp}/sweep", "-o", "/dev/null"], "/dev/null is a character device, not a regular file",
+         setup=lambda tmp: _records(tmp, _record())),
+    Case("gather-output-under-a-file", "numdev-gather", ["{tmp}/sweep", "-o", "{tmp}/sweep/0/results.jsonl/table.csv"],
+         "{tmp}/sweep/0/results.jsonl is not a directory", setup=lambda tmp: _records(tmp, _record())),
+    Case("compare-output-onto-a-fifo", "numdev-compare", ["{tmp}/a", "{tmp}/b", "-o", "{tmp}/out"], "{tmp}/out is not a directory",
+         setup=lambda tmp: _compare_pair(tmp) or os.mkfifo(tmp / "out")),
+    Case("report-output-onto-a-fifo", "numdev-report", ["--bench", "{tmp}/sweep", "-o", "{tmp}/out"], "{tmp}/out is not a directory",
+         setup=lambda tmp: _report_sweep(tmp) or os.mkfifo(tmp / "out")),
+    *(Case(f"{program}-output-dir-{kind}", program, [*args], "cannot write the run's outputs under {tmp} (" + reason,
+           fault=".numdev-write-probe", extra={"errno": code})
+      for program, args in (("numdev-train", TRAIN), ("numdev-bench", BENCH))
+      for kind, code, reason in (("full", errno.ENOSPC, "No space left"), ("read-only", errno.EROFS, "Read-only file system"),
+                                 ("no-permission", errno.EACCES, "Permission denied"))),
 ]
 CATALOGUE_SIZE = len(CATALOGUE)
 
@@ -446,8 +814,8 @@ def _invoke(program: str, args: list[str], monkeypatch) -> int:
     return 0
 
 
-def _fail_writes_to(pattern: str, monkeypatch) -> None:
-    """Make numdev.atomic's fsync fail with ENOSPC for files whose name contains `pattern`."""
+def _fail_writes_to(pattern: str, monkeypatch, code: int = errno.ENOSPC) -> None:
+    """Make numdev.atomic's fsync fail with `code` (ENOSPC: a full disk) for files whose name contains `pattern`."""
     real_fsync = os.fsync
 
     def fsync(fd):
@@ -456,7 +824,7 @@ def _fail_writes_to(pattern: str, monkeypatch) -> None:
         except OSError:
             target = pattern  # no /proc: fail every write
         if pattern in Path(target).name:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, os.strerror(code))
         return real_fsync(fd)
 
     monkeypatch.setattr(numdev.atomic.os, "fsync", fsync)
@@ -476,7 +844,7 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     before = {name: _digest(tmp_path / name) for name in case.intact}
     assert all(before.values()), f"the setup did not create {case.intact}"
     if case.fault is not None:
-        _fail_writes_to(case.fault, monkeypatch)
+        _fail_writes_to(case.fault, monkeypatch, case.extra.get("errno", errno.ENOSPC))
     logged = []  # every logger.warning call (Hydra's logging is off in-process, so none is printed)
     monkeypatch.setattr(logging.Logger, "warning", lambda self, msg, *args, **kwargs: logged.append(str(msg) % args if args else str(msg)))
     capsys.readouterr()
@@ -523,3 +891,193 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
 def test_the_readme_states_the_catalogue_size():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"{CATALOGUE_SIZE} bad inputs" in readme
+
+
+# -- the readers numdev gives the analysis tools (issue 23, class 3): every kind of damage, every file --
+_RUN = {"status": "finished", "final_step": 4, "max_steps": 4, "resumes": [{"from_step": 2}], "seeds": {"init": 0}}
+_CONFIG = {"model": {"hidden": 32}, "trainer": {"max_steps": 4}, "seed": {"init": 0},
+           "study": {"role": "flash", "replicate": 0, "kind": "under_test", "label": "Flash"}}
+_OUTCOME = {"heldout_loss": 0.25, "colour_accuracy": 0.5, "scored": 4, "step": 4}
+READERS = {  # file -> (reader, good content, writer)
+    "run.json": (lambda p: __import__("numdev.schemas").schemas.read_run(p), _RUN, json.dumps),
+    "config.yaml": (lambda p: __import__("numdev.schemas").schemas.read_study_config(p), _CONFIG, lambda d: __import__("yaml").safe_dump(d)),
+    "heldout.json": (lambda p: __import__("numdev.schemas").schemas.read_outcome(p, "heldout_loss"), _OUTCOME, json.dumps),
+    "eval.json": (lambda p: __import__("numdev.schemas").schemas.read_outcome(p, "colour_accuracy"), _OUTCOME, json.dumps),
+}
+DAMAGE = {  # name -> (edit of the parsed content or raw bytes, per file: the field named, or None for the whole file)
+    "a-list": (lambda d: [d], "holds a list, not a mapping"),
+    "a-string": (lambda d: "just text", "holds a string"),
+    "a-number": (lambda d: 42, "holds an integer"),
+    "binary": (lambda d: b"\x00\xff\xfe garbage \x89", "not UTF-8"),
+    "truncated": (lambda d: b"{\"status\": \"fin", "not valid"),
+    "empty": (lambda d: b"", None),  # JSON: not valid; YAML: null
+}
+FIELD_DAMAGE = {  # file -> [(edit, field named)]
+    "run.json": [(lambda d: d.update(status=["finished"]), "'status' is a list"), (lambda d: d.update(final_step="4"), "'final_step' is a string"),
+                 (lambda d: d.update(resumes={"a": 1}), "'resumes' is a mapping"), (lambda d: d.update(resumes=[{"from_step": "2"}]), "'from_step' is a string"),
+                 (lambda d: d.pop("status"), "'status' is missing"), (lambda d: d.update(seeds=[0]), "'seeds' is a list")],
+    "config.yaml": [(lambda d: d.update(study="flash"), "'study' holds a string"), (lambda d: d["study"].update(role=3), "'study.role' is an integer"),
+                    (lambda d: d["study"].update(replicate="0"), "'study.replicate' is a string"), (lambda d: d.update(model=[1]), "'model' is a list"),
+                    (lambda d: d["study"].pop("role"), "'study.role' is missing")],
+    "heldout.json": [(lambda d: d.update(heldout_loss="0.25"), "'heldout_loss' is a string"), (lambda d: d.update(heldout_loss=float("nan")), "'heldout_loss' is nan"),
+                     (lambda d: d.update(heldout_loss=float("inf")), "'heldout_loss' is inf"), (lambda d: d.update(heldout_loss=[0.25]), "'heldout_loss' is a list"),
+                     (lambda d: d.update(heldout_loss=True), "'heldout_loss' is a boolean")],
+    "eval.json": [(lambda d: d.update(colour_accuracy="high"), "'colour_accuracy' is a string"), (lambda d: d.update(colour_accuracy=float("-inf")), "'colour_accuracy' is -inf"),
+                  (lambda d: d.update(scored=4.5), "'scored' is a number, not an integer")],
+}
+
+
+def _damaged(tmp_path, name, edit):
+    reader, good, write = READERS[name]
+    content = json.loads(json.dumps(good))
+    edited = edit(content)
+    path = tmp_path / name
+    if isinstance(edited, bytes):
+        path.write_bytes(edited)
+    else:
+        path.write_text(write(content if edited is None else edited))
+    return reader, path
+
+
+@pytest.mark.parametrize("name", list(READERS))
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_reader_refuses_a_damaged_file_naming_it(name, damage, tmp_path):
+    edit, message = DAMAGE[damage]
+    reader, path = _damaged(tmp_path, name, edit)
+    with pytest.raises(ValueError) as raised:
+        reader(path)
+    text = str(raised.value)
+    assert text.startswith(f"{path}: ") and "\n" not in text, text
+    assert message is None or message in text, text
+
+
+@pytest.mark.parametrize(("name", "index"), [(n, i) for n, edits in FIELD_DAMAGE.items() for i in range(len(edits))])
+def test_a_reader_names_the_damaged_field(name, index, tmp_path):
+    edit, message = FIELD_DAMAGE[name][index]
+    reader, path = _damaged(tmp_path, name, lambda d: edit(d) and None)  # the file, edited in place
+    with pytest.raises(ValueError) as raised:
+        reader(path)
+    assert str(raised.value).startswith(f"{path}: ") and f"field {message}" in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("name", list(READERS))
+def test_a_reader_accepts_the_good_file(name, tmp_path):
+    reader, path = _damaged(tmp_path, name, lambda d: None)
+    assert reader(path) is not None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n0,w,6,nan,0,0,0,0,0\n",
+     "line 2: column 'max_abs' is nan"),
+    ("step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n0,w,6,0,inf,0,0,0,0\n",
+     "line 2: column 'mean_abs' is inf"),
+    ("step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n0,w,six,0,0,0,0,0,0\n",
+     "not a table with the columns"),
+    ("step,tensor\n0,w\n", "not a table with the columns"),
+])
+def test_a_sibling_csv_with_nan_or_garbage_names_the_file(text, message, tmp_path):
+    from numdev.run_layout import read_distances_csv
+
+    path = tmp_path / "sibling.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as raised:
+        read_distances_csv(path)
+    assert str(path) in str(raised.value)
+
+
+def test_inf_where_numdev_writes_it_is_kept(tmp_path):
+    """rel_frobenius and w1_over_std divide by a norm or a std that can be 0: inf and NaN are values there."""
+    from numdev.run_layout import read_distances_csv
+
+    path = tmp_path / "sibling.csv"
+    path.write_text("step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n0,w,6,0.1,0.1,inf,0.1,nan,0.1\n")
+    assert read_distances_csv(path)[0]["rel_frobenius"] == float("inf")
+
+
+# -- a bench stopped and rerun writes no record twice (issue 23, class 5) ----------------------------------
+def test_a_bench_rerun_in_its_directory_writes_no_record_twice(tmp_path, monkeypatch, capsys):
+    args = [a.format(tmp=tmp_path) for a in [*BENCH, "seeds=[0,1]"]]
+    assert _invoke("numdev-bench", args, monkeypatch) == 0
+    results = tmp_path / "bench" / "results.jsonl"
+    first = results.read_text().splitlines()
+    # an interrupted run: only its first record made it
+    results.write_text(first[0] + "\n")
+    assert _invoke("numdev-bench", args, monkeypatch) == 0
+    lines = results.read_text().splitlines()
+    assert len(lines) == len(first) and lines[0] == first[0]
+    assert "1 record(s) were already in" in capsys.readouterr().out
+    from numdev.bench.gather import gather
+
+    assert len(gather(tmp_path / "bench")) == len(first)  # and gather counts each once
+
+
+def test_a_figure_that_fails_after_drawing_writes_nothing(tmp_path, monkeypatch, capsys):
+    """The figure is drawn into a staging directory: a failure after the PNG was drawn (here: NaN in
+    a verdict) leaves table.csv, the figure and its summary as they were, and no staging directory."""
+    import numdev.figures.fig3
+
+    _sweep_of({"0": _record()})(tmp_path)
+    before = {name: _digest(tmp_path / "sweep" / name) for name in ("table.csv", "fig3.png")}
+    real = numdev.figures.fig3.summarise
+
+    def drawn_then_failed(rows, out_dir):
+        real(rows, out_dir)
+        assert (Path(out_dir) / "fig3.png").is_file()  # it drew
+        raise ValueError("a verdict on NaN")
+
+    monkeypatch.setattr(numdev.figures.fig3, "summarise", drawn_then_failed)
+    assert _invoke("numdev-figure", ["fig3", str(tmp_path / "sweep")], monkeypatch) == 2
+    assert "a verdict on NaN" in capsys.readouterr().err
+    assert {name: _digest(tmp_path / "sweep" / name) for name in ("table.csv", "fig3.png")} == before
+    assert not (tmp_path / "sweep" / "fig3.json").exists()
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0", "fig3.png", "table.csv"]
+
+
+def test_a_figure_of_jobs_measured_on_different_machines_says_so(tmp_path, monkeypatch, capsys):
+    """Jobs measured on two machines: the summary claims no single machine; it lists each job's."""
+    from numdev.provenance import provenance
+
+    here = json.loads(json.dumps(provenance(seeds=[0])))
+    here["machine"]["cpu"] = "CPU A"
+    there = {**here, "machine": {**here["machine"], "cpu": "CPU B"}}
+    _sweep_of({"0": _record(provenance=here), "1": _record(seed=1, provenance=there)})(tmp_path)
+    assert _invoke("numdev-figure", ["fig3", str(tmp_path / "sweep")], monkeypatch) == 0
+    summary = json.loads((tmp_path / "sweep" / "fig3.json").read_text())
+    assert summary["provenance"] is None and set(summary["provenance_by_job"]) == {"0", "1"}
+    assert "measured on 2 different machines or commits" in summary["caption"]
+    _sweep_of({"0": _record(provenance=here), "1": _record(seed=1, provenance=here)})(tmp_path / "same")
+    assert _invoke("numdev-figure", ["fig3", str(tmp_path / "same" / "sweep")], monkeypatch) == 0
+    summary = json.loads((tmp_path / "same" / "sweep" / "fig3.json").read_text())
+    assert summary["provenance"]["machine"]["cpu"] == "CPU A"  # the records' machine, not the one drawing the figure
+
+
+def test_an_interrupted_bench_is_refused_by_gather_until_a_rerun_completes_it(tmp_path, monkeypatch, capsys):
+    """SIGTERM in the middle of a bench (raised from its 2nd record, as the signal handler does):
+    one line, exit 143, the records so far kept; gather refuses the job; a rerun completes it."""
+    import signal as signals
+
+    import numdev.bench.app as app
+
+    args = [a.format(tmp=tmp_path) for a in [*BENCH, "seeds=[0,1]"]]
+    real = app.run_bench
+
+    def stopped(cfg, emit):
+        def emit_then_stop(record, count=[0]):  # noqa: B006 (a counter)
+            emit(record)
+            count[0] += 1
+            if count[0] == 2:
+                raise app._Interrupted(signals.SIGTERM)
+
+        return real(cfg, emit=emit_then_stop)
+
+    monkeypatch.setattr(app, "run_bench", stopped)
+    assert _invoke("numdev-bench", args, monkeypatch) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("numdev-bench: error: interrupted by SIGTERM: the 2 record(s) computed so far"), err
+    from numdev.bench.gather import gather
+
+    with pytest.raises(ValueError, match="the job was interrupted by SIGTERM after 2 record"):
+        gather(tmp_path / "bench")
+    monkeypatch.setattr(app, "run_bench", real)
+    assert _invoke("numdev-bench", args, monkeypatch) == 0
+    assert len(gather(tmp_path / "bench")) == 6  # completed, each measurement once

@@ -35,9 +35,11 @@ def short_run(_run):
     """A 2-step smoke run, its checkpoint restored after each test (resume needs the run's own
     directory: its config.yaml names it, so it cannot be copied elsewhere)."""
     path = _run / "checkpoints" / "last.ckpt"
-    saved = path.read_bytes()
+    digest = _run / "checkpoints" / "last.ckpt.sha256"
+    saved, saved_digest = path.read_bytes(), digest.read_bytes()
     yield _run
     path.write_bytes(saved)
+    digest.write_bytes(saved_digest)
 
 
 def _resume_error(capsys, run_dir) -> str:
@@ -105,7 +107,7 @@ def test_a_failing_checkpoint_write_leaves_the_previous_one_intact(short_run, tm
     with pytest.raises(OSError, match="No space left"):
         SafeCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}}, path)
     assert path.read_bytes() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]  # no temporary file left
 
 
 def test_a_run_made_before_the_new_config_keys_still_resumes(short_run):
@@ -125,3 +127,99 @@ def test_a_run_made_before_the_new_config_keys_still_resumes(short_run):
             check_resumable(short_run, compose_train("trainer.strategy=ddp", "resume=true", run_dir=short_run))
     finally:
         path.write_text(saved)
+
+
+# -- integrity (issue 23, class 2): a checkpoint changed after it was written is never resumed from ----
+
+
+def _tensor_data_offsets(path) -> list[tuple[int, int]]:
+    """(start, size) of every tensor's bytes inside a torch zip checkpoint, largest first."""
+    import struct
+    import zipfile
+
+    spans = []
+    with zipfile.ZipFile(path) as archive:
+        raw = path.read_bytes()
+        for info in archive.infolist():
+            if "/data/" in info.filename and info.file_size >= 8:
+                name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+                spans.append((info.header_offset + 30 + name_len + extra_len, info.file_size))
+    return sorted(spans, key=lambda s: -s[1])
+
+
+def flip(path, where: str, bit: int = 0) -> None:
+    """Flip one bit of a checkpoint: in a tensor's data (start, middle, last byte, an fp32 exponent
+    bit) so that the file still loads and only a checksum can tell."""
+    data = bytearray(path.read_bytes())
+    start, size = _tensor_data_offsets(path)[0 if where != "small" else -1]
+    offset = {"first": start, "middle": start + size // 2, "last": start + size - 1, "small": start,
+              "exponent": start + 4 * (size // 8) + 3}[where]
+    data[offset] ^= 1 << (6 if where == "exponent" else bit)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("where", "bit"), [("first", 0), ("middle", 3), ("last", 7), ("exponent", 6), ("small", 1), ("middle", 0)])
+@pytest.mark.parametrize("resume", ["true", "auto"])
+def test_a_bit_flip_in_the_checkpoint_is_refused_at_resume(short_run, capsys, where, bit, resume):
+    path = short_run / "checkpoints" / "last.ckpt"
+    flip(path, where, bit)
+    torch.load(path, weights_only=True)  # the file still loads: only the checksum tells
+    with pytest.raises(SystemExit) as exit_:
+        user_facing("numdev-train")(train)(compose_train("trainer.max_steps=4", f"resume={resume}", run_dir=short_run))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("numdev-train: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"{path}: its sha256 does not match last.ckpt.sha256" in lines[0] and "resume=auto" in lines[0]
+    assert "nonfinite" not in err
+
+
+@pytest.mark.parametrize(
+    "sidecar",
+    [b"garbage\xff", b"[1, 2]", b'{"previous": null}', b'{"sha256": 5}', b'{"sha256": "abc"}', b"", b'{"sha256": ["x"]}'],
+)
+def test_a_damaged_checksum_file_is_one_error_naming_it(short_run, sidecar):
+    digest = short_run / "checkpoints" / "last.ckpt.sha256"
+    digest.write_bytes(sidecar)
+    with pytest.raises(CheckpointError, match=rf"{digest}: not a checksum record"):
+        load_checkpoint(short_run / "checkpoints" / "last.ckpt")
+
+
+def test_a_kill_between_the_checksum_and_the_checkpoint_write_still_resumes(short_run, monkeypatch):
+    """The checksum file is written first and lists the checkpoint it replaces: a kill before the
+    checkpoint's own write leaves the previous checkpoint, which still verifies."""
+    import numdev.train.checkpoint_io as checkpoint_io
+
+    path = short_run / "checkpoints" / "last.ckpt"
+    before = path.read_bytes()
+
+    def killed(target, data):
+        raise KeyboardInterrupt  # the process dies here
+
+    monkeypatch.setattr(checkpoint_io, "write_bytes", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint_io.save_checkpoint({"global_step": 3, "state_dict": {"w": torch.ones(2)}}, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert load_checkpoint(path)["global_step"] == 2  # verified against "previous"
+    checkpoint_io.save_checkpoint({"global_step": 3, "state_dict": {"w": torch.ones(2)}}, path)
+    assert load_checkpoint(path)["global_step"] == 3
+
+
+def test_a_checkpoint_without_a_checksum_file_loads_with_a_warning(short_run, monkeypatch):
+    import numdev.train.checkpoint_io as checkpoint_io
+
+    warned = []  # the module's logger, whatever logging configuration an earlier test left behind
+    monkeypatch.setattr(checkpoint_io.log, "warning", lambda msg, *args: warned.append(msg % args))
+    digest = short_run / "checkpoints" / "last.ckpt.sha256"
+    digest.unlink()
+    assert load_checkpoint(short_run / "checkpoints" / "last.ckpt")["global_step"] == 2
+    assert any("cannot be verified" in w for w in warned)
+
+
+def test_removing_a_checkpoint_removes_its_checksum(tmp_path):
+    path = tmp_path / "other.ckpt"
+    SafeCheckpointIO().save_checkpoint({"global_step": 1, "state_dict": {}}, path)
+    assert (tmp_path / "other.ckpt.sha256").is_file()
+    SafeCheckpointIO().remove_checkpoint(path)
+    assert list(tmp_path.iterdir()) == []

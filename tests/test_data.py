@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import gzip
 import io
 import json
+import signal
+import tarfile
 from types import SimpleNamespace
 
 import numpy as np
@@ -252,3 +257,232 @@ def test_drawing_is_antialiased_and_centred():
     image = np.asarray(draw([ShapeSpec("red", "square", "large", "center")], 32))
     assert image[16, 16].tolist() == list(COLOURS["red"]) and image[0, 0].tolist() == [0, 0, 0]
     assert len(np.unique(image[:, :, 0])) > 2  # box-filtered edges
+
+
+# --- data that cannot be read (issue 23, class 1): every reader terminates, names the file ------
+
+
+@contextlib.contextmanager
+def _bounded(seconds: int = 60):
+    """Fail (instead of hanging the suite) if the block runs longer than `seconds`: SIGALRM, no polling."""
+
+    def expired(signum, frame):
+        raise AssertionError(f"still running after {seconds} s: the reader does not terminate")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _encoded(image: Image.Image, fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+GREY = 100  # an 8-bit grey level; every mode below encodes this grey (or a known colour)
+_RAMP = np.arange(64, dtype=np.float64).reshape(8, 8) / 63  # 0..1
+
+
+def _mode_cases():
+    rgb = Image.new("RGB", (8, 8), (200, 100, 50))
+    cases = {
+        "I;16-png": (Image.fromarray((_RAMP * 65535).round().astype(np.uint16)), "PNG", _RAMP * 255),
+        "I;16-tiff": (Image.fromarray((_RAMP * 65535).round().astype(np.uint16)), "TIFF", _RAMP * 255),
+        "I;16-pgm": (Image.fromarray((_RAMP * 65535).round().astype(np.uint16)), "PPM", _RAMP * 255),
+        "I;16-dark": (Image.fromarray(np.full((8, 8), 257 * GREY, np.uint16)), "PNG", np.full((8, 8), GREY)),
+        "I-tiff": (Image.fromarray((_RAMP * 65535).round().astype(np.int32)), "TIFF", _RAMP * 255),
+        "F-unit": (Image.fromarray(_RAMP.astype(np.float32)), "TIFF", _RAMP * 255),
+        "F-255": (Image.fromarray((_RAMP * 255).astype(np.float32)), "TIFF", _RAMP * 255),
+        "L-png": (Image.fromarray((_RAMP * 255).round().astype(np.uint8)), "PNG", _RAMP * 255),
+        "1-png": (Image.new("1", (8, 8), 1), "PNG", np.full((8, 8), 255)),
+        "P-png": (rgb.convert("P", palette=Image.Palette.ADAPTIVE), "PNG", None),
+        "P-gif": (rgb.convert("P", palette=Image.Palette.ADAPTIVE), "GIF", None),
+        "CMYK-jpeg": (rgb.convert("CMYK"), "JPEG", None),
+        "CMYK-tiff": (rgb.convert("CMYK"), "TIFF", None),
+        "RGBA-opaque": (rgb.convert("RGBA"), "PNG", None),
+        "LA-opaque": (Image.new("LA", (8, 8), (GREY, 255)), "PNG", np.full((8, 8), GREY)),
+        "RGB-16bit-png": (rgb, "PNG", None),
+        "YCbCr-jpeg": (rgb, "JPEG", None),
+    }
+    return cases
+
+
+MODE_CASES = _mode_cases()
+
+
+@pytest.mark.parametrize("name", list(MODE_CASES))
+def test_every_image_mode_is_converted_with_its_real_range(name):
+    from numdev.data.images import decode
+
+    image, fmt, grey = MODE_CASES[name]
+    data = _encoded(image, fmt)
+    decoded = np.asarray(decode(data), dtype=np.float64)
+    assert decoded.shape == (8, 8, 3)
+    if grey is None:  # a colour image: close to the colour it was made from
+        assert np.abs(decoded - np.array([200, 100, 50])).max() <= 12, decoded[0, 0]
+    else:
+        for channel in range(3):
+            assert np.abs(decoded[..., channel] - grey).max() <= 1.0, (decoded[..., 0], grey)
+    assert decoded.min() < 255 or name == "1-png"  # never washed out to pure white
+
+
+@pytest.mark.parametrize(
+    ("mode", "alpha_pixel", "expected"),
+    [("RGBA", (0, 0, 0, 0), (255, 255, 255)), ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
+     ("LA", (0, 0), (255, 255, 255)), ("LA", (40, 255), (40, 40, 40)), ("RGBA", (0, 0, 0, 128), (127, 127, 127))],
+)
+def test_transparency_is_composited_over_white(mode, alpha_pixel, expected):
+    from numdev.data.images import decode
+
+    decoded = np.asarray(decode(_encoded(Image.new(mode, (4, 4), alpha_pixel), "PNG")))
+    assert np.abs(decoded[0, 0].astype(int) - np.array(expected)).max() <= 1, decoded[0, 0]
+
+
+@pytest.mark.parametrize(
+    ("array", "message"),
+    [(np.full((4, 4), -1.0, np.float32), "negative values"), (np.full((4, 4), 1000.0, np.float32), "outside"),
+     (np.full((4, 4), np.nan, np.float32), "NaN"), (np.full((4, 4), 2**20, np.int32), "beyond 16 bits")],
+)
+def test_wide_images_without_a_range_are_refused(array, message):
+    from numdev.data.images import decode
+
+    with pytest.raises(ValueError, match=message):
+        decode(_encoded(Image.fromarray(array), "TIFF"))
+
+
+def test_a_16_bit_png_trains_as_its_8_bit_equivalent(tmp_path):
+    ramp16 = Image.fromarray((_RAMP * 65535).round().astype(np.uint16))
+    ramp8 = Image.fromarray((_RAMP * 255).round().astype(np.uint8))
+    for name, image in (("wide", ramp16), ("narrow", ramp8)):
+        (tmp_path / name).mkdir()
+        image.save(tmp_path / name / "0.png")
+        (tmp_path / name / "0.txt").write_text("a ramp")
+    items = [FolderDataModule(root=str(tmp_path / n), resolution=8, batch_size=1) for n in ("wide", "narrow")]
+    for module in items:
+        module.setup()
+    wide, narrow = (m.dataset[0]["image"] for m in items)
+    assert torch.allclose(wide, narrow, atol=1 / 127.5)
+    assert float(wide.max()) < 1.0 or float(wide.min()) < 0.0  # not every pixel 1.0
+
+
+def _tar(members: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _members_end(data: bytes, count: int) -> int:
+    """The byte offset where member `count` (0-based) starts in tar `data`."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return tar.getmembers()[count].offset
+
+
+def _good_shard(n: int = 8) -> bytes:
+    return _tar([m for i in range(n) for m in ((f"{i:03d}.png", _png((i, 0, 0), size=(8, 8))), (f"{i:03d}.txt", f"sample {i}".encode()))])
+
+
+GOOD = _png((1, 2, 3), size=(8, 8))
+BAD_SHARDS = {  # name -> (shard bytes, what the error says)
+    "zero-bytes": (b"", "is empty (0 bytes)"),
+    "empty-archive": (_tar([]), "holds no samples"),
+    "no-sample-names": (_tar([("README", b"no dot"), ("LICENSE", b"none")]), "holds no samples"),
+    "only-directories-and-dotless": (_tar([("notes", b"x")]), "holds no samples"),
+    "all-garbage-images": (_tar([m for i in range(3) for m in ((f"{i}.png", b"garbage"), (f"{i}.txt", b"c"))]),
+                           "none of its 3 sample(s) has an image that can be decoded"),
+    "all-empty-images": (_tar([m for i in range(2) for m in ((f"{i}.jpg", b""), (f"{i}.txt", b"c"))]),
+                         "none of its 2 sample(s) has an image that can be decoded"),
+    "all-half-images": (_tar([m for i in range(2) for m in ((f"{i}.png", GOOD[: len(GOOD) // 2]), (f"{i}.txt", b"c"))]),
+                        "none of its 2 sample(s) has an image that can be decoded"),
+    "truncated-at-a-member": (_good_shard()[: _members_end(_good_shard(), 10)], "is truncated"),
+    "truncated-at-a-sample": (_good_shard()[: _members_end(_good_shard(), 12)], "is truncated"),
+    "truncated-inside-a-member": (_good_shard()[: _members_end(_good_shard(), 10) + 700], "is truncated"),
+    "truncated-inside-a-header": (_good_shard()[: _members_end(_good_shard(), 10) + 100], "is truncated"),
+    "marker-cut-off": (_good_shard()[: _members_end(_good_shard(), 15) + 1024], "is truncated"),
+    "gzip-compressed": (gzip.compress(_good_shard()), "is gzip-compressed"),
+    "not-a-tar": (b"hello world\n" * 100, "truncated or not a tar file"),
+    "latin1-caption": (_tar([("a.png", GOOD), ("a.txt", "café".encode("latin-1"))]), "sample 'a', .txt: not UTF-8 text (byte 0xe9"),
+    "utf16-caption": (_tar([("a.png", GOOD), ("a.txt", "a cat".encode("utf-16"))]), "sample 'a', .txt: not UTF-8 text (byte 0xff"),
+    "cp1252-caption": (_tar([("a.png", GOOD), ("a.txt", "a “cat”".encode("cp1252"))]), "sample 'a', .txt: not UTF-8 text (byte 0x93"),
+    "no-caption": (_tar([("a.png", GOOD)]), "sample 'a': no .txt caption file"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_SHARDS))
+def test_a_shard_that_cannot_be_read_is_one_error_naming_it(name, tmp_path):
+    data, message = BAD_SHARDS[name]
+    good = tmp_path / "good.tar"
+    good.write_bytes(_good_shard(4))
+    bad = tmp_path / f"{name}.tar"
+    bad.write_bytes(data)
+    with _bounded(60), pytest.raises(ValueError) as raised:  # alone, or after a good shard: never a hang
+        module = WebDataModule(shards=[str(good), str(bad)], resolution=8, batch_size=2, shuffle_buffer=0)
+        for _, _ in zip(range(1000), module.train_dataloader()):
+            pass
+    assert str(bad) in str(raised.value) and message in str(raised.value), raised.value
+    assert "\n" not in str(raised.value)
+
+
+def test_a_bad_shard_in_a_worker_is_still_one_line(tmp_path):
+    from numdev.errors import one_line
+
+    (tmp_path / "bad.tar").write_bytes(BAD_SHARDS["all-garbage-images"][0])
+    module = WebDataModule(shards=str(tmp_path / "bad.tar"), resolution=8, batch_size=2, num_workers=1)
+    with _bounded(120), pytest.raises(ValueError) as raised:
+        next(iter(module.train_dataloader()))
+    line = one_line(raised.value)
+    assert line.startswith(f"shard {tmp_path / 'bad.tar'}: none of its 3") and "Traceback" not in line, line
+
+
+def test_undecodable_images_are_warned_about_once_not_every_epoch(tmp_path, monkeypatch):
+    import numdev.data.webdataset as webdataset
+
+    warned = []  # the module's logger, whatever logging configuration an earlier test left behind
+    monkeypatch.setattr(webdataset.log, "warning", lambda msg, *args: warned.append(msg % args))
+    write_shard(tmp_path / "s.tar", [("a", b"garbage", "x"), ("b", GOOD, "kept")])
+    module = WebDataModule(shards=str(tmp_path / "s.tar"), resolution=8, batch_size=1, shuffle_buffer=0)
+    with _bounded(60):
+        batches = _batches(module.train_dataloader(), 20)  # 20 epochs of one usable sample
+    assert {c for b in batches for c in b["caption"]} == {"kept"}
+    assert len([w for w in warned if "sample 'a'" in w]) == 1
+
+
+@pytest.mark.parametrize(
+    ("encoding", "text", "byte"),
+    [("latin-1", "café au lait", "0xe9"), ("utf-16", "a cat", "0xff"), ("cp1252", "a “cat”", "0x93"), ("shift_jis", "猫", "0x94")],
+)
+def test_non_utf8_captions_name_their_file(folder, encoding, text, byte):
+    (folder / "img0.txt").write_bytes(text.encode(encoding))
+    with pytest.raises(ValueError, match=rf"img0\.txt: not UTF-8 text \(byte {byte}"):
+        FolderDataModule(root=str(folder), resolution=8, batch_size=2).setup()
+    manifest = folder / "latin.jsonl"
+    manifest.write_bytes(json.dumps({"image": "img0.png", "caption": "x"}).encode() + b"\n" + text.encode(encoding) + b"\n")
+    with pytest.raises(ValueError, match=rf"manifest .*latin\.jsonl: not UTF-8 text \(byte {byte}"):
+        FolderDataModule(root=str(folder), manifest="latin.jsonl", resolution=8, batch_size=2).setup()
+    (folder / "img0.txt").write_bytes(codecs.BOM_UTF8 + b"a cat")  # a BOM is UTF-8: dropped
+    module = FolderDataModule(root=str(folder), resolution=8, batch_size=2)
+    module.setup()
+    assert "a cat" in module.dataset.captions
+
+
+@pytest.mark.parametrize(("value", "message"), [(["a.png"], "'image' is list, not a path string"), (7, "'image' is int"),
+                                                 ({"x": 1}, "'image' is dict")])
+def test_manifest_image_fields_that_are_not_paths(folder, value, message):
+    (folder / "m.jsonl").write_text(json.dumps({"image": value, "caption": "a"}) + "\n")
+    with pytest.raises(ValueError, match=message):
+        FolderDataModule(root=str(folder), manifest="m.jsonl", resolution=8, batch_size=2).setup()
+
+
+@pytest.mark.parametrize("caption", [7, ["a"], {"a": 1}, True])
+def test_manifest_captions_that_are_not_text(folder, caption):
+    (folder / "m.jsonl").write_text(json.dumps({"image": "img0.png", "caption": caption}) + "\n")
+    with pytest.raises(ValueError, match=r"m\.jsonl, line 1: the caption is .*not text"):
+        FolderDataModule(root=str(folder), manifest="m.jsonl", resolution=8, batch_size=2).setup()

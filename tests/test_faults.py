@@ -47,7 +47,7 @@ def _error_lines(stderr: str, program: str = "numdev-train") -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(f"{program}: error: ")]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_a_signal_marks_the_run_failed_and_exits_non_zero_then_resume_auto_finishes_it(sig, tmp_path):
     run_dir = tmp_path / "run"
     process = _start_and_wait(run_dir, 5)

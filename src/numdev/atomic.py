@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -31,6 +32,32 @@ class WriteError(OSError):
         return self.message
 
 
+class NotARegularFile(ValueError):
+    """The target exists and is a FIFO, a device, a socket or a directory: an atomic write (a rename
+    over it) would replace it with a regular file, so nothing is written."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def check_regular_target(path: str | os.PathLike) -> None:
+    """Refuse to write over anything but a regular file (or nothing): one line naming it."""
+    parent = Path(path).parent
+    if parent.exists() and not parent.is_dir():
+        raise NotARegularFile(f"{parent} is not a directory, so {path} cannot be written there: give a directory path")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # absent (or unreadable: the write itself will say why)
+    for test, kind in _KINDS:
+        if test(mode):
+            raise NotARegularFile(
+                f"{path} is {kind}, not a regular file: numdev writes its outputs by renaming a finished file over "
+                "the target, which would replace it; give the path of a regular file (or a new one)"
+            )
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     write_buffers(path, [data])
 
@@ -39,6 +66,7 @@ def write_buffers(path: str | os.PathLike, buffers) -> None:
     """Write the buffers (bytes, or NumPy arrays: anything with the buffer protocol) one after
     another as one file, atomically, without joining them in memory first."""
     path = Path(path)
+    check_regular_target(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +117,7 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     data = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records).encode("utf-8")
     if not data:
         return
+    check_regular_target(path)  # opening a FIFO for append would block
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -115,8 +144,14 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Records (JSON objects) of a JSON-lines file; a corrupt, torn or non-object line is a ValueError
-    naming the file and line. Every record ends with a newline, so a last line without one was torn."""
+    """Records (JSON objects) of a JSON-lines file; a corrupt, torn, blank or non-object line is a
+    ValueError naming the file and line. Every record ends with a newline, so a last line without
+    one was torn; numdev never writes a blank line, so one means a record was blanked or removed."""
+    return [record for _, record in read_jsonl_numbered(path)]
+
+
+def read_jsonl_numbered(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """(line number, record) of every record of a JSON-lines file, checked as read_jsonl says."""
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
@@ -124,17 +159,22 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     lines = text.split("\n")
     records = []
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if number == len(lines) and not line:  # after the last newline
             continue
-        if number == len(lines):  # after the last newline
+        if not line.strip():
+            raise ValueError(f"{path}, line {number}: blank line where a record should be: a record was blanked or the "
+                             "file was edited; remove the line (or rerun the job in a new directory)")
+        if number == len(lines):
             raise ValueError(f"{path}, line {number}: incomplete record (no newline at the end): the file was truncated")
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg}); the file is corrupt") from None
+        except RecursionError:
+            raise ValueError(f"{path}, line {number}: not valid JSON (nested too deeply); the file is corrupt") from None
         if not isinstance(record, dict):
             raise ValueError(f"{path}, line {number}: a {type(record).__name__}, not a JSON object; the file is corrupt")
-        records.append(record)
+        records.append((number, record))
     return records
 
 

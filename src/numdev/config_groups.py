@@ -143,6 +143,9 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     if {"--help", "-h"} & set(args) and any(o.is_sweep_override() for o in overrides):
         return ("--help with a sweep (a,b,c): Hydra's help cannot read sweeps and would fail on them; "
                 "drop -m and give one value of each to see the groups and that job's config")
+    unknown = unknown_top_level_key(app, overrides)
+    if unknown:
+        return unknown
     mine = app_defaults(app)
     other = [a for a in APPS if a != app]
     me = script(f"numdev-{app}")
@@ -185,6 +188,62 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             fix = f"{group}={having[0]}"
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
                     f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
+    return None
+
+
+def top_level_keys(app: str) -> set[str]:
+    """Every top-level key an app's config can have: its primary config's own keys, its groups (and
+    the packages they are placed at), and the keys its global options (experiments, studies) set."""
+    keys = {k for k in _load(conf_dir() / f"{app}.yaml") if k != "defaults"}
+    for entry in _defaults(conf_dir() / f"{app}.yaml"):
+        if isinstance(entry, dict):
+            for key in entry:
+                group, _, package = key.replace("override ", "").strip().lstrip("/").partition("@")
+                keys.add((package or group).split(".")[0].split("/")[0])
+    for group in app_defaults(app):
+        if (conf_dir() / group).is_dir() and is_global(group):
+            for option in options(group, app if group == "experiment" else None):
+                keys |= option_keys(group, option)
+    return keys - {"hydra"}
+
+
+def _leaf_paths(app: str) -> dict[str, list[str]]:
+    """{leaf key: [its dotted paths]} in the app's primary config and its default options."""
+    paths: dict[str, list[str]] = {}
+
+    def walk(tree, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                if key in ("defaults", "hydra") and not prefix:
+                    continue
+                walk(value, f"{prefix}{key}.")
+        elif prefix:
+            path = prefix.rstrip(".")
+            paths.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+
+    walk(_load(conf_dir() / f"{app}.yaml"), "")
+    for group, option in app_defaults(app).items():
+        path = conf_dir() / group / f"{option}.yaml"
+        if isinstance(option, str) and path.is_file() and not is_global(group):
+            walk(_load(path), f"{group}.")
+    return paths
+
+
+def unknown_top_level_key(app: str, overrides) -> str | None:
+    """`+lr=0.5`: a key added at the top level that nothing of the app reads (it would be accepted
+    and ignored); the message names the key and, where one exists, the setting of that name."""
+    known = top_level_keys(app)
+    groups = set(app_defaults(app))
+    for o in overrides:
+        name = o.key_or_group
+        top = name.split(".")[0].split("@")[0]
+        if not (o.is_add() or o.is_force_add()) or name.startswith("hydra") or top in known or top in groups:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        similar = _leaf_paths(app).get(leaf, [])
+        hint = f"; did you mean {similar[0]}={o.input_line.split('=', 1)[-1]}?" if similar else ""
+        return (f"{o.input_line}: {top} is not a setting of numdev-{app}, and nothing would read it{hint} "
+                f"(numdev-{app} --help lists its groups; --cfg job shows every key)")
     return None
 
 

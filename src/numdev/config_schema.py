@@ -22,24 +22,33 @@ from dataclasses import dataclass, field, fields
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 _ABSENT = object()
+SEED_LIMIT = 2**64  # torch.manual_seed takes 64 bits; a seed beyond is refused naming its key
 
 
 @dataclass(frozen=True)
 class Check:
-    kind: str  # integer | number | boolean | integers
+    kind: str  # integer | number | boolean | integers | numbers (a list of `count` numbers)
     min: float | None = None  # inclusive
     above: float | None = None  # exclusive lower bound
     max: float | None = None  # inclusive
     below: float | None = None  # exclusive upper bound
     null: bool = False
+    count: int | None = None  # numbers: the list's length
 
     def describe(self) -> str:
         if self.kind == "boolean":
             return "true or false"
+        if self.kind == "numbers":
+            item = Check("number", self.min, self.above, self.max, self.below).describe().removeprefix("a number").strip()
+            return f"a list of {self.count} numbers, each {item}, e.g. [{', '.join(['0.9'] * (self.count or 1))}]"
         if self.kind == "integers":
-            text = "a list of " + ("non-negative integers" if self.min == 0 else "integers") + ", e.g. [0,1]"
+            text = "a list of " + ("non-negative integers" if self.min == 0 else "integers")
+            text += " below 2^64" if self.below == SEED_LIMIT else ""
+            text += ", e.g. [0,1]"
         elif self.kind == "integer":
-            if self.max is None and self.min in (0, 1):
+            if self.below == SEED_LIMIT:
+                text = "a non-negative integer below 2^64 (a 64-bit seed)"
+            elif self.max is None and self.min in (0, 1):
                 text = "a non-negative integer" if self.min == 0 else "a positive integer"
             else:
                 text = "an integer" + _range(self.min, self.max)
@@ -61,7 +70,11 @@ class Check:
             return isinstance(value, bool)
         if self.kind == "integers":
             return isinstance(value, (list, tuple, ListConfig)) and len(value) > 0 and all(
-                Check("integer", self.min).ok(v) for v in value
+                Check("integer", self.min, below=self.below).ok(v) for v in value
+            )
+        if self.kind == "numbers":
+            return isinstance(value, (list, tuple, ListConfig)) and len(value) == self.count and all(
+                Check("number", self.min, self.above, self.max, self.below).ok(v) for v in value
             )
         if isinstance(value, bool) or not isinstance(value, int if self.kind == "integer" else (int, float)):
             return False
@@ -81,8 +94,13 @@ def _range(lo, hi) -> str:
     return f" >= {lo:g}" if lo is not None else f" <= {hi:g}" if hi is not None else ""
 
 
-def integer(min: int | None = None, max: int | None = None, null: bool = False):
-    return field(default=None, metadata={"check": Check("integer", min=min, max=max, null=null)})
+def integer(min: int | None = None, max: int | None = None, null: bool = False, below: int | None = None):
+    return field(default=None, metadata={"check": Check("integer", min=min, max=max, below=below, null=null)})
+
+
+def seed():
+    """A seed: a non-negative integer below 2^64 (what torch.manual_seed takes)."""
+    return integer(min=0, below=SEED_LIMIT)
 
 
 def number(min: float | None = None, max: float | None = None, above: float | None = None, below: float | None = None,
@@ -94,8 +112,12 @@ def boolean():
     return field(default=None, metadata={"check": Check("boolean")})
 
 
-def integers(min: int | None = None):
-    return field(default=None, metadata={"check": Check("integers", min=min)})
+def integers(min: int | None = None, below: int | None = None):
+    return field(default=None, metadata={"check": Check("integers", min=min, below=below)})
+
+
+def numbers(count: int, min: float | None = None, below: float | None = None):
+    return field(default=None, metadata={"check": Check("numbers", min=min, below=below, count=count)})
 
 
 def validate(cfg: DictConfig, schema: dict[str, type]) -> None:
@@ -146,7 +168,7 @@ class Tiles:
 @dataclass
 class Bench:  # top-level keys of conf/bench.yaml
     causal: bool = boolean()
-    seeds: list = integers(min=0)
+    seeds: list = integers(min=0, below=SEED_LIMIT)
     memory_limit_gb: float | None = number(above=0, null=True)
 
 
@@ -193,6 +215,10 @@ class Trainer:
 class Optimizer:
     lr: float = number(above=0)
     weight_decay: float = number(min=0)
+    betas: list = numbers(2, min=0, below=1)  # Adam's (beta1, beta2)
+    eps: float = number(above=0)
+    momentum: float = number(min=0)  # SGD, RMSprop
+    amsgrad: bool = boolean()
 
 
 @dataclass
@@ -219,9 +245,9 @@ class Sampler:
 
 @dataclass
 class Seeds:
-    init: int = integer(min=0)
-    data: int = integer(min=0)
-    noise: int = integer(min=0)
+    init: int = seed()
+    data: int = seed()
+    noise: int = seed()
 
 
 @dataclass
@@ -239,7 +265,7 @@ class Snapshot:
 class Samples:
     every_n_steps: int = integer(min=1)
     num_samples: int = integer(min=1)
-    seed: int = integer(min=0)
+    seed: int = seed()
 
 
 @dataclass

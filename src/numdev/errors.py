@@ -23,6 +23,11 @@ class RunFailed(Exception):
         self.exit_code = exit_code
 
 
+class Hangup(BaseException):
+    """SIGHUP (the terminal or the SSH session went away) while numdev-train runs: ends the run like
+    SIGTERM and SIGINT do, run.json final ("failed", resumable with resume=auto)."""
+
+
 def user_facing(program: str):
     """Decorate a Hydra task function: user errors print `program: error: ...` and exit 2."""
 
@@ -33,6 +38,10 @@ def user_facing(program: str):
                 return task(*args, **kwargs)
             except InstantiationException as error:
                 cause = error.__cause__ or error
+                if _out_of_memory(cause):
+                    found = re.search(r"full_key: (\S+)", str(error))
+                    key = found.group(1) if found else "the config"
+                    _exit(program, f"{key}: out of memory while building it ({_first_line(cause)}): lower its size", 1)
                 if isinstance(cause, TypeError):  # a config value of the wrong type reached a constructor
                     found = re.search(r"full_key: (\S+)", str(error))
                     key = found.group(1) if found else "the config"
@@ -49,10 +58,30 @@ def user_facing(program: str):
                 _exit(program, error)
             except RunFailed as error:
                 _exit(program, error, error.exit_code)
+            except (MemoryError, RuntimeError) as error:
+                if not _out_of_memory(error):
+                    raise
+                _exit(program, f"out of memory ({_first_line(error)}): lower data.batch_size, the model's size or the shape", 1)
+            except Hangup:
+                _exit(program, "interrupted by SIGHUP before training started; nothing was trained", 129)
 
         return wrapper
 
     return decorate
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "DefaultCPUAllocator" in text
+                                                or "out of memory" in text.lower())
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def checked_overrides(program: str, app: str):
@@ -67,7 +96,7 @@ def checked_overrides(program: str, app: str):
         @functools.wraps(main)
         def wrapper(*args, **kwargs):
             if not args and not kwargs:  # the command line, not a test passing a config
-                mistake = config_groups.override_mistake(app, sys.argv[1:])
+                mistake = config_groups.override_mistake(app, sys.argv[1:]) or output_dir_problem(sys.argv[1:])
                 if mistake:
                     _exit(program, mistake)
             return main(*args, **kwargs)
@@ -77,12 +106,64 @@ def checked_overrides(program: str, app: str):
     return decorate
 
 
+PROBE = ".numdev-write-probe"
+PROBE_BYTES = 64 * 1024
+NO_OUTPUT = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"}
+
+
+def output_dir_problem(args: list[str]) -> str | None:
+    """Hydra creates the run (or sweep) directory and writes .hydra/ and its log before numdev runs:
+    on a read-only or full disk that ends in Hydra's tracebacks. So the directory the run will land
+    in (hydra.run.dir / hydra.sweep.dir / output_root as given, up to its first interpolation) is
+    probed first: its nearest existing ancestor must take a small file written and fsynced."""
+    from pathlib import Path
+
+    from numdev.atomic import WriteError, write_bytes
+
+    if NO_OUTPUT & set(args):
+        return None
+    values = dict(a.lstrip("+").split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(args) else "hydra.run.dir"
+    target = values.get(key, values.get("output_root", "outputs"))
+    static = target.split("${", 1)[0]
+    if not static.strip():
+        static = "."
+    path = Path(static).expanduser()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return f"{key}: {path} is not a directory, so the run's outputs cannot be written under it: choose another directory ({key}=...)"
+    probe = path / PROBE
+    try:
+        write_bytes(probe, bytes(PROBE_BYTES))  # about what Hydra writes before numdev runs (.hydra/, the log)
+    except WriteError as error:
+        return (f"cannot write the run's outputs under {path} ({error.strerror}): free some space or fix the permissions, "
+                f"or choose another directory ({key}=... or output_root=...)")
+    finally:
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return None
+
+
 def fail(program: str, error: BaseException | str):
     """Print `program: error: <error>` (one line) on stderr and exit 2: for the argparse commands."""
     _exit(program, error)
 
 
+def one_line(error: BaseException | str) -> str:
+    """An error's message on one line. An error re-raised from a DataLoader worker carries the
+    worker's whole traceback in its text ("Caught ValueError in DataLoader worker process 0.
+    Original Traceback ..."): only the original message, its last line, is kept."""
+    text = str(error)
+    if "Original Traceback" in text:
+        last = next((line for line in reversed(text.splitlines()) if line.strip()), text)
+        text = re.sub(r"^[\w.]+(Error|Exception): ", "", last.strip())
+    return " ".join(text.split("\n")).strip()
+
+
 def _exit(program: str, error: BaseException | str, code: int = 2):
-    message = " ".join(str(error).split("\n")).strip()  # one line, whatever the exception's text
+    message = one_line(error)  # one line, whatever the exception's text
     print(f"{program}: error: {message}", file=sys.stderr)
     sys.exit(code)

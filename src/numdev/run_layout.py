@@ -10,6 +10,7 @@ One home for the contract that train/ writes and analysis/ reads (docs/run_layou
     <run_dir>/token_rows.json           the token-embedding rows the run's captions index
     <run_dir>/sibling/<label>.csv       weight distances to a sibling run (DISTANCE_COLUMNS)
     <run_dir>/checkpoints/last.ckpt     the resume checkpoint
+    <run_dir>/checkpoints/last.ckpt.sha256   its checksum (numdev.train.checkpoint_io)
     <run_dir>/instability.json, shadow.csv, eval.json, samples.png, tensorboard/
 
 Nothing here imports train/ or analysis/: both import this.
@@ -36,6 +37,7 @@ INDEX_FORMAT = 1
 SORTED_FORMAT = 1
 POOLED = "__pooled__"  # the tensor of a sorted-values file that holds every value of the model, sorted
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
+CHECKPOINT_DIGEST_SUFFIX = ".sha256"  # beside every checkpoint: {"sha256": ..., "previous": ...}
 TOKEN_ROWS = "token_rows.json"
 SIBLING_DIR = "sibling"
 INSTABILITY = "instability.json"
@@ -65,6 +67,11 @@ DISTANCE_COLUMNS = {
 
 # shadow.csv (numdev.train.shadow): per-call deviation of the shadow attention backend.
 SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
+
+
+# Columns that are finite whenever the weights are (rel_frobenius and w1_over_std divide by a norm
+# or a standard deviation that can be 0: inf or NaN there are values, not damage).
+FINITE_DISTANCES = ("max_abs", "mean_abs", "wasserstein", "pooled_wasserstein")
 
 
 def snapshot_name(step: int) -> str:
@@ -103,6 +110,12 @@ def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT
 
 
+def checkpoint_digest_path(checkpoint: str | Path) -> Path:
+    """The checksum file beside a checkpoint file (numdev.train.checkpoint_io)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.name + CHECKPOINT_DIGEST_SUFFIX)
+
+
 def token_rows_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / TOKEN_ROWS
 
@@ -117,7 +130,7 @@ def distances_to_csv(rows: list[dict]) -> str:
 
 def read_distances_csv(path: str | Path) -> list[dict]:
     """Rows of a sibling CSV or distances.csv; a file of another shape is a one-line error naming it."""
-    return tables.read_csv(path, DISTANCE_COLUMNS)
+    return tables.read_csv(path, DISTANCE_COLUMNS, finite=FINITE_DISTANCES)
 
 
 def read_shadow_csv(path: str | Path) -> list[dict]:

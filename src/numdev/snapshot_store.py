@@ -151,6 +151,7 @@ def verified_entry(path: Path, step: int, param_shapes: dict[str, list[int]]) ->
         raise SnapshotError(f"{path}: its metadata step is not {step}: the file was renamed or is not a numdev snapshot; move it away")
     if {name: list(t.shape) for name, t in state.items()} != param_shapes:
         raise SnapshotError(f"{path}: its tensors do not match the run's param_shapes: it belongs to another model; move it away")
+    _check_float32(path, state)
     return {"step": step, "file": path.name, "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -203,7 +204,18 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
     shapes = {name: list(t.shape) for name, t in state.items()}
     if verify and shapes != index["param_shapes"]:
         raise SnapshotError(f"{path}: its tensors do not match the param_shapes of {INDEX}")
+    _check_float32(path, state)  # a checksum recomputed after a rewrite in another dtype proves nothing
     return state, entry["sha256"]
+
+
+def _check_float32(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Snapshots are float32 (module doc); a file rewritten in another dtype is refused, naming a tensor."""
+    other = next(((name, t.dtype) for name, t in state.items() if t.dtype != torch.float32), None)
+    if other is not None:
+        raise SnapshotError(
+            f"{path}: tensor {other[0]!r} is {str(other[1]).removeprefix('torch.')}, not float32: the snapshot was "
+            "rewritten after numdev wrote it (its sha256 in the index too); restore the run from a copy"
+        )
 
 
 def _entry(index: dict, run_dir: str | Path, step: int) -> dict:

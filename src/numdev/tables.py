@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 
@@ -20,13 +21,22 @@ def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
     return buffer.getvalue()
 
 
-def read_csv(path: str | Path, types: dict[str, type]) -> list[dict]:
-    """The rows of `path`, each column converted with its type in `types`."""
+def read_csv(path: str | Path, types: dict[str, type], finite=()) -> list[dict]:
+    """The rows of `path`, each column converted with its type in `types`; a NaN or infinite number in
+    a column of `finite` (where numdev never writes one) is a ValueError naming file, line and column."""
     try:
         with open(path, newline="", encoding="utf-8") as handle:
-            return [{key: kind(row[key]) for key, kind in types.items()} for row in csv.DictReader(handle)]
-    except (KeyError, ValueError, TypeError) as error:  # a missing column, a short or non-numeric row
+            rows = [{key: kind(row[key]) for key, kind in types.items()} for row in csv.DictReader(handle)]
+    except (KeyError, ValueError, TypeError, csv.Error) as error:  # a missing column, a short or non-numeric row
+        reason = "not UTF-8" if isinstance(error, UnicodeDecodeError) else f"{type(error).__name__}: {error}"
         raise ValueError(
-            f"{path}: not a table with the columns {', '.join(types)} ({type(error).__name__}: {error}); "
+            f"{path}: not a table with the columns {', '.join(types)} ({reason}); "
             "the file is truncated or was not written by numdev"
         ) from None
+    if finite:
+        for number, row in enumerate(rows, start=2):
+            for key in finite:
+                value = row[key]
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValueError(f"{path}, line {number}: column {key!r} is {value}, not a finite number: the file is corrupt or was edited")
+    return rows

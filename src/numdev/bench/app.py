@@ -1,8 +1,17 @@
 """numdev-bench: the Hydra app of the microbenchmark. Each run appends its records to
-results.jsonl in its run directory; a sweep is a Hydra multirun (-m)."""
+results.jsonl in its run directory as they are computed; a sweep is a Hydra multirun (-m).
+
+Interrupted (SIGTERM, SIGHUP, Ctrl-C), a run keeps every record computed so far and says so in one
+line. Rerun with the same command and directory, it appends only what is not there yet: a record
+measuring what one already in the file measures (numdev.bench.gather.record_key) is not written
+twice, so gather never counts a measurement twice."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import signal
+import threading
 from pathlib import Path
 
 import hydra
@@ -12,11 +21,12 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
-from numdev.atomic import append_jsonl
+from numdev.atomic import append_jsonl, read_jsonl, write_json
 from numdev.bench.echo import settings_line
+from numdev.bench.gather import INTERRUPTED, record_key
 from numdev.bench.runner import run_bench
 from numdev.config_schema import BENCH, validate
-from numdev.errors import checked_overrides, user_facing
+from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.provenance import provenance
 from numdev.workers import stop_worker_pools
 
@@ -37,23 +47,71 @@ def run(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     results = run_dir / "results.jsonl"
     block = provenance(seeds=[int(s) for s in cfg.seeds])  # each record says where it was measured
+    present = {record_key(r) for r in read_jsonl(results)} if results.is_file() else set()  # an earlier, interrupted run's
+    kept = []
 
     def write(records):
-        append_jsonl(results, [{**record, "provenance": block} for record in records])
+        new = [r for r in records if record_key(r) not in present]
+        kept.extend(r for r in records if record_key(r) in present)
+        append_jsonl(results, [{**record, "provenance": block} for record in new])
+        present.update(record_key(r) for r in new)
 
-    if cfg.get("runner") is not None:  # a whole-grid experiment (numdev.figures.reconcile, bias): records at its end
-        records = instantiate(cfg.runner)(cfg)
-        write(records)
-    else:
-        # Each record is appended as soon as it is computed (one atomic append: concurrent runs sharing
-        # the file keep every record), so a method that fails later loses none of the earlier ones.
-        records = run_bench(cfg, emit=lambda record: write([record]))
+    # Each record is appended as soon as it is computed (one atomic append: concurrent runs sharing
+    # the file keep every record), so a method that fails later, or a signal, loses none of the earlier ones.
+    with _signals_end_the_run(results):
+        if cfg.get("runner") is not None:  # a whole-grid experiment (numdev.figures.reconcile, bias)
+            runner = instantiate(cfg.runner)
+            if "emit" in inspect.signature(runner.__call__).parameters:
+                records = runner(cfg, emit=lambda record: write([record]))
+            else:  # a runner that returns its records at the end
+                records = runner(cfg)
+                write(records)
+        else:
+            records = run_bench(cfg, emit=lambda record: write([record]))
+    (run_dir / INTERRUPTED).unlink(missing_ok=True)  # this run completed the job
+    if kept:
+        print(f"{len(kept)} record(s) were already in {results} from an earlier run of this job: kept, not written twice")
     skipped = sum(r["kind"] == "skipped" for r in records)
     print(f"{len(records)} records -> {results}" + (f" ({skipped} skipped: not enough memory)" if skipped else ""))
     if cfg.get("figure") and hydra_cfg.mode == RunMode.RUN:  # a sweep draws its figure when it ends
         from numdev.bench.figures import announce, make_figure
 
         announce(cfg.figure, make_figure(cfg.figure, run_dir), run_dir)
+
+
+class _Interrupted(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_end_the_run(results: Path):
+    """SIGTERM and SIGHUP (whose default actions end the process without a word) and Ctrl-C end the
+    run with one line saying what was kept and how to complete it; exit 128 + the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(signum, frame):
+        raise _Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except (_Interrupted, KeyboardInterrupt) as error:
+        signum = error.signum if isinstance(error, _Interrupted) else signal.SIGINT
+        kept = len(read_jsonl(results)) if results.is_file() else 0
+        # gather refuses the job until a rerun completes it (numdev.bench.gather, INTERRUPTED)
+        write_json(results.parent / INTERRUPTED, {"signal": signal.Signals(signum).name, "records": kept})
+        raise RunFailed(
+            f"interrupted by {signal.Signals(signum).name}: the {kept} record(s) computed so far are in {results}; to complete "
+            f"the run, rerun the same command with hydra.run.dir={results.parent} (records already there are not written twice)",
+            128 + signum,
+        ) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main() -> None:

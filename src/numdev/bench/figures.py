@@ -10,27 +10,69 @@ figures is numdev.figures.FIGURES. A Hydra callback (SweepFigure) makes the figu
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
 from numdev.atomic import WriteError, write_json, write_text
-from numdev.bench.gather import gather
+from numdev.bench.gather import read_sweep
 from numdev.errors import fail
 from numdev.tables import to_csv
 
 
 def make_figure(name: str, sweep_dir: str | Path) -> dict:
-    """Gather the sweep, write table.csv, <name>.png and <name>.json (caption, verdict, numbers)."""
+    """Gather the sweep, write table.csv, <name>.png and <name>.json (caption, verdict, numbers).
+
+    Nothing is written unless everything succeeds: every record is checked first
+    (numdev.bench.gather.read_sweep), the figure is drawn into a staging directory, and only then
+    are table.csv, the figure and the summary put in place. The summary's provenance is the
+    records' own (where they were measured); when jobs were measured on different machines or
+    commits it is null, `provenance_by_job` lists them and the caption says so.
+    """
     from numdev.figures import get
 
     figure = get(name)
     sweep_dir = Path(sweep_dir)
-    rows = gather(sweep_dir)
-    write_text(sweep_dir / "table.csv", to_csv(rows))
-    summary = {"figure": name, "sweep": str(sweep_dir), "jobs": len({r["job"] for r in rows}), **figure.summarise(rows, sweep_dir)}
-    write_json(sweep_dir / f"{name}.json", summary)
+    sweep = read_sweep(sweep_dir)
+    rows = sweep.rows
+    from numdev.figures import FIGURES
+
+    others = sorted({str(r["experiment"]) for r in rows if r.get("experiment") in FIGURES and r["experiment"] != name})
+    if others:
+        raise ValueError(f"{sweep_dir}: records of experiment {others[0]!r}, not of {name}: make the {others[0]} figure from it, "
+                         f"or run numdev-bench experiment={name}")
+    staging = Path(tempfile.mkdtemp(dir=sweep_dir, prefix=f".{name}-staging-"))
+    try:
+        summary = {"figure": name, "sweep": str(sweep_dir), "jobs": len({r["job"] for r in rows}), **figure.summarise(rows, staging)}
+        _records_provenance(summary, sweep)
+        write_text(sweep_dir / "table.csv", to_csv(rows))
+        for drawn in sorted(staging.iterdir()):
+            os.replace(drawn, sweep_dir / drawn.name)
+        write_json(sweep_dir / f"{name}.json", summary)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return summary
+
+
+def _records_provenance(summary: dict, sweep) -> None:
+    blocks = sweep.provenance_by_job
+    if not blocks or all(b is None for b in blocks.values()):
+        return  # records from before they carried provenance: the summary keeps the figure's own
+    seeds = (summary.get("provenance") or {}).get("seeds")
+    common = sweep.common_provenance()
+    if common is not None:
+        summary["provenance"] = {**common, "seeds": seeds}
+        return
+    from numdev.report.provenance import machine_line_or_unknown
+
+    summary["provenance"] = None
+    summary["provenance_by_job"] = blocks
+    lines = sorted({machine_line_or_unknown(b) for b in blocks.values()})
+    summary["caption"] = (f"{summary.get('caption', '')} (measured on {len(lines)} different machines or commits: "
+                          f"{'; '.join(lines)}; see provenance_by_job.)").strip()
 
 
 def announce(name: str, summary: dict, directory: Path) -> None:
@@ -72,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         summary = make_figure(args.figure, args.sweep_dir)
     except KeyError as error:
         fail("numdev-figure", f"{args.sweep_dir}: the records lack the field {error}: is it a sweep of the {args.figure} experiment?")
+    except (TypeError, IndexError, AttributeError, ArithmeticError) as error:  # fields of another experiment's shape
+        fail("numdev-figure", f"{args.sweep_dir}: the records cannot make {args.figure} ({type(error).__name__}: {error}): "
+             f"is it a sweep of the {args.figure} experiment? Nothing was written")
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-figure", error)
     print(summary["caption"])

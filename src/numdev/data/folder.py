@@ -16,13 +16,14 @@ scale use the webdataset module. Images are resized (shorter side) and centre-cr
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 from pathlib import Path
 
 from torch.utils.data import Dataset
 
-from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader
+from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader, decode_caption, read_caption_file
 from numdev.data.datamodule import CaptionDataModule
 from numdev.data.images import DECODE_ERRORS, IMAGE_SUFFIXES, check_on_bad_image, decode, to_tensor
 
@@ -101,9 +102,12 @@ def read_manifest(path: Path, image_key: str, caption_key: str, captions: Captio
     captions = captions or CaptionReader()
     if not path.is_file():
         raise FileNotFoundError(f"manifest {path} does not exist: fix data.manifest (relative to data.root)")
+    if path.suffix not in (".jsonl", ".csv"):
+        raise ValueError(f"manifest {path}: use a .jsonl or .csv file")
+    text = decode_caption(path.read_bytes(), f"manifest {path}")  # UTF-8, or an error naming the manifest
     if path.suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
@@ -113,8 +117,8 @@ def read_manifest(path: Path, image_key: str, caption_key: str, captions: Captio
             if not isinstance(row, dict):
                 raise ValueError(f"{path}, line {number}: expected a JSON object with {image_key!r} and {caption_key!r}")
             rows.append((number, row))
-    elif path.suffix == ".csv":
-        with open(path, encoding="utf-8", newline="") as handle:
+    else:
+        with io.StringIO(text, newline="") as handle:
             reader = csv.DictReader(handle)
             missing = {image_key, caption_key} - set(reader.fieldnames or [])
             if missing:
@@ -123,13 +127,13 @@ def read_manifest(path: Path, image_key: str, caption_key: str, captions: Captio
                 rows = [(number, row) for number, row in enumerate(reader, start=2)]
             except csv.Error as error:  # e.g. a field over csv's size limit (a huge caption)
                 raise ValueError(f"{path}, line {reader.line_num + 1}: not valid CSV ({error})") from None
-    else:
-        raise ValueError(f"manifest {path}: use a .jsonl or .csv file")
     entries = []
     for number, row in rows:
         where = f"{path}, line {number}"
         if not row.get(image_key):
             raise ValueError(f"{where}: no {image_key!r} field: give each entry an image path")
+        if not isinstance(row[image_key], str):
+            raise ValueError(f"{where}: {image_key!r} is {type(row[image_key]).__name__}, not a path string")
         entries.append((row[image_key], captions(row.get(caption_key), where), where))
     if not entries:
         raise ValueError(f"manifest {path} has no entries")
@@ -149,7 +153,7 @@ def read_pairs(root: Path, captions: CaptionReader | None = None) -> list[tuple[
         text_file = image.with_suffix(".txt")
         if not text_file.is_file():
             raise FileNotFoundError(f"{image} has no caption file {text_file.name} beside it: add one, or use data.manifest")
-        entries.append((image, captions(text_file.read_text(encoding="utf-8"), str(text_file)), str(text_file)))
+        entries.append((image, captions(read_caption_file(text_file), str(text_file)), str(text_file)))
     return entries
 
 

@@ -13,9 +13,12 @@ worker skip its share of the batches already trained on, so it continues the sam
 reading past them: resuming late into a big epoch costs a re-read). The order depends on the
 number of workers and devices: keep them when resuming.
 
-Bad input: a sample without a caption file or with an empty caption is an error naming shard
-and key; an undecodable image is skipped with a warning naming it (on_bad_image=skip) or an
-error (on_bad_image=error).
+Bad input: a sample without a caption file, with an empty caption or one that is not UTF-8 is an
+error naming shard and key; an undecodable image is skipped with a warning naming it
+(on_bad_image=skip; warned in the first epoch only) or an error (on_bad_image=error). Reading
+always terminates: a shard that yields no usable sample (no samples at all, or only undecodable
+images) is an error naming it, and a shard without the tar end-of-archive marker (truncated,
+e.g. by a copy that did not finish) is an error naming it, whatever it held before the cut.
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from numdev.atomic import write_bytes
-from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader
+from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader, decode_caption
 from numdev.data.datamodule import CaptionDataModule, consumed_batches, rank_and_world
 from numdev.data.images import DECODE_ERRORS, check_on_bad_image, decode, to_tensor
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif", "pgm", "ppm")
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
@@ -56,7 +59,35 @@ def expand_shards(spec) -> list[str]:
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise FileNotFoundError(f"shard {missing[0]} does not exist{more}: fix data.shards")
+    for path in paths:
+        check_shard_file(path)
     return paths
+
+
+COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def check_shard_file(path: str) -> None:
+    """A cheap check of a whole shard (two reads): not empty, not compressed, a whole number of tar
+    blocks ending in a zero block. A shard cut short fails here, before training, in almost every
+    case; read_shard checks the end-of-archive marker exactly when it reaches it."""
+    size = Path(path).stat().st_size
+    if size == 0:
+        raise ValueError(f"shard {path} is empty (0 bytes): replace it or leave it out")
+    with open(path, "rb") as handle:
+        head = handle.read(TAR_BLOCK)
+        handle.seek(max(0, size - TAR_BLOCK))
+        tail = handle.read(TAR_BLOCK)
+    kind = next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+    if kind is not None:
+        raise ValueError(f"shard {path} is {kind}-compressed: numdev reads plain tar shards; decompress it")
+    if size % TAR_BLOCK or tail.count(0) != TAR_BLOCK:
+        raise ValueError(
+            f"shard {path} is truncated or not a tar file ({size} bytes, not ending in the tar end-of-archive "
+            "marker): it was cut short, e.g. by a copy that did not finish; copy it again or leave it out"
+        )
+    if head.count(0) == TAR_BLOCK:  # the end-of-archive marker comes first
+        raise ValueError(f"shard {path} holds no samples (an empty tar archive): replace it or leave it out")
 
 
 def _expand_braces(name: str) -> list[str]:
@@ -72,9 +103,11 @@ def _expand_braces(name: str) -> list[str]:
 
 
 def read_shard(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {extension: bytes}) per sample, in the tar's order."""
+    """(key, {extension: bytes}) per sample, in the tar's order. A shard that is not a tar, or is
+    truncated (cut inside a file, or without the end-of-archive marker), is a ValueError naming it;
+    the samples before the cut are yielded first (a stream fails at the cut, not before)."""
     try:
-        with tarfile.open(path, "r") as tar:
+        with tarfile.open(path, "r:") as tar:
             key, files = None, {}
             for member in tar:
                 if not member.isfile():
@@ -90,9 +123,28 @@ def read_shard(path: str) -> Iterator[tuple[str, dict[str, bytes]]]:
                     key, files = member_key, {}
                 files[extension.lower()] = tar.extractfile(member).read()
             if key is not None:
+                _check_end_marker(path, tar.offset)
                 yield key, files
+            else:
+                _check_end_marker(path, tar.offset)
     except tarfile.TarError as error:
         raise ValueError(f"shard {path} is not a readable tar file ({error}): replace it or leave it out") from None
+
+
+TAR_BLOCK = 512
+
+
+def _check_end_marker(path: str, offset: int) -> None:
+    """A whole tar ends with zero blocks where tarfile stopped reading; a shard cut at a file boundary
+    (or inside a header) just stops, and tarfile takes that for the end."""
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        tail = handle.read(TAR_BLOCK)
+    if len(tail) < TAR_BLOCK or tail.count(0) != TAR_BLOCK:
+        raise ValueError(
+            f"shard {path} is truncated (no tar end-of-archive marker after byte {offset}): "
+            "it was cut short, e.g. by a copy that did not finish; copy it again or leave it out"
+        )
 
 
 class ShardStream(IterableDataset):
@@ -143,21 +195,30 @@ class ShardStream(IterableDataset):
             order = np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
             mine = [self.shards[i] for i in order[consumer::consumers]]
             rng = np.random.default_rng([self.seed, epoch, consumer])
-            yield from _shuffled(self._decoded(mine), self.shuffle_buffer, rng)
+            yield from _shuffled(self._decoded(mine, epoch), self.shuffle_buffer, rng)
             epoch += 1
 
-    def _decoded(self, shards: list[str]):
+    def _decoded(self, shards: list[str], epoch: int = 0):
         for shard in shards:
+            seen = usable = 0
             for key, files in read_shard(shard):
-                sample = self._sample(shard, key, files)
+                seen += 1
+                sample = self._sample(shard, key, files, warn=epoch == 0)
                 if sample is not None:
+                    usable += 1
                     yield sample
+            if not usable:  # without this, an endless stream over such shards would never yield
+                if not seen:
+                    raise ValueError(f"shard {shard} holds no samples (no files named <key>.<extension>): replace it or leave it out")
+                raise ValueError(
+                    f"shard {shard}: none of its {seen} sample(s) has an image that can be decoded: replace it or leave it out"
+                )
 
-    def _sample(self, shard: str, key: str, files: dict[str, bytes]) -> dict | None:
+    def _sample(self, shard: str, key: str, files: dict[str, bytes], warn: bool = True) -> dict | None:
         where = f"shard {shard}, sample {key!r}"
         if self.caption_extension not in files:
             raise ValueError(f"{where}: no .{self.caption_extension} caption file: add one to every sample")
-        text = self.captions(files[self.caption_extension].decode("utf-8", errors="replace"), where)
+        text = self.captions(decode_caption(files[self.caption_extension], f"{where}, .{self.caption_extension}"), where)
         extension = next((e for e in IMAGE_EXTENSIONS if e in files), None)
         if extension is None:
             raise ValueError(f"{where}: no image ({', '.join(IMAGE_EXTENSIONS)})")
@@ -166,7 +227,8 @@ class ShardStream(IterableDataset):
         except DECODE_ERRORS as error:
             if self.on_bad_image == "error":
                 raise ValueError(f"{where}: cannot decode the image ({type(error).__name__}); set data.on_bad_image=skip to skip it") from None
-            log.warning("%s: skipped, the image cannot be decoded (%s)", where, type(error).__name__)
+            if warn:  # once per sample, not once per epoch
+                log.warning("%s: skipped, the image cannot be decoded (%s)", where, type(error).__name__)
             return None
         return {"image": to_tensor(image, self.resolution), "caption": text}
 
@@ -229,8 +291,9 @@ class WebDataModule(CaptionDataModule):
         """The first n captions of the first shard, in file order (cycled if it has fewer)."""
         self.setup()
         captions = []
-        for _, files in read_shard(self.shards[0]):
-            text = files.get(self.caption_extension, b"").decode("utf-8", errors="replace").strip()
+        for key, files in read_shard(self.shards[0]):
+            where = f"shard {self.shards[0]}, sample {key!r}, .{self.caption_extension}"
+            text = decode_caption(files.get(self.caption_extension, b""), where).strip()
             if text:
                 captions.append(text[: self.max_caption_chars])
             if len(captions) == n:

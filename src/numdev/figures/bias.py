@@ -71,7 +71,8 @@ class Sweep:
         self.inputs, self.variant, self.lengths = inputs, variant, [int(n) for n in lengths]
         self.block_c, self.block_r = int(block_c), int(block_r)
 
-    def __call__(self, cfg, log=print) -> list[dict]:
+    def __call__(self, cfg, log=print, emit=None) -> list[dict]:
+        """The records; `emit(record)` gets each as soon as it is computed (numdev-bench appends it then)."""
         precision = str(cfg.numerics.precision)
         causal = bool(cfg.causal)
         records = []
@@ -94,6 +95,8 @@ class Sweep:
                     warn_nonfinite(label, metrics, out.numel(), log)
                     records.append({**common, "kind": "vs_golden", "method": label, "seed": seed,
                                     "seconds": time.perf_counter() - start, "metrics": metrics})
+                    if emit is not None:
+                        emit(records[-1])
                 log(f"N={n} seed {seed}: whole flash mean signed error {records[-len(runs)]['metrics']['mean_signed']:+.3e}")
         return records
 

@@ -104,7 +104,8 @@ class Grid:
         kwargs = {"sram": self.sram, "tile_rule": "sram"}
         yield f"sram {self.sram}", kwargs, _blocks_of(n_k, dim, **kwargs)
 
-    def __call__(self, cfg, log=print) -> list[dict]:
+    def __call__(self, cfg, log=print, emit=None) -> list[dict]:
+        """The records; `emit(record)` gets each as soon as it is computed (numdev-bench appends it then)."""
         shape = Shape(**cfg.shape)
         precision = str(cfg.numerics.precision)
         causal = bool(cfg.causal)
@@ -117,6 +118,8 @@ class Grid:
             warn_nonfinite(f"{method} {cell}", metrics, out.numel(), log)
             records.append({**common, "kind": "vs_golden", "method": method, "seed": seed, "cell": cell,
                             "seconds": seconds, "knobs": knobs, "metrics": metrics})
+            if emit is not None:
+                emit(records[-1])
             return metrics
 
         def timed(backend, q, k, v):

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 from pathlib import Path
 
 import yaml
 
-from numdev.atomic import WriteError, read_json, write_bytes, write_text
+from numdev import schemas
+from numdev.atomic import WriteError, check_regular_target, write_bytes, write_text
 from numdev.commands import script
 from numdev.errors import fail
 from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
@@ -26,15 +28,30 @@ from numdev.report import provenance as report_provenance
 from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
 
+log = logging.getLogger(__name__)
 
-def latest_bench_sweeps(output_root: Path) -> list[Path]:
-    """The newest finished sweep or single-run grid (one with its figure summary) of every bench figure."""
+
+def latest_bench_sweeps(output_root: Path, notes: list[str] | None = None) -> list[Path]:
+    """The newest finished sweep or single-run grid (one with its figure summary) of every bench figure.
+    Where a newer run of that figure has no summary (unfinished, failed, killed), the older one is
+    used and `notes` (and a warning) says so."""
     sweeps = []
     for name in BENCH_ORDER:
         done = sorted((p.parent for p in (output_root / "bench" / name).glob(f"*/{name}.json")), key=lambda p: p.stat().st_mtime)
         if done:
             sweeps.append(done[-1])
+            newer = [p for p in (output_root / "bench" / name).iterdir() if p.is_dir() and p not in done
+                     and p.stat().st_mtime > done[-1].stat().st_mtime]
+            if newer:
+                _fell_back(notes, f"{name}: the newest run {max(newer, key=lambda p: p.stat().st_mtime)} has no {name}.json "
+                           f"(unfinished or failed): reporting the older {done[-1]}")
     return sweeps
+
+
+def _fell_back(notes: list[str] | None, text: str) -> None:
+    log.warning("%s", text)
+    if notes is not None:
+        notes.append(text)
 
 
 def bench_section(sweep: Path) -> Section:
@@ -42,8 +59,13 @@ def bench_section(sweep: Path) -> Section:
     summaries = [p for p in summaries if p.stem in BENCH_CLAIMS]
     if not summaries:
         raise FileNotFoundError(f"{sweep} has no figure summary (fig3.json, ...): run the sweep through an experiment config")
-    summary = read_json(summaries[0], "figure summary")
+    summary = schemas.read_figure_summary(summaries[0])
     name = summary["figure"]
+    if name not in BENCH_CLAIMS:
+        raise ValueError(f"{summaries[0]}: field 'figure' is {name!r}, not one of {', '.join(BENCH_CLAIMS)}: the file was edited")
+    for field in ("caption",):
+        if field not in summary:
+            raise ValueError(f"{summaries[0]}: field '{field}' is missing: the figure summary is incomplete; rerun numdev-figure {name} {sweep}")
     title, claim = BENCH_CLAIMS[name]
     overrides = _task_overrides(sweep / "multirun.yaml") or _run_overrides(sweep / ".hydra" / "overrides.yaml")
     config = sweep / "0" / ".hydra" / "config.yaml"
@@ -95,20 +117,30 @@ def _task_overrides(multirun_yaml: Path) -> list[str]:
     return list(hydra_cfg.get("overrides", {}).get("task", []))
 
 
-def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path) -> Path:
+def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path, notes: list[str] | None = None) -> Path:
+    """Every section is built (every file read and checked) before anything is written."""
     sections = [bench_section(sweep) for sweep in bench_sweeps]
     sources = {f"{s.title.split(':')[0]} ({sweep})": s.provenance for s, sweep in zip(sections, bench_sweeps)}
     if study_dir is not None:
         from numdev.report.study import study_sections
 
         study_provenance = _study_provenance(Path(study_dir))
-        for section in study_sections(study_dir):
+        try:
+            built = study_sections(study_dir)
+        except (KeyError, TypeError, AttributeError, IndexError) as error:  # a field the schema does not cover
+            raise ValueError(f"{Path(study_dir) / 'summary.json'}: a field is missing or of the wrong type "
+                             f"({type(error).__name__}: {error}): the study summary was edited; rerun numdev-study {study_dir}") from None
+        for section in built:
             section.provenance = section.provenance or study_provenance
             sections.append(section)
         sources[f"the study ({study_dir})"] = study_provenance
     if not sections:
         raise FileNotFoundError("nothing to report: no finished bench sweep or study found (run `make demo` first)")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_regular_target(out_dir / "index.html")  # -o onto a file, a FIFO or a device: one line, nothing written
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WriteError(out_dir, error) from None
     for section in sections:
         if section.figure is not None and section.figure.exists():
             write_bytes(out_dir / section.figure.name, section.figure.read_bytes())  # atomic copy
@@ -117,7 +149,7 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         f"generated {datetime.datetime.now():%Y-%m-%d %H:%M} — does FlashAttention's numeric deviation matter?",
         sections,
         intro="Each section regenerates a figure of 'Is Flash Attention Stable?' (Golden et al., 2024) or its "
-        "neighbours, beside the paper's claim.",
+        "neighbours, beside the paper's claim." + "".join(f" Note: {note}." for note in notes or []),
         header=report_provenance.header_html(sources, provenance()),
     )
     index = out_dir / "index.html"
@@ -133,12 +165,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--out", help="report directory (default: OUTPUTS/report)")
     args = parser.parse_args(argv)
     root = Path(args.outputs)
-    bench = [Path(p) for p in args.bench] if args.bench is not None else latest_bench_sweeps(root)
-    study = Path(args.study) if args.study else latest_study(root)
+    notes: list[str] = []
     try:
-        index = build_report(bench, study, Path(args.out) if args.out else root / "report")
+        bench = [Path(p) for p in args.bench] if args.bench is not None else latest_bench_sweeps(root, notes)
+        study = Path(args.study) if args.study else latest_study(root, notes)
+        index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-report", error)
+    for note in notes:  # also on the page
+        print(f"numdev-report: note: {note}")
     print(f"report: {index.resolve()}")
 
 
@@ -148,16 +183,24 @@ def _study_provenance(study_dir: Path) -> dict | None:
 
     for path in (study_dir / SUMMARY, study_dir / "reference" / "run.json"):
         if path.is_file():
-            block = read_json(path, "study summary" if path.name == SUMMARY else "run record").get("provenance")
+            block = (schemas.read_study_summary(path) if path.name == SUMMARY else schemas.read_run(path)).get("provenance")
             if block:
                 return block
     return None
 
 
-def latest_study(root: Path) -> Path | None:
-    """The newest analysed study (numdev-train experiment=flash_stability) under root/train."""
+def latest_study(root: Path, notes: list[str] | None = None) -> Path | None:
+    """The newest analysed study (numdev-train experiment=flash_stability) under root/train; where a
+    newer study has no summary.json (unfinished, failed, not analysed), `notes` says so."""
     done = sorted((p.parent for p in (root / "train").glob("*/multirun_*/summary.json")), key=lambda p: p.name)
-    return done[-1] if done else None
+    if not done:
+        return None
+    newer = [p for p in (root / "train").glob("*/multirun_*") if p.is_dir() and p not in done and p.name > done[-1].name
+             and (p / "multirun.yaml").is_file() and any(p.glob("r*/*/config.yaml"))]
+    if newer:
+        _fell_back(notes, f"the study: the newest {max(newer, key=lambda p: p.name)} has no summary.json (unfinished, failed "
+                   f"or not analysed: numdev-study DIR): reporting the older {done[-1]}")
+    return done[-1]
 
 
 if __name__ == "__main__":

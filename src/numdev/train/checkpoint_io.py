@@ -1,4 +1,4 @@
-"""Lightning checkpoints written atomically and read back without executing pickled code.
+"""Lightning checkpoints written atomically, checksummed, and read back without executing pickled code.
 
 Lightning's own TorchCheckpointIO writes through an fsspec transaction (a rename, but no fsync)
 and unpickles with whatever `weights_only` the caller passes. Here every checkpoint goes through
@@ -6,11 +6,22 @@ numdev.atomic (temporary file, fsync, rename: a SIGKILL mid-write leaves the pre
 last.ckpt intact) and is always read with `torch.load(weights_only=True)`: tensors, plain
 containers and numbers only, so a checkpoint from elsewhere cannot run code when it is loaded.
 A truncated, corrupt or unsafe file is a `CheckpointError` naming the file and the reason.
+
+Integrity: beside each checkpoint, `<name>.sha256` (run_layout.checkpoint_digest_path) records
+{"sha256": <the checkpoint's>, "previous": <the one it replaces>}. It is written (atomically)
+before the checkpoint, so whenever a kill falls between the two writes the checkpoint on disk is
+one of the two it lists; a checkpoint matching neither was changed after it was written (a bit
+flip, an edit, a copy gone wrong) and is refused at every load, resume=true and resume=auto alike,
+with what to do. A checkpoint without the file (written before numdev checksummed them) loads
+with a warning that it could not be verified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import logging
 import pickle
 import zipfile
 from pathlib import Path
@@ -19,7 +30,10 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from numdev.atomic import write_bytes
+from numdev.atomic import write_bytes, write_json
+from numdev.run_layout import checkpoint_digest_path
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -27,18 +41,52 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
+    path = Path(path)
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
-    write_bytes(path, buffer.getvalue())
+    data = buffer.getvalue()
+    digest = checkpoint_digest_path(path)
+    previous = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    write_json(digest, {"sha256": hashlib.sha256(data).hexdigest(), "previous": previous})
+    write_bytes(path, data)
+
+
+def _check_digest(path: Path, data: bytes) -> None:
+    digest_path = checkpoint_digest_path(path)
+    if not digest_path.is_file():
+        log.warning("%s has no checksum file %s (written by an older numdev): it cannot be verified", path, digest_path.name)
+        return
+    try:
+        record = json.loads(digest_path.read_bytes().decode("utf-8"))
+        known = {record["sha256"], record.get("previous")} - {None}
+        if not all(isinstance(k, str) and len(k) == 64 for k in known):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(
+            f"{digest_path}: not a checksum record ({{\"sha256\": ..., \"previous\": ...}}): it is corrupt, so {path} "
+            "cannot be verified; restore both from a copy, or move the checkpoints/ directory aside and rerun with "
+            "resume=auto to train again from step 0"
+        ) from None
+    if hashlib.sha256(data).hexdigest() not in known:
+        raise CheckpointError(
+            f"{path}: its sha256 does not match {digest_path.name}: the checkpoint was changed or damaged after it was "
+            "written, and resuming from it would continue from other weights; restore it from a copy, or move it aside "
+            "and rerun with resume=auto to train again from step 0 (the snapshots come out the same)"
+        )
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """The checkpoint's dict, unpickled with weights_only=True; one-line CheckpointError otherwise."""
+    """The checkpoint's dict, unpickled with weights_only=True and checked against its checksum;
+    one-line CheckpointError otherwise."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        data = path.read_bytes()
+    except OSError as error:
+        raise CheckpointError(f"{path} could not be read ({error.strerror or error})") from None
+    try:
+        checkpoint = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         unsafe = next((line for line in lines if "GLOBAL" in line), None)
@@ -55,11 +103,12 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
         raise CheckpointError(f"{path} is not a readable checkpoint ({reason[:200]}): it is truncated or corrupt") from None
     if not isinstance(checkpoint, dict) or "global_step" not in checkpoint or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no global_step / state_dict)")
+    _check_digest(path, data)
     return checkpoint
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Trainer plugin: atomic writes, weights_only=True reads (whatever Lightning asks for)."""
+    """Trainer plugin: atomic, checksummed writes, weights_only=True verified reads (whatever Lightning asks for)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
@@ -68,3 +117,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return load_checkpoint(path, "cpu" if map_location is None else map_location)
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        checkpoint_digest_path(path).unlink(missing_ok=True)

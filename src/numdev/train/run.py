@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -18,8 +19,8 @@ from omegaconf import DictConfig
 
 from numdev import schemas
 from numdev.atomic import remove_temporaries
-from numdev.config_schema import TRAIN, validate
-from numdev.errors import RunFailed
+from numdev.config_schema import SEED_LIMIT, TRAIN, validate
+from numdev.errors import Hangup, RunFailed, one_line
 from numdev.models.perturb import apply_init_perturbation
 from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.run_lock import RunLock
@@ -30,6 +31,7 @@ from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.instability import FILE as INSTABILITY_FILE
 from numdev.train.instability import InstabilityMonitor
+from numdev.train.memory import check_training_memory
 from numdev.train.module import DiffusionModule
 from numdev.train.sibling import SiblingDistance
 from numdev.train.snapshots import WeightSnapshots
@@ -65,8 +67,8 @@ def build_module(cfg: DictConfig, model: torch.nn.Module) -> DiffusionModule:
 
 def _seed(cfg: DictConfig, name: str) -> int:
     value = cfg.seed.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"seed.{name}={value!r} must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        raise ValueError(f"seed.{name}={value!r} must be a non-negative integer below 2^64 (a 64-bit seed)")
     return value
 
 
@@ -79,6 +81,22 @@ def _check_config(cfg: DictConfig) -> None:
         _seed(cfg, name)
     if cfg.get("threads") is not None and (not isinstance(cfg.threads, int) or cfg.threads <= 0):
         raise ValueError(f"threads={cfg.threads!r} must be a positive integer or null")
+    _check_optimizer(cfg)
+
+
+def _check_optimizer(cfg: DictConfig) -> None:
+    """Build the configured optimizer over one dummy parameter: any setting it refuses (betas=[],
+    a negative eps, a key the optimizer does not take) fails now, before a record is written,
+    not at the first step."""
+    from hydra.errors import InstantiationException
+
+    try:
+        instantiate(cfg.optim.optimizer)([torch.nn.Parameter(torch.zeros(1))])
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        raise ValueError(f"optim.optimizer: {one_line(cause)}: fix the optimizer's settings (optim.optimizer.*)") from None
+    except (ValueError, TypeError, IndexError, KeyError, RuntimeError) as error:
+        raise ValueError(f"optim.optimizer: {type(error).__name__}: {one_line(error)}: fix the optimizer's settings (optim.optimizer.*)") from None
 
 
 def check_backend_for(cfg: DictConfig, backend) -> None:
@@ -103,6 +121,24 @@ def build_trainer(cfg: DictConfig):
     return trainer, logger
 
 
+@contextlib.contextmanager
+def _hangup_ends_the_run():
+    """SIGHUP's default action kills the process with no cleanup (run.json stays "running"):
+    while training, it raises Hangup instead. Only the main thread can install a handler."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+        yield
+        return
+
+    def hangup(signum, frame):
+        raise Hangup
+
+    previous = signal.signal(signal.SIGHUP, hangup)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def train(cfg: DictConfig) -> dict:
     """Train as `cfg` says; returns the run record (also in <run_dir>/run.json)."""
     _check_config(cfg)
@@ -111,6 +147,7 @@ def train(cfg: DictConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     backend = instantiate(cfg.attention)
     check_backend_for(cfg, backend)
+    check_training_memory(cfg, backend)  # before any allocation: a model or batch that cannot fit is one line
     model = build_model(cfg, backend)
     datamodule = instantiate(cfg.data)
     module = build_module(cfg, model)
@@ -118,7 +155,7 @@ def train(cfg: DictConfig) -> dict:
     check_launch(trainer)
     rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
     # One live run per directory (rank 0 holds it for the job); released by the kernel if killed.
-    with RunLock(run_dir) if rank_zero else contextlib.nullcontext():
+    with RunLock(run_dir) if rank_zero else contextlib.nullcontext(), _hangup_ends_the_run():
         return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, logger, rank_zero)
 
 
@@ -168,7 +205,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
     except BaseException as error:
         interrupted = _signal_of(error)
         step = int(trainer.global_step)
-        message = f"interrupted by {interrupted.name} at step {step}" if interrupted else f"{type(error).__name__}: {error}"[:500]
+        message = f"interrupted by {interrupted.name} at step {step}" if interrupted else f"{type(error).__name__}: {one_line(error)}"[:500]
         try:
             finish("failed", error=message, final_step=step)
         except OSError:  # e.g. the disk is full: the original error is the one to report
@@ -189,6 +226,8 @@ def _signal_of(error: BaseException) -> signal.Signals | None:
     (SIGINT, KeyboardInterrupt) into sys.exit(1) raised while handling it."""
     if isinstance(error, SIGTERMException):
         return signal.SIGTERM
+    if isinstance(error, Hangup):
+        return signal.SIGHUP
     if isinstance(error, KeyboardInterrupt) or (isinstance(error, SystemExit) and isinstance(error.__context__, KeyboardInterrupt)):
         return signal.SIGINT
     return None

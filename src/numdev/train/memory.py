@@ -1,0 +1,98 @@
+"""How much memory a training run will need, estimated before anything is allocated.
+
+Like the microbenchmark's preflight (numdev.bench.memory), a run whose estimate exceeds the memory
+available is refused in one line with the estimate, instead of allocating for minutes (a batch of
+10^8 images) or failing inside the model's constructor (a hidden size of 200000). The estimate is
+deliberately on the low side, so that a run that fits is never refused:
+
+- parameters: counted exactly by building the model on PyTorch's "meta" device (no memory), times
+  16 bytes (float32 weights, gradients, and AdamW's two moments) + 4 (the float32 snapshot copy);
+- activations kept for the backward pass: per transformer block, ~8 values per token and hidden
+  unit (image tokens (resolution/patch)^2, caption tokens context_length), plus the attention
+  probabilities (batch x heads x tokens x keys) for backends that materialise them (baseline,
+  eager, sdpa_math); 4 bytes each (2 under a 16-bit mixed precision);
+- the batch of images itself, with its noise and noisy copy.
+
+It is compared with MemAvailable (/proc/meminfo) for a CPU trainer, with the free memory of the
+GPU for a GPU trainer; where neither can be read, nothing is checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from numdev.bench.memory import available_bytes, gib
+
+MATERIALISED = ("baseline", "eager", "sdpa_math")  # backends that hold the whole score matrix
+SAVED_PER_TOKEN = 8  # values saved for backward per token and hidden unit in one block (low side)
+PARAMETER_BYTES = 16 + 4  # weights, gradients, two AdamW moments, the snapshot copy (float32)
+
+
+@dataclass
+class Estimate:
+    parameters: int
+    parameter_bytes: int
+    activation_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.parameter_bytes + self.activation_bytes
+
+
+def count_parameters(cfg: DictConfig, backend) -> int:
+    """The model's parameter count, from building it on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = instantiate(cfg.model, attention=backend, _convert_="all")
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimate:
+    """The estimate; `parameters` None: counted on the meta device, 0: left out (activations only)."""
+    model, data = cfg.model, cfg.data
+    batch, resolution = int(data.batch_size), int(data.resolution)
+    image_tokens = (resolution // int(model.patch)) ** 2
+    text = model.text
+    caption_tokens = int(text.context_length)
+    materialised = getattr(backend, "name", "") in MATERIALISED
+    per_block = image_tokens * int(model.hidden) * SAVED_PER_TOKEN
+    if materialised:
+        per_block += int(model.heads) * image_tokens * (image_tokens + caption_tokens)
+    per_text_layer = caption_tokens * int(text.width) * SAVED_PER_TOKEN
+    if materialised:
+        per_text_layer += int(text.heads) * caption_tokens * caption_tokens
+    values = batch * (int(model.depth) * per_block + int(text.layers) * per_text_layer + 3 * 3 * resolution * resolution)
+    value_bytes = 2 if str(cfg.precision.get("name", "")).startswith(("bf16-mixed", "fp16-mixed", "16")) else 4
+    parameters = count_parameters(cfg, backend) if parameters is None else parameters
+    return Estimate(parameters, parameters * PARAMETER_BYTES, values * value_bytes)
+
+
+def available_for(cfg: DictConfig) -> tuple[int | None, str]:
+    """(bytes available, where) for the configured accelerator; None where it cannot be read."""
+    accelerator = str(cfg.trainer.get("accelerator", "cpu"))
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return free, "free on the GPU"
+    return available_bytes(), "available (MemAvailable)"
+
+
+def check_training_memory(cfg: DictConfig, backend) -> Estimate | None:
+    """Refuse (ValueError, one line) a run whose estimate exceeds the memory available."""
+    limit, where = available_for(cfg)
+    if limit is None:
+        return None
+    need = estimate(cfg, backend, parameters=0)  # activations first: building even a meta model allocates its buffers
+    if need.total <= limit:
+        need = estimate(cfg, backend)
+    if need.total > limit:
+        raise ValueError(
+            f"data.batch_size={cfg.data.batch_size}, data.resolution={cfg.data.resolution}, model.hidden={cfg.model.hidden}, "
+            f"model.depth={cfg.model.depth}{f' ({need.parameters:,} parameters)' if need.parameters else ''}: training needs at least ~{gib(need.total)} "
+            f"(weights, gradients and optimizer state {gib(need.parameter_bytes)}, activations of one batch "
+            f"{gib(need.activation_bytes)}), more than the {gib(limit)} {where}: lower data.batch_size, the model's "
+            "size (model.hidden, model.depth) or data.resolution"
+        )
+    return need
