@@ -221,6 +221,7 @@ class Seeds:
     init: int = integer(min=0)
     data: int = integer(min=0)
     noise: int = integer(min=0)
+    perturbation: int = integer(min=0)
 
 
 @dataclass
@@ -232,6 +233,7 @@ class Every:  # a callback with a period
 class Snapshot:
     every_n_steps: int = integer(min=1)
     sorted_values: bool = boolean()
+    trained_only: bool = boolean()
 
 
 @dataclass

@@ -96,7 +96,8 @@ INSTABILITY = FileSchema(  # <run_dir>/instability.json (numdev.train.instabilit
     "instability record", required={"events": list}, optional={"format": int, "settings": dict},
     items={"events": INSTABILITY_EVENT},
 )
-SNAPSHOT_ENTRY = FileSchema("snapshot index entry", required={"step": int, "file": str, "sha256": str})
+SNAPSHOT_ENTRY = FileSchema("snapshot index entry", required={"step": int, "file": str, "sha256": str},
+                            optional={"stored": str, "base_step": int})
 SNAPSHOT_INDEX = FileSchema(  # <run_dir>/weights/index.json (numdev.snapshot_store)
     "snapshot index", required={"format": int, "model": str, "param_shapes": dict, "snapshots": list},
     items={"snapshots": SNAPSHOT_ENTRY},

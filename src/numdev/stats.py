@@ -22,6 +22,16 @@ CONFIDENCE = 0.95
 RESAMPLES = 2000
 METHOD = "percentile"
 MIN_SEEDS = 3
+# Intervals on log ratios (the early-phase measures): Student t over replicates of the per-replicate
+# log values, back-transformed (a geometric mean with its interval). With fewer than MIN_CI
+# replicates no interval is claimed: [low, high] is then the range (min..max) of the n values and
+# says so ("range of n"): a t or bootstrap "95%" from 3-4 values does not cover what it says.
+MIN_CI = 5
+T, RANGE = "t", "range"
+LOG_RULE = (
+    f"{int(CONFIDENCE * 100)}% Student t interval over replicates of the per-replicate log values, back-transformed "
+    f"(scipy.stats.t); from fewer than {MIN_CI} replicates the range of the n values, labelled 'range of n'"
+)
 RULE = f"{int(CONFIDENCE * 100)}% percentile bootstrap over seeds ({RESAMPLES} resamples, scipy.stats.bootstrap)"
 
 
@@ -33,6 +43,7 @@ class Estimate:
     low: float
     high: float
     n: int
+    method: str = METHOD  # how [low, high] was made: "percentile" (bootstrap), "t" (Student t), "range" (min..max of n < MIN_CI)
 
     def __post_init__(self):  # null (JSON) and nan both mean "no interval"
         for name in ("value", "low", "high"):
@@ -53,8 +64,10 @@ class Estimate:
 
     def text(self, fmt: str = ".3g", unit: str = "") -> str:
         """'2.7x [2.4, 3.1]' — the value and its interval, or 'n/a' in place of the interval."""
-        interval = f"[{self.low:{fmt}}, {self.high:{fmt}}]" if self.has_interval else f"[n/a: {self.n} seed(s)]"
-        return f"{self.value:{fmt}}{unit} {interval}"
+        if not self.has_interval:
+            return f"{self.value:{fmt}}{unit} [n/a: {self.n} seed(s)]"
+        label = f"range of {self.n}: " if self.method == RANGE else ""
+        return f"{self.value:{fmt}}{unit} [{label}{self.low:{fmt}}, {self.high:{fmt}}]"
 
 
 def _finite(values) -> np.ndarray:
@@ -111,3 +124,33 @@ def statistic_interval(values, statistic, seed: int = 0) -> Estimate:
     x = _finite(values)
     low, high = _interval((x,), statistic, seed, vectorized=False)
     return Estimate(float(statistic(x)), low, high, int(x.size))
+
+
+def log_mean_interval(values, confidence: float = CONFIDENCE) -> Estimate:
+    """exp(mean(log values)) over replicates with its t interval (a range below MIN_CI replicates).
+
+    For positive per-replicate quantities whose spread is multiplicative (distances, ratios of
+    distances, equivalent sizes): the interval is on the log scale, where replicates scatter
+    symmetrically, then exponentiated. Rule: LOG_RULE.
+    """
+    x = _finite(values)
+    if (x <= 0).any():
+        raise ValueError(f"log_mean_interval needs positive values, got {x.min():.3g}")
+    logs = np.log(x)
+    centre = float(np.exp(logs.mean()))
+    if x.size < MIN_SEEDS:
+        return Estimate(centre, math.nan, math.nan, int(x.size), T)
+    if x.size < MIN_CI:
+        return Estimate(centre, float(x.min()), float(x.max()), int(x.size), RANGE)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, x.size - 1) * logs.std(ddof=1) / math.sqrt(x.size))
+    return Estimate(centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half)), int(x.size), T)
+
+
+def log_ratio_interval(numerators, denominators, confidence: float = CONFIDENCE) -> Estimate:
+    """Paired ratio numerator/denominator per replicate, summarised by log_mean_interval."""
+    a, b = _finite(numerators), _finite(denominators)
+    if a.size != b.size:
+        raise ValueError(f"a paired ratio needs as many numerators as denominators, got {a.size} and {b.size}")
+    if (a <= 0).any() or (b <= 0).any():
+        raise ValueError("a log ratio needs positive values on both sides")
+    return log_mean_interval(a / b, confidence)
