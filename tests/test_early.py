@@ -234,7 +234,7 @@ def ladder_study(tmp_path_factory):
     root = tmp_path_factory.mktemp("early")
     study = root / "study"
     run_cli("numdev.train.app", "experiment=flash_stability_early_smoke", f"hydra.sweep.dir={study}",
-            f"hydra.sweeper.params.study={CALIBRATION_ROLES}", f"hydra.sweeper.params.study.replicate=range(0,{REPLICATES})",
+            f"study={CALIBRATION_ROLES}", f"study.replicate=range(0,{REPLICATES})",
             cwd=root, timeout=1500)
     from numdev.train.run import train
 
@@ -268,3 +268,15 @@ def test_the_ladder_recovers_a_planted_eps(ladder_study):
     estimate = stats.Estimate(**planted["estimate"])
     assert estimate.n == REPLICATES and estimate.low <= 1e-4 <= estimate.high, (calib["step"], planted["text"])
     assert json.loads(json.dumps(summary["headline"]))["text"].startswith(f"at step {calib['step']}")
+
+
+def test_the_low_floor_study_trains_its_reference_in_fp32_and_flash_as_the_kernel_keeps_bf16():
+    def role(name):
+        return compose_train("experiment=flash_stability_lowfloor", f"study={name}", "run_dir=/tmp/x", smoke=False)
+
+    reference, flash, bf16, attention = role("reference"), role("flash"), role("bf16"), role("bf16_attention")
+    assert reference.precision.name == "fp32" and reference.attention._target_ == "numdev.attention.Eager"
+    assert reference.attention.precision == "fp32" and reference.attention.dtype is None  # no autocast: fp32 attention
+    assert flash.precision.name == "fp32" and flash.attention._target_ == "numdev.attention.SdpaFlash" and flash.attention.dtype == "bf16"
+    assert bf16.precision.name == "bf16-mixed" and bf16.study.paper == "low_precision"
+    assert attention.precision.name == "fp32" and attention.attention.precision == "bf16-mixed"

@@ -124,7 +124,8 @@ def crossings(curves: dict, metric: str = EARLY_METRIC) -> dict:
         for threshold in THRESHOLDS:
             per = {str(r): crossing_step(s, v[metric], threshold) for r, (s, v) in sorted(by_rep.items()) if metric in v}
             reached = [x for x in per.values() if x is not None]
-            entry = {"per_replicate": per, "reached": len(reached), "replicates": len(per)}
+            entry = {"per_replicate": per, "reached": len(reached), "replicates": len(per),
+                     "at_start": sum(1 for x in reached if x == 0)}  # already above it at step 0
             if reached and len(reached) == len(per) and min(reached) > 0:
                 entry["estimate"] = stats.log_mean_interval(reached).as_dict()
             row[f"{threshold:g}"] = entry

@@ -64,8 +64,16 @@ DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "shape_accuracy": (EVAL, "shape_accuracy", "shape agreement"),
     "position_accuracy": (EVAL, "position_accuracy", "position agreement"),
 }
-# The paper's Fig. 8 names two proxies: the roles that play them (conf/study/init.yaml, fp32.yaml).
+# The paper's Fig. 8 names two proxies: the roles that play them say so (study.paper: init |
+# low_precision in conf/study/init.yaml, fp32.yaml, bf16.yaml); these names are the fallback for
+# studies whose roles predate the key.
 PAPER_INIT, PAPER_LOW_PRECISION = "init", "fp32"
+
+
+def paper_roles(summary: dict) -> tuple[str, str]:
+    """(init proxy, low-precision proxy) role names of a summary."""
+    roles = summary.get("paper_roles") or {}
+    return roles.get("init", PAPER_INIT), roles.get("low_precision", PAPER_LOW_PRECISION)
 PAPER_LOW_PRECISION_RANGE = (2.0, 5.0)
 
 
@@ -87,7 +95,7 @@ def discover(study_dir: Path) -> dict[str, dict[int, dict]]:
         replicate = int(block.get("replicate", 0))
         runs.setdefault(block["role"], {})[replicate] = {
             "dir": run_dir, "role": block["role"], "kind": block.get("kind", "control"), "label": block.get("label", block["role"]),
-            "replicate": replicate, "record": record, "config": config, "ladder": block.get("ladder"),
+            "replicate": replicate, "record": record, "config": config, "ladder": block.get("ladder"), "paper": block.get("paper"),
         }
     kinds = {run["kind"] for by_rep in runs.values() for run in by_rep.values()}
     if REFERENCE not in kinds:
@@ -307,7 +315,8 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True) -> dic
         "parameters": _parameters(_first(runs[reference])["dir"]),
         "steps": reference_run.get("final_step"),
         "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
-        "role_order": list(runs),  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
+        "role_order": list(runs),
+        "paper_roles": {_first(by_rep)["paper"]: role for role, by_rep in runs.items() if _first(by_rep)["paper"]},  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
         "roles": {
             role: {"kind": _kind(by_rep), "label": _first(by_rep)["label"], "replicates": _replicates_of(by_rep),
                    "ladder": _first(by_rep)["ladder"],
@@ -361,16 +370,18 @@ def headline(summary: dict) -> dict:
     calib, under_test = summary.get("calibration") or {}, summary["under_test"]
     if "equivalent" not in calib:
         return {"text": f"no equivalent sizes: {calib.get('problem', 'no calibration ladder in this study')}"}
+    _, low = paper_roles(summary)
     init = calib["equivalent"].get(early.INIT_LADDER, {})
-    sizes = {role: init[role]["text"] for role in (under_test, PAPER_LOW_PRECISION) if role in init}
-    ratio = early.equivalent_ratio(calib, PAPER_LOW_PRECISION, under_test)
+    sizes = {role: init[role]["text"] for role in (under_test, low) if role in init}
+    ratio = early.equivalent_ratio(calib, low, under_test)
     floor = calib["floor"]
+    label = summary.get("roles", {}).get(low, {}).get("label", "low precision vs fp32 training")
     text = (
         f"at step {calib['step']}: {under_test} moves the weights as much as perturbing the initial weights by eps* = "
-        f"{sizes.get(under_test, 'n/a')}; {PAPER_LOW_PRECISION} (low precision vs fp32 training) by eps* = "
-        f"{sizes.get(PAPER_LOW_PRECISION, 'n/a')}; {ratio['text']}; resolution floor {floor['text']}"
+        f"{sizes.get(under_test, 'n/a')}; {low} ({label}) by eps* = "
+        f"{sizes.get(low, 'n/a')}; {ratio['text']}; resolution floor {floor['text']}"
     )
-    return {"step": calib["step"], "equivalent": sizes, "ratio": ratio, "floor": floor.get("floor"), "text": text}
+    return {"step": calib["step"], "equivalent": sizes, "low_precision_role": low, "ratio": ratio, "floor": floor.get("floor"), "text": text}
 
 
 def claim_verdicts(summary: dict, curves: dict | None = None) -> dict:
@@ -392,16 +403,17 @@ def claim_verdicts(summary: dict, curves: dict | None = None) -> dict:
         "drifts apart": verdicts.Verdict(**flash["grows"]),
         "only grows": verdicts.monotone_verdict(flash["steps"], per_step, "increasing", what=f"the replicate-mean Flash vs Baseline {metric}"),
     })
+    init_role, low = paper_roles(summary)
     init_saturated = None
-    if curves is not None and PAPER_INIT in curves and early.EARLY_METRIC in metric_set(curves[PAPER_INIT]):
-        init_saturated = early.saturation_verdict(curves[PAPER_INIT], f"{PAPER_INIT} vs the reference")
+    if curves is not None and init_role in curves and early.EARLY_METRIC in metric_set(curves[init_role]):
+        init_saturated = early.saturation_verdict(curves[init_role], f"{init_role} vs the reference")
     early_parts = {}
     if init_saturated is not None:
         early_parts["below another initialisation"] = init_saturated
     calib = summary.get("calibration") or {}
     if "equivalent" in calib:
-        ratio = early.equivalent_ratio(calib, PAPER_LOW_PRECISION, under_test)
-        what = f"eps*({PAPER_LOW_PRECISION}) / eps*({under_test})"
+        ratio = early.equivalent_ratio(calib, low, under_test)
+        what = f"eps*({low}) / eps*({under_test})"
         rule = f"{what}'s 95% interval over replicates lies within [{PAPER_LOW_PRECISION_RANGE[0]:g}, {PAPER_LOW_PRECISION_RANGE[1]:g}]"
         early_parts["2-5x below low precision"] = (
             verdicts.range_verdict(stats.Estimate(**ratio["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=what)
@@ -420,8 +432,9 @@ def metric_set(by_rep: dict) -> set:
 def _late_fig8(summary: dict, metric: str, under_test: str, init_saturated) -> verdicts.Verdict:
     """The paper's Fig. 8 on OLS slopes over the whole run: the late regime every same-start role shares."""
     parts = {}
-    init = summary["ratios"].get(f"{PAPER_INIT}/{under_test}", {}).get(metric)
-    lowp = summary["ratios"].get(f"{PAPER_LOW_PRECISION}/{under_test}", {}).get(metric)
+    init_role, low = paper_roles(summary)
+    init = summary["ratios"].get(f"{init_role}/{under_test}", {}).get(metric)
+    lowp = summary["ratios"].get(f"{low}/{under_test}", {}).get(metric)
     if init_saturated is not None:
         parts["below another initialisation"] = init_saturated
     elif init:
@@ -431,7 +444,7 @@ def _late_fig8(summary: dict, metric: str, under_test: str, init_saturated) -> v
             parts["2-5x below low precision"] = verdicts.Verdict(**lowp["verdict"])
         else:
             parts["2-5x below low precision"] = verdicts.range_verdict(
-                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"{PAPER_LOW_PRECISION}/{under_test} slope ratio"
+                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"{low}/{under_test} slope ratio"
             )
     return verdicts.combine(parts) if parts else verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the init and fp32 roles", "")
 
