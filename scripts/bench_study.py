@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             study_dir = args.keep.resolve() if args.keep is not None else Path(tmp) / "study"
             load_before = os.getloadavg()
+            cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-m", "numdev.train.app", *command, f"hydra.sweep.dir={study_dir}"],
@@ -71,7 +73,10 @@ def main() -> None:
             )
             wall = time.perf_counter() - start
             # The 1/5/15-minute load averages around the repeat: on a shared machine, others' work is in the wall time.
+            cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
             repeats.append({"wall_s": wall, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                            # CPU seconds of the study's processes (user + system): what it costs whatever else runs
+                            "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
                             "runs_s": run_seconds(study_dir)})
     median = statistics.median(r["wall_s"] for r in repeats)
     print(json.dumps({

@@ -108,5 +108,6 @@ STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), wha
     "study summary",
     required={"primary_metric": str, "paper_metric": str, "pairs": dict, "ratios": dict, "verdicts": dict,
               "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str},
-    optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict},
+    optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict,
+              "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict},
 )

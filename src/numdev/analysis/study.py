@@ -473,7 +473,7 @@ def captions(summary: dict) -> dict:
         if entry:
             parts.append(f"{key} {stats.Estimate(**entry['estimate']).text('.2g', 'x')}{' (excludes 1)' if entry['excludes_one'] else ''}")
     lines["fig8_late"] = (
-        f"Late, shared regime — growth-rate ratios ({label}, OLS slope per step over the whole run, {replicates} replicate(s)): "
+        f"Growth-rate ratios, the late shared regime ({label}, OLS slope per step over the whole run, {replicates} replicate(s)): "
         + "; ".join(parts) + f". Verdict: {verdicts.Verdict(**summary['verdicts']['fig8_late']).text()}"
     )
     lines["fig8"] = (
