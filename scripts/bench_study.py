@@ -1,6 +1,7 @@
 """Wall time of the study, as `make demo` and the full study run it. Prints JSON.
 
-    python scripts/bench_study.py                       # the demo's study (one replicate)
+    python scripts/bench_study.py                       # the demo's study (the early study, 3 replicates)
+    python scripts/bench_study.py --which early         # the early-phase study (every role and rung, 10 replicates)
     python scripts/bench_study.py --which full          # the full study (3 replicates, joblib, 2 jobs x 1 thread)
     python scripts/bench_study.py --which smoke --repeats 3
     python scripts/bench_study.py --which full --keep outputs/study-full   # keep the study's directory
@@ -8,7 +9,8 @@
 Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
 times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
 median, each run's own time from its run.json, the command and the machine (numdev.provenance).
-Budgets (docs/study.md#budgets): demo study <= 6 min, full study ~20 min, smoke < 3 min on 2 cores.
+Budgets (docs/study.md#budgets): demo study <= 6 min, early study <= 15 min, full study ~20 min,
+smoke < 3 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,14 +27,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from numdev.demo import STUDY as DEMO_STUDY
 from numdev.provenance import provenance
 
 COMMANDS = {
-    "demo": ["experiment=flash_stability", "study.replicate=0"],
+    "demo": list(DEMO_STUDY),
+    "early": ["experiment=flash_stability_early"],
+    "lowfloor": ["experiment=flash_stability_lowfloor"],
     "full": ["experiment=flash_stability"],
     "smoke": ["experiment=flash_stability_smoke"],
 }
-BUDGET_S = {"demo": 360, "full": 1200, "smoke": 180}
+BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180}
 
 
 def run_seconds(study_dir: Path) -> dict[str, float]:
@@ -57,13 +64,20 @@ def main() -> None:
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             study_dir = args.keep.resolve() if args.keep is not None else Path(tmp) / "study"
+            load_before = os.getloadavg()
+            cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-m", "numdev.train.app", *command, f"hydra.sweep.dir={study_dir}"],
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
             )
             wall = time.perf_counter() - start
-            repeats.append({"wall_s": wall, "runs_s": run_seconds(study_dir)})
+            # The 1/5/15-minute load averages around the repeat: on a shared machine, others' work is in the wall time.
+            cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+            repeats.append({"wall_s": wall, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                            # CPU seconds of the study's processes (user + system): what it costs whatever else runs
+                            "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
+                            "runs_s": run_seconds(study_dir)})
     median = statistics.median(r["wall_s"] for r in repeats)
     print(json.dumps({
         "which": args.which,

@@ -25,17 +25,23 @@ ROLE_FILES = sorted((REPO / "conf" / "study").glob("*.yaml"))
 # ----------------------------------------------------------------------------- fast: roles, controls, rules
 
 
+def _sweep(experiment: str) -> list[str]:
+    return yaml.safe_load((REPO / "conf" / "experiment" / f"{experiment}.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")
+
+
 def test_every_role_is_one_file_and_the_study_sweeps_each_once():
-    sweep = yaml.safe_load((REPO / "conf" / "experiment" / "flash_stability.yaml").read_text())["hydra"]["sweeper"]["params"]["study"]
-    order = sweep.split(",")
-    assert sorted(order) == sorted(p.stem for p in ROLE_FILES), "a role file missing from the sweep, or the other way round"
+    """The early study sweeps every role file once (the ladder included); the full study a subset, in the same order."""
+    order, low_floor, full = _sweep("flash_stability_early"), _sweep("flash_stability_lowfloor"), _sweep("flash_stability")
+    assert set(order) | set(low_floor) == {p.stem for p in ROLE_FILES}, "a role file no study sweeps, or a sweep naming no file"
+    for sweep in (order, low_floor, full):
+        assert len(set(sweep)) == len(sweep) and sweep[:2] == ["truth", "reference"]
+    assert full == [r for r in order if r in full]
+    assert not {r for r in full if yaml.safe_load((REPO / "conf" / "study" / f"{r}.yaml").read_text())["study"]["kind"] == "ladder"}
     kinds = {}
     for path in ROLE_FILES:
         block = yaml.safe_load(path.read_text())["study"]
         assert block["role"] == path.stem and block["kind"] in KIND_ORDER and block["label"]
         kinds[path.stem] = block["kind"]
-    # Runs start in sweep order: what others compare with must come first.
-    assert order.index("truth") < order.index("reference") < min(order.index(r) for r in order if r not in ("truth", "reference"))
     assert list(kinds.values()).count("reference") == 1 and list(kinds.values()).count("under_test") == 1
 
 
@@ -43,6 +49,8 @@ def test_every_role_is_one_file_and_the_study_sweeps_each_once():
     ("data", {"seed.data": 1001, "data.seed": 1001}), ("noise", {"seed.noise": 1001}), ("init", {"seed.init": 1001}),
     ("ulp", {"init_perturbation": "ulp"}), ("fp32", {"precision.name": "fp32"}), ("flash", {"attention._target_": "numdev.attention.SdpaFlash"}),
     ("truth", {"attention.dtype": "fp32"}),
+    ("eps_1e-4", {"init_perturbation.kind": "relative", "init_perturbation.eps": 1e-4}),
+    ("delta_3e-2", {"attention._target_": "numdev.attention.OutputNoise", "attention.delta": 3e-2}),
 ])
 def test_each_role_changes_only_what_it_says(role, changed):
     """Against the reference of the same replicate, a role differs in its own keys and nothing that trains."""
@@ -71,7 +79,7 @@ def test_each_role_changes_only_what_it_says(role, changed):
     expected = set(changed)
     if role == "fp32":  # the precision group: its name, compute dtype and plugin, and the attention that reads it
         expected |= {k for k in differ if k.startswith(("precision.", "attention.precision"))}
-    if role == "flash":  # another backend: its own keys replace Eager's
+    if role in ("flash", "delta_3e-2"):  # another backend: its own keys replace Eager's
         expected |= {k for k in differ if k.startswith("attention.")}
     assert differ == expected
     for key, value in changed.items():

@@ -248,6 +248,7 @@ class Seeds:
     init: int = seed()
     data: int = seed()
     noise: int = seed()
+    perturbation: int = seed()
 
 
 @dataclass
@@ -259,6 +260,7 @@ class Every:  # a callback with a period
 class Snapshot:
     every_n_steps: int = integer(min=1)
     sorted_values: bool = boolean()
+    trained_only: bool = boolean()
 
 
 @dataclass

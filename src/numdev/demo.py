@@ -3,9 +3,10 @@
 1. the microbenchmark figures (Figs. 3-6, FA3's Table 3, the reconciliation and the bias), one
    sweep after another, each at demo size (3 seeds, 5 for the reconciliation; smaller N:
    numdev.figures.<name>.FIGURE's demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
-2. the training study with one replicate (numdev-train experiment=flash_stability study.replicate=0:
-   every role of conf/study once; one replicate gives no intervals, so its verdicts read
-   "not measurable": the full study, three replicates, is the same command without study.replicate=0);
+2. the early-phase study with its calibration ladder, 3 replicates (numdev-train
+   experiment=flash_stability_early study.replicate=0,1,2: every role and rung, 64 steps; from 3
+   replicates every interval is the range of the 3, labelled "range of 3": the study itself, 10
+   replicates, is the same command without study.replicate=...);
 3. numdev-report over both, then where the report is and how to open TensorBoard.
 
 Everything goes through the real command lines, so each step can be rerun by hand:
@@ -79,17 +80,19 @@ def run_bench_figures(output_root: Path) -> dict[str, Path]:
     return figures
 
 
-STUDY = ("experiment=flash_stability", "study.replicate=0")  # one replicate: the demo's time budget
+STUDY = ("experiment=flash_stability_early", "study.replicate=0,1,2")  # 3 of the study's 10 replicates: the demo's time budget
+STUDY_NAME = "flash_stability_early"
 
 
 def run_study(output_root: Path) -> Path:
-    print(f"[study] {study_command(output_root)} (every role once; one replicate: no intervals, no verdicts)", flush=True)
+    print(f"[study] {study_command(output_root)} (every role and ladder rung; 3 replicates of the study's 10: "
+          "intervals are ranges of 3, labelled so)", flush=True)
     start = time.perf_counter()
     subprocess.run(
         [sys.executable, "-m", "numdev.train.app", *STUDY, f"output_root={output_root}", "trainer.enable_progress_bar=false"],
         check=True,
     )
-    study = latest_sweep(output_root, "train", "flash_stability")
+    study = latest_sweep(output_root, "train", STUDY_NAME)
     print(f"[study] {time.perf_counter() - start:.0f} s -> {study}", flush=True)
     return study
 

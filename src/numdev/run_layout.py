@@ -35,7 +35,14 @@ INDEX_FORMAT = 1
 # compare with (snapshot.sorted_values=true) so that they need not sort its values again
 # (numdev.snapshot_store.write_sorted_values; docs/run_layout.md#sorted-values).
 SORTED_FORMAT = 1
-POOLED = "__pooled__"  # the tensor of a sorted-values file that holds every value of the model, sorted
+POOLED = "__pooled__"
+# A snapshot index entry's "stored" (docs/run_layout.md#snapshots): FULL, every parameter whole; TRAINED,
+# every parameter whole except the token embedding, of which only the rows the captions index are
+# stored (tensor `<name>`, shape (k, width)), their ids beside them (tensor `<name>` + ROWS_SUFFIX,
+# int64); the other rows are those of the entry's "base_step" snapshot (step 0, always FULL), checked
+# equal when the snapshot was written. Written only where it saves disk (snapshot.trained_only).
+FULL, TRAINED = "full", "trained"
+ROWS_SUFFIX = "::rows"  # the tensor of a sorted-values file that holds every value of the model, sorted
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
 CHECKPOINT_DIGEST_SUFFIX = ".sha256"  # beside every checkpoint: {"sha256": ..., "previous": ...}
 TOKEN_ROWS = "token_rows.json"

@@ -172,7 +172,8 @@ INSTABILITY = FileSchema(  # <run_dir>/instability.json (numdev.train.instabilit
     "instability record", required={"events": list}, optional={"format": int, "settings": dict},
     items={"events": INSTABILITY_EVENT},
 )
-SNAPSHOT_ENTRY = FileSchema("snapshot index entry", required={"step": int, "file": str, "sha256": str})
+SNAPSHOT_ENTRY = FileSchema("snapshot index entry", required={"step": int, "file": str, "sha256": str},
+                            optional={"stored": str, "base_step": int})
 SNAPSHOT_INDEX = FileSchema(  # <run_dir>/weights/index.json (numdev.snapshot_store)
     "snapshot index", required={"format": int, "model": str, "param_shapes": dict, "snapshots": list},
     items={"snapshots": SNAPSHOT_ENTRY},
@@ -196,7 +197,8 @@ STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), wha
     "study summary",
     required={"primary_metric": str, "paper_metric": str, "pairs": dict, "ratios": dict, "verdicts": dict,
               "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str},
-    optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict},
+    optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict,
+              "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict},
     each={"pairs": dict, "ratios": dict, "verdicts": VERDICT, "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
     finite=True,
 )

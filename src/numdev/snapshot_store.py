@@ -9,7 +9,10 @@ Layout (numdev.run_layout, docs/run_layout.md):
                                          "snapshots": [{"step", "file", "sha256"}, ...]}
 
 Tensors are float32 copies of the model's parameters (not buffers), keyed by parameter name, in
-safetensors (no pickle). Each file is written atomically, then the index is rewritten
+safetensors (no pickle). An entry with "stored": "trained" (snapshot.trained_only, where it saves
+disk) holds only the token-embedding rows the captions index, with their ids, and names its
+"base_step" (0) for the rows that never train; load_snapshot rebuilds the whole tensors from both
+files, each verified (numdev.run_layout.TRAINED). Each file is written atomically, then the index is rewritten
 atomically, so a reader never sees a half-written file or an index entry without its file.
 `load_snapshot` verifies the sha256 recorded in the index before it trusts a file. A writer
 opening a run directory lists every snapshot file the index lacks (an index deleted, or a kill
@@ -50,6 +53,8 @@ from numdev.run_layout import (
     INDEX,
     INDEX_FORMAT,
     POOLED,
+    ROWS_SUFFIX,
+    TRAINED,
     SORTED_FORMAT,
     index_path,
     rows_digest,
@@ -93,8 +98,10 @@ def parameter_state(named_parameters) -> dict[str, torch.Tensor]:
 class SnapshotWriter:
     """Appends snapshots to a run's weights/ directory, continuing (and completing) an existing index."""
 
-    def __init__(self, run_dir: str | Path, model_name: str, param_shapes: dict[str, list[int]]):
+    def __init__(self, run_dir: str | Path, model_name: str, param_shapes: dict[str, list[int]], trained_only: bool = False):
         self.run_dir = Path(run_dir)
+        self.trained_only = trained_only
+        self._base: dict[str, torch.Tensor] | None = None  # step 0's state, what a trained-only snapshot leaves out
         self.directory = weights_dir(run_dir)
         self.index_path = index_path(run_dir)
         self.index = {"format": INDEX_FORMAT, "model": model_name, "param_shapes": param_shapes, "snapshots": []}
@@ -124,15 +131,22 @@ class SnapshotWriter:
             log.warning("%s lacked %d snapshot file(s), now listed after verification: steps %s", self.index_path, len(steps), steps)
         return [e["step"] for e in found]
 
-    def write(self, step: int, state: dict[str, torch.Tensor], sorted_sets: SortedSets | None = None) -> dict:
-        """Write one snapshot (file, its sorted values if given, then the index); returns its index entry."""
+    def write(self, step: int, state: dict[str, torch.Tensor], sorted_sets: SortedSets | None = None,
+              trained_rows: dict[str, np.ndarray] | None = None) -> dict:
+        """Write one snapshot (file, its sorted values if given, then the index); returns its index entry.
+
+        With trained_only and `trained_rows` ({embedding: indexed row ids}), a step after 0 stores only
+        those rows of the embedding when every other row equals step 0's (else the whole tensor)."""
         shapes = {name: list(t.shape) for name, t in state.items()}
         if shapes != self.index["param_shapes"]:
             raise SnapshotError(f"snapshot at step {step}: the parameters differ from {self.index_path}'s param_shapes")
+        stored = self._trained_part(step, state, trained_rows) if self.trained_only else None
         # One metadata key only: safetensors writes a metadata map in hash order, so two keys
         # could swap places between processes and the same weights would hash differently.
-        data = safetensors.torch.save(state, metadata={"step": str(int(step))})
+        data = safetensors.torch.save(stored or state, metadata={"step": str(int(step))})
         entry = {"step": int(step), "file": snapshot_name(step), "sha256": hashlib.sha256(data).hexdigest()}
+        if stored is not None:
+            entry.update(stored=TRAINED, base_step=0)
         write_bytes(self.directory / entry["file"], data)
         if sorted_sets is not None:
             write_sorted_values(self.run_dir, step, entry["sha256"], sorted_sets)
@@ -141,18 +155,49 @@ class SnapshotWriter:
         write_json(self.index_path, self.index)
         return entry
 
+    def _trained_part(self, step: int, state: dict[str, torch.Tensor], trained_rows) -> dict[str, torch.Tensor] | None:
+        """The trained-only tensors of `state`, or None where a whole snapshot is due (step 0, no rows,
+        nothing saved, or rows outside the indexed ones that moved)."""
+        if step == 0:
+            self._base = {name: t.clone() for name, t in state.items()}
+            return None
+        if not trained_rows:
+            return None
+        if self._base is None:
+            if 0 not in {int(e["step"]) for e in self.index["snapshots"]}:
+                return None
+            self._base = load_snapshot(self.run_dir, 0)
+        out = dict(state)
+        saved = 0
+        for name, ids in trained_rows.items():
+            full = state[name]
+            index = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+            untrained = torch.ones(full.shape[0], dtype=torch.bool)
+            untrained[index] = False
+            if not torch.equal(full[untrained], self._base[name][untrained]):
+                return None  # rows that should not train moved (weight decay?): keep the whole tensor
+            out[name] = full[index].contiguous()
+            out[name + ROWS_SUFFIX] = index.contiguous()
+            saved += int(untrained.sum())
+        return out if saved else None
+
 
 def verified_entry(path: Path, step: int, param_shapes: dict[str, list[int]]) -> dict:
     """The index entry of a snapshot file that has no entry yet: readable safetensors, its metadata
     step equal to its name's, its tensors the run's parameter shapes."""
     data = path.read_bytes()
     state = _parse(path, data)
+    trained = any(name.endswith(ROWS_SUFFIX) for name in state)
+    if trained:
+        state = {n: t for n, t in state.items() if not n.endswith(ROWS_SUFFIX) and n + ROWS_SUFFIX not in state}
+        param_shapes = {n: s for n, s in param_shapes.items() if n in state}
     if _metadata_step(data) != step:
         raise SnapshotError(f"{path}: its metadata step is not {step}: the file was renamed or is not a numdev snapshot; move it away")
     if {name: list(t.shape) for name, t in state.items()} != param_shapes:
         raise SnapshotError(f"{path}: its tensors do not match the run's param_shapes: it belongs to another model; move it away")
     _check_float32(path, state)
-    return {"step": step, "file": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+    entry = {"step": step, "file": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+    return {**entry, "stored": TRAINED, "base_step": 0} if trained else entry
 
 
 def read_index(run_dir: str | Path) -> dict:
@@ -201,6 +246,8 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
     if verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise SnapshotError(f"{path}: sha256 does not match {INDEX}: the file is corrupt or was changed after it was written")
     state = _parse(path, data)
+    if entry.get("stored") == TRAINED:
+        state = _rebuild(run_dir, path, state, int(entry.get("base_step", 0)), verify)
     shapes = {name: list(t.shape) for name, t in state.items()}
     if verify and shapes != index["param_shapes"]:
         raise SnapshotError(f"{path}: its tensors do not match the param_shapes of {INDEX}")
@@ -216,6 +263,25 @@ def _check_float32(path: Path, state: dict[str, torch.Tensor]) -> None:
             f"{path}: tensor {other[0]!r} is {str(other[1]).removeprefix('torch.')}, not float32: the snapshot was "
             "rewritten after numdev wrote it (its sha256 in the index too); restore the run from a copy"
         )
+
+
+def _rebuild(run_dir, path: Path, stored: dict[str, torch.Tensor], base_step: int, verify: bool) -> dict[str, torch.Tensor]:
+    """A trained-only snapshot made whole: its embedding rows written over the base snapshot's."""
+    base = load_snapshot(run_dir, base_step, verify)
+    state = {}
+    for name, tensor in stored.items():
+        if name.endswith(ROWS_SUFFIX):
+            continue
+        ids = stored.get(name + ROWS_SUFFIX)
+        if ids is None:
+            state[name] = tensor
+            continue
+        if name not in base or ids.numel() != tensor.shape[0] or (ids.numel() and int(ids.max()) >= base[name].shape[0]):
+            raise SnapshotError(f"{path}: the stored rows of {name} do not fit step {base_step}'s tensor: the file is not this run's")
+        full = base[name].clone()
+        full[ids] = tensor
+        state[name] = full
+    return state
 
 
 def _entry(index: dict, run_dir: str | Path, step: int) -> dict:

@@ -29,6 +29,16 @@ RESAMPLES = 2000
 METHOD = "percentile"
 MIN_SEEDS = 3
 MIN_BOOTSTRAP = 5  # house rule: fewer replicates give a range over them, labelled "range of n"
+# Intervals on log ratios (the early-phase measures): Student t over replicates of the per-replicate
+# log values, back-transformed (a geometric mean with its interval). With fewer than MIN_CI
+# replicates no interval is claimed: [low, high] is then the range (min..max) of the n values and
+# says so ("range of n"): a t or bootstrap "95%" from 3-4 values does not cover what it says.
+MIN_CI = MIN_BOOTSTRAP  # the same house rule as the bootstrap's
+T, RANGE = "t", "range"
+LOG_RULE = (
+    f"{int(CONFIDENCE * 100)}% Student t interval over replicates of the per-replicate log values, back-transformed "
+    f"(scipy.stats.t); from fewer than {MIN_CI} replicates the range of the n values, labelled 'range of n'"
+)
 RULE = f"{int(CONFIDENCE * 100)}% percentile bootstrap over seeds ({RESAMPLES} resamples, scipy.stats.bootstrap)"
 
 
@@ -40,7 +50,7 @@ class Estimate:
     low: float
     high: float
     n: int
-    method: str = "bootstrap"  # "bootstrap": a 95% interval; "range": the smallest to the largest replicate
+    method: str = "bootstrap"  # "bootstrap" (percentile), "t" (Student t on logs), "range" (min..max of n < 5)
 
     def __post_init__(self):  # null (JSON) and nan both mean "no interval"
         for name in ("value", "low", "high"):
@@ -151,3 +161,33 @@ def ratio_spread(numerators, denominators, seed: int = 0) -> Estimate:
     ok = a.size >= MIN_SEEDS and np.isfinite(per_seed).all()
     low, high = (float(per_seed.min()), float(per_seed.max())) if ok else (math.nan, math.nan)
     return Estimate(value, low, high, int(a.size), method="range")
+
+
+def log_mean_interval(values, confidence: float = CONFIDENCE) -> Estimate:
+    """exp(mean(log values)) over replicates with its t interval (a range below MIN_CI replicates).
+
+    For positive per-replicate quantities whose spread is multiplicative (distances, ratios of
+    distances, equivalent sizes): the interval is on the log scale, where replicates scatter
+    symmetrically, then exponentiated. Rule: LOG_RULE.
+    """
+    x = _finite(values)
+    if (x <= 0).any():
+        raise ValueError(f"log_mean_interval needs positive values, got {x.min():.3g}")
+    logs = np.log(x)
+    centre = float(np.exp(logs.mean()))
+    if x.size < MIN_SEEDS:
+        return Estimate(centre, math.nan, math.nan, int(x.size), T)
+    if x.size < MIN_CI:
+        return Estimate(centre, float(x.min()), float(x.max()), int(x.size), RANGE)
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, x.size - 1) * logs.std(ddof=1) / math.sqrt(x.size))
+    return Estimate(centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half)), int(x.size), T)
+
+
+def log_ratio_interval(numerators, denominators, confidence: float = CONFIDENCE) -> Estimate:
+    """Paired ratio numerator/denominator per replicate, summarised by log_mean_interval."""
+    a, b = _finite(numerators), _finite(denominators)
+    if a.size != b.size:
+        raise ValueError(f"a paired ratio needs as many numerators as denominators, got {a.size} and {b.size}")
+    if (a <= 0).any() or (b <= 0).any():
+        raise ValueError("a log ratio needs positive values on both sides")
+    return log_mean_interval(a / b, confidence)

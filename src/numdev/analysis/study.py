@@ -29,6 +29,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from numdev import stats, verdicts
+from numdev.analysis import early
 from numdev.analysis.compare import compare_runs
 from numdev.analysis.growth import GROWTH_MEASURE, fit_growth
 from numdev.atomic import WriteError, write_json
@@ -41,7 +42,7 @@ from numdev.snapshot_store import list_snapshots
 
 SUMMARY = "summary.json"
 REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
-KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy")
+KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "ladder")
 # Weight distances, in the order they are preferred as the study's primary measure (the first one
 # the sibling CSVs have). Position-aware metrics see two different initialisations as different
 # models; the paper's pooled Wasserstein-1 does not (docs/study.md#metrics).
@@ -63,8 +64,16 @@ DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "shape_accuracy": (EVAL, "shape_accuracy", "shape agreement"),
     "position_accuracy": (EVAL, "position_accuracy", "position agreement"),
 }
-# The paper's Fig. 8 names two proxies: the roles that play them (conf/study/init.yaml, fp32.yaml).
+# The paper's Fig. 8 names two proxies: the roles that play them say so (study.paper: init |
+# low_precision in conf/study/init.yaml, fp32.yaml, bf16.yaml); these names are the fallback for
+# studies whose roles predate the key.
 PAPER_INIT, PAPER_LOW_PRECISION = "init", "fp32"
+
+
+def paper_roles(summary: dict) -> tuple[str, str]:
+    """(init proxy, low-precision proxy) role names of a summary."""
+    roles = summary.get("paper_roles") or {}
+    return roles.get("init", PAPER_INIT), roles.get("low_precision", PAPER_LOW_PRECISION)
 PAPER_LOW_PRECISION_RANGE = (2.0, 5.0)
 
 
@@ -86,7 +95,7 @@ def discover(study_dir: Path) -> dict[str, dict[int, dict]]:
         replicate = int(block.get("replicate", 0))
         runs.setdefault(block["role"], {})[replicate] = {
             "dir": run_dir, "role": block["role"], "kind": block.get("kind", "control"), "label": block.get("label", block["role"]),
-            "replicate": replicate, "record": record, "config": config,
+            "replicate": replicate, "record": record, "config": config, "ladder": block.get("ladder"), "paper": block.get("paper"),
         }
     kinds = {run["kind"] for by_rep in runs.values() for run in by_rep.values()}
     if REFERENCE not in kinds:
@@ -147,7 +156,7 @@ def model_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]]]:
     return [int(r["step"]) for r in model], {m: [float(r[m]) for r in model] for m in metrics}
 
 
-def study_curves(study_dir: Path, runs: dict, log=print) -> dict[str, dict[str, dict[int, tuple]]]:
+def study_curves(study_dir: Path, runs: dict, log=print, against_truth: bool = True) -> dict[str, dict[str, dict[int, tuple]]]:
     """against ('reference' | 'truth') -> role -> replicate -> (steps, metric -> values).
 
     Pairs are read (or computed from snapshots) on two threads: NumPy's sorts, safetensors reads
@@ -163,6 +172,8 @@ def study_curves(study_dir: Path, runs: dict, log=print) -> dict[str, dict[str, 
         for role, by_rep in runs.items():
             if role == anchor or (against == "reference" and role == truth):
                 continue
+            if against == "truth" and not against_truth and role != reference:
+                continue  # the early study: only the reference's live comparison with the truth (no offline ones)
             for replicate, run in by_rep.items():
                 if replicate in runs[anchor]:
                     jobs.append((against, role, replicate, run["dir"], runs[anchor][replicate]["dir"], anchor))
@@ -263,11 +274,14 @@ def downstream(runs: dict) -> dict:
 # ----------------------------------------------------------------------------- the analysis
 
 
-def analyse(study_dir: str | Path, log=print) -> dict:
-    """Fit, judge, draw and summarise a study: summary.json and the figures, in the study directory."""
+def analyse(study_dir: str | Path, log=print, against_truth: bool = True) -> dict:
+    """Fit, judge, draw and summarise a study: summary.json and the figures, in the study directory.
+
+    against_truth=False compares only the reference with the truth run (the early study: the ladder's
+    many runs are read against the reference alone; every other truth pair would be computed offline)."""
     study_dir = Path(study_dir)
     runs = discover(study_dir)
-    curves = study_curves(study_dir, runs, log)
+    curves = study_curves(study_dir, runs, log, against_truth)
     reference, under_test = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, UNDER_TEST)
     metrics = _metrics_present(curves)
     primary = metrics[0]
@@ -289,6 +303,7 @@ def analyse(study_dir: str | Path, log=print) -> dict:
                 m: ratio_of_growths(pair[m], flash[m], f"{role}/{under_test} slope ratio") for m in metrics if pair[m] and flash[m]
             }
     reference_run = _first(runs[reference])["record"]
+    roles_info = {role: {"ladder": _first(by_rep)["ladder"]} for role, by_rep in runs.items()}
     summary = {
         "study": str(study_dir),
         "provenance": provenance(seeds=sorted({r for by_rep in runs.values() for r in by_rep}), threads=reference_run.get("threads")),
@@ -300,9 +315,11 @@ def analyse(study_dir: str | Path, log=print) -> dict:
         "parameters": _parameters(_first(runs[reference])["dir"]),
         "steps": reference_run.get("final_step"),
         "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
-        "role_order": list(runs),  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
+        "role_order": list(runs),
+        "paper_roles": {_first(by_rep)["paper"]: role for role, by_rep in runs.items() if _first(by_rep)["paper"]},  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
         "roles": {
             role: {"kind": _kind(by_rep), "label": _first(by_rep)["label"], "replicates": _replicates_of(by_rep),
+                   "ladder": _first(by_rep)["ladder"],
                    "backend": _first(by_rep)["record"].get("backend"), "precision": _first(by_rep)["record"].get("precision")}
             for role, by_rep in runs.items()
         },
@@ -312,13 +329,16 @@ def analyse(study_dir: str | Path, log=print) -> dict:
         "growth_measure": GROWTH_MEASURE,
         "interval_rule": stats.RULE,
         "pairs": pairs,
-        "ratios": ratios,
+        "ratios": ratios,  # the late, shared regime: OLS slopes over the whole run
+        "early": early_summary(curves["reference"], under_test),
+        "calibration": early.calibration(curves["reference"], roles_info, under_test) if early.EARLY_METRIC in metrics else {},
         "downstream": downstream(runs),
         "shadow": _shadow_summary(_first(runs[under_test])["dir"] / "shadow.csv") if under_test else None,
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
         "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / "samples.png").is_file()},
     }
-    summary["verdicts"] = claim_verdicts(summary)
+    summary["headline"] = headline(summary)
+    summary["verdicts"] = claim_verdicts(summary, curves["reference"])
     summary["captions"] = captions(summary)
     from numdev.analysis import study_figures  # matplotlib only when figures are drawn
 
@@ -330,35 +350,103 @@ def analyse(study_dir: str | Path, log=print) -> dict:
     return summary
 
 
-def claim_verdicts(summary: dict) -> dict:
-    """Fig. 7 and Fig. 8, part by part, by the rules of numdev.verdicts (on the primary metric)."""
+def early_summary(curves: dict, under_test: str | None) -> dict:
+    """The early-phase measures (numdev.analysis.early) of every role against the role under test."""
+    if under_test is None or under_test not in curves:
+        return {}
+    if not any(early.EARLY_METRIC in v for by_rep in curves.values() for _, v in by_rep.values()):
+        return {}
+    return {
+        "metric": early.EARLY_METRIC, "steps": list(early.EARLY_STEPS), "thresholds": list(early.THRESHOLDS),
+        "interval_rule": stats.LOG_RULE, "window_rule": early.WINDOW_RULE,
+        "ratios": early.early_ratios(curves, under_test), "crossings": early.crossings(curves),
+        "shifts": early.shifts(curves, under_test),
+    }
+
+
+def headline(summary: dict) -> dict:
+    """The study's one answer: the equivalent perturbation size of the role under test and of the
+    low-precision proxy, their ratio, and the resolution floor they are read against."""
+    calib, under_test = summary.get("calibration") or {}, summary["under_test"]
+    if "equivalent" not in calib:
+        return {"text": f"no equivalent sizes: {calib.get('problem', 'no calibration ladder in this study')}"}
+    _, low = paper_roles(summary)
+    init = calib["equivalent"].get(early.INIT_LADDER, {})
+    sizes = {role: init[role]["text"] for role in (under_test, low) if role in init}
+    ratio = early.equivalent_ratio(calib, low, under_test)
+    floor = calib["floor"]
+    label = summary.get("roles", {}).get(low, {}).get("label", "low precision vs fp32 training")
+    text = (
+        f"at step {calib['step']}: {under_test} moves the weights as much as perturbing the initial weights by eps* = "
+        f"{sizes.get(under_test, 'n/a')}; {low} ({label}) by eps* = "
+        f"{sizes.get(low, 'n/a')}; {ratio['text']}; resolution floor {floor['text']}"
+    )
+    return {"step": calib["step"], "equivalent": sizes, "low_precision_role": low, "ratio": ratio, "floor": floor.get("floor"), "text": text}
+
+
+def claim_verdicts(summary: dict, curves: dict | None = None) -> dict:
+    """Fig. 7 and Fig. 8, part by part, by the rules of numdev.verdicts.
+
+    Fig. 7 on the primary metric (trend: Kendall's tau on the replicate means, one point per step:
+    the points of one replicate's cumulative curve are serially dependent). Fig. 8 on the early
+    measures (equivalent sizes, numdev.analysis.early); the paper's slope ratios (the late, shared
+    regime) are judged as before in `fig8_late`.
+    """
     metric, under_test = summary["primary_metric"], summary["under_test"]
     flash = (summary["pairs"]["reference"].get(under_test) or {}).get(metric) if under_test else None
     out = {"metric": metric}
     if not flash:
         none = verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the role under test", "no run of kind under_test")
-        return {**out, "fig7": none.as_dict(), "fig8": none.as_dict()}
-    # Fig. 7: the gap grows (slope interval above 0) and only grows (Kendall's tau over every replicate's points).
-    per_step = _per_step_values(summary, under_test, metric)
+        return {**out, "fig7": none.as_dict(), "fig8": none.as_dict(), "fig8_late": none.as_dict()}
+    per_step = [[float(np.mean(values))] for values in _per_step_values(summary, under_test, metric)]
     fig7 = verdicts.combine({
         "drifts apart": verdicts.Verdict(**flash["grows"]),
-        "only grows": verdicts.monotone_verdict(flash["steps"], per_step, "increasing", what=f"Flash vs Baseline {metric}"),
+        "only grows": verdicts.monotone_verdict(flash["steps"], per_step, "increasing", what=f"the replicate-mean Flash vs Baseline {metric}"),
     })
-    # Fig. 8: Flash's growth at or below another initialisation's, and 2-5x below low precision's.
+    init_role, low = paper_roles(summary)
+    init_saturated = None
+    if curves is not None and init_role in curves and early.EARLY_METRIC in metric_set(curves[init_role]):
+        init_saturated = early.saturation_verdict(curves[init_role], f"{init_role} vs the reference")
+    early_parts = {}
+    if init_saturated is not None:
+        early_parts["below another initialisation"] = init_saturated
+    calib = summary.get("calibration") or {}
+    if "equivalent" in calib:
+        ratio = early.equivalent_ratio(calib, low, under_test)
+        what = f"eps*({low}) / eps*({under_test})"
+        rule = f"{what}'s 95% interval over replicates lies within [{PAPER_LOW_PRECISION_RANGE[0]:g}, {PAPER_LOW_PRECISION_RANGE[1]:g}]"
+        early_parts["2-5x below low precision"] = (
+            verdicts.range_verdict(stats.Estimate(**ratio["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=what)
+            if ratio["status"] == "measured" else verdicts.Verdict(verdicts.NOT_MEASURABLE, rule, ratio["text"])
+        )
+    late = _late_fig8(summary, metric, under_test, init_saturated)
+    fig8 = verdicts.combine(early_parts) if early_parts else verdicts.Verdict(
+        verdicts.NOT_MEASURABLE, "needs the calibration ladder (experiment=flash_stability_early)", "no equivalent sizes in this study")
+    return {**out, "fig7": fig7.as_dict(), "fig8": fig8.as_dict(), "fig8_late": late.as_dict()}
+
+
+def metric_set(by_rep: dict) -> set:
+    return {m for _, values in by_rep.values() for m in values}
+
+
+def _late_fig8(summary: dict, metric: str, under_test: str, init_saturated) -> verdicts.Verdict:
+    """The paper's Fig. 8 on OLS slopes over the whole run: the late regime every same-start role shares."""
     parts = {}
-    init = summary["ratios"].get(f"{PAPER_INIT}/{under_test}", {}).get(metric)
-    lowp = summary["ratios"].get(f"{PAPER_LOW_PRECISION}/{under_test}", {}).get(metric)
-    if init:
+    init_role, low = paper_roles(summary)
+    init = summary["ratios"].get(f"{init_role}/{under_test}", {}).get(metric)
+    lowp = summary["ratios"].get(f"{low}/{under_test}", {}).get(metric)
+    if init_saturated is not None:
+        parts["below another initialisation"] = init_saturated
+    elif init:
         parts["below another initialisation"] = verdicts.Verdict(**init["verdict"])
     if lowp:
         if lowp["verdict"]["status"] == verdicts.NOT_MEASURABLE and "does not grow" in lowp["verdict"]["detail"]:
             parts["2-5x below low precision"] = verdicts.Verdict(**lowp["verdict"])
         else:
             parts["2-5x below low precision"] = verdicts.range_verdict(
-                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"{PAPER_LOW_PRECISION}/{under_test} slope ratio"
+                stats.Estimate(**lowp["estimate"]), *PAPER_LOW_PRECISION_RANGE, what=f"{low}/{under_test} slope ratio"
             )
-    fig8 = verdicts.combine(parts) if parts else verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the init and fp32 roles", "")
-    return {**out, "fig7": fig7.as_dict(), "fig8": fig8.as_dict()}
+    return verdicts.combine(parts) if parts else verdicts.Verdict(verdicts.NOT_MEASURABLE, "needs the init and fp32 roles", "")
 
 
 def _per_step_values(summary: dict, role: str, metric: str) -> list[list[float]]:
@@ -384,9 +472,13 @@ def captions(summary: dict) -> dict:
         entry = ratio.get(metric)
         if entry:
             parts.append(f"{key} {stats.Estimate(**entry['estimate']).text('.2g', 'x')}{' (excludes 1)' if entry['excludes_one'] else ''}")
+    lines["fig8_late"] = (
+        f"Growth-rate ratios, the late shared regime ({label}, OLS slope per step over the whole run, {replicates} replicate(s)): "
+        + "; ".join(parts) + f". Verdict: {verdicts.Verdict(**summary['verdicts']['fig8_late']).text()}"
+    )
     lines["fig8"] = (
-        f"Growth-rate ratios ({label}, slope per step, {replicates} replicate(s)): " + "; ".join(parts)
-        + f". Verdict: {verdicts.Verdict(**summary['verdicts']['fig8']).text()}"
+        f"Early phase, equivalent perturbation sizes ({replicates} replicate(s)): {summary['headline']['text']}. "
+        f"Verdict: {verdicts.Verdict(**summary['verdicts']['fig8']).text()}"
     )
     parts = []
     for outcome in ("heldout_loss", "colour_accuracy", "shape_accuracy", "position_accuracy"):
@@ -468,10 +560,13 @@ def _shadow_summary(path: Path) -> dict | None:
 class StudyAnalysis(Callback):
     """Hydra callback (experiment=flash_stability): analyse the study when the multirun ends."""
 
+    def __init__(self, against_truth: bool = True):
+        self.against_truth = against_truth
+
     def on_multirun_end(self, config, **kwargs) -> None:
         study_dir = Path(config.hydra.sweep.dir)
         try:
-            analyse(study_dir)
+            analyse(study_dir, against_truth=self.against_truth)
         except (FileNotFoundError, ValueError, WriteError) as error:
             print(f"numdev-study: the analysis did not run: {error}", file=sys.stderr)
             return
@@ -483,9 +578,11 @@ class StudyAnalysis(Callback):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: summary.json and its figures")
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
+    parser.add_argument("--no-truth", action="store_true", help="compare only the reference with the truth run (as experiment=flash_stability_early does)")
     args = parser.parse_args(argv)
     try:
-        analyse(args.study_dir, log=lambda m: print(m, file=sys.stderr) if m.startswith(("[", "warning")) else print(m))
+        analyse(args.study_dir, log=lambda m: print(m, file=sys.stderr) if m.startswith(("[", "warning")) else print(m),
+                against_truth=not args.no_truth)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
 

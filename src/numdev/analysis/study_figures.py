@@ -1,7 +1,9 @@
 """The study's figures, drawn from summary.json's numbers (nothing is recomputed here).
 
 fig7.png            Flash vs Baseline over training: every replicate, their mean and its 95% band
-fig8.png            every role's distance to the reference (and to the truth run), mean and band
+fig8.png            (a) the calibration ladder: D at the calibration step against the rung's size, and every
+                    role's equivalent size eps* on it; (b) the early-phase curves on log axes; (c) the late,
+                    shared regime: every role's distance over the whole run (the paper's slope panel)
 loss_curves.png     the training loss of every run, one panel per role, replicates overlaid
 downstream.png      held-out loss and caption agreement of every run, per role
 
@@ -62,12 +64,95 @@ def fig7(summary: dict, path: Path) -> None:
     save_png(fig, path)
 
 
-def fig8(summary: dict, path: Path) -> None:
-    metrics = list(dict.fromkeys((summary["primary_metric"], summary["paper_metric"])))
-    panels = [("reference", m) for m in metrics] + ([("truth", summary["primary_metric"])] if summary["pairs"].get("truth") else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.4), squeeze=False)
+def _geomean_at(entry: dict, step: int) -> float | None:
+    if step not in entry["steps"]:
+        return None
+    i = entry["steps"].index(step)
+    values = [v[i] for v in entry["values"].values() if v[i] > 0]
+    return float(np.exp(np.mean(np.log(values)))) if values else None
+
+
+def _ladder_panel(ax, summary: dict) -> None:
+    from numdev.analysis.early import EARLY_METRIC, INIT_LADDER
+
+    calib = summary.get("calibration") or {}
+    rungs = (calib.get("ladders") or {}).get(INIT_LADDER)
+    if not rungs:
+        ax.text(0.5, 0.5, "no calibration ladder in this study\n(experiment=flash_stability_early)", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9)
+        ax.axis("off")
+        return
+    step, pairs = calib["step"], summary["pairs"]["reference"]
+    sizes = [r["size"] for r in rungs]
+    values = [_geomean_at(pairs[r["role"]][EARLY_METRIC], step) for r in rungs]
+    ax.plot(sizes, values, "ks-", ms=5, label="init ladder (geometric mean)")
+    for rung, size in zip(rungs, sizes):
+        for v in pairs[rung["role"]][EARLY_METRIC]["values"].values():
+            i = pairs[rung["role"]][EARLY_METRIC]["steps"].index(step)
+            ax.plot([size], [v[i]], ".", color="0.6", ms=3)
+    if calib["floor"].get("floor") is not None:
+        ax.axvline(calib["floor"]["floor"], color="0.4", ls=":", lw=1, label=f"resolution floor {calib['floor']['floor']:g}")
+    equivalents = calib["equivalent"].get(INIT_LADDER, {})
+    shown = [r for r in summary["role_order"] if summary["roles"][r]["kind"] in ("under_test", "proxy", "control") and r in equivalents
+             and r not in {x["role"] for x in rungs}]
+    for k, role in enumerate(shown):
+        entry = equivalents[role]
+        value = _geomean_at(pairs[role][EARLY_METRIC], step)
+        if value is None:
+            continue
+        colour = f"C{k % 10}"
+        ax.axhline(value, color=colour, lw=1, alpha=0.7)
+        if entry.get("status") == "measured":
+            est = stats.Estimate(**entry["estimate"])
+            ax.errorbar([est.value], [value], xerr=[[est.value - est.low], [est.high - est.value]] if est.has_interval else None,
+                        fmt="o", color=colour, capsize=3, label=f"{role}: eps* {entry['text']}")
+        else:
+            ax.plot([], [], color=colour, label=f"{role}: {entry['text'].split(':')[0]}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("relative size eps of the initial-weight perturbation")
+    ax.set_ylabel(f"‖ΔW‖/‖W‖ at step {step}")
+    ax.set_title(f"(a) the ladder at step {step}; eps* of each role", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6)
+
+
+def _early_panel(ax, summary: dict) -> None:
+    from numdev.analysis.early import EARLY_METRIC
+
     roles = summary["role_order"]
-    for ax, (against, metric) in zip(axes[0], panels):
+    pairs = summary["pairs"]["reference"]
+    for role in roles:
+        entry = (pairs.get(role) or {}).get(EARLY_METRIC)
+        if not entry:
+            continue
+        keep = [i for i, s in enumerate(entry["steps"]) if 1 <= s <= 128]
+        if len(keep) < 2:
+            continue
+        curves = np.array([[v[i] for i in keep] for v in entry["values"].values()])
+        curves = np.where(curves > 0, curves, np.nan)
+        seen = ~np.isnan(curves).all(axis=0)  # steps where some replicate is above 0 (a log axis has no 0)
+        mean = np.full(curves.shape[1], np.nan)
+        mean[seen] = np.exp(np.nanmean(np.log(curves[:, seen]), axis=0))
+        ladder = summary["roles"].get(role, {}).get("ladder")
+        style = dict(color="0.55", lw=0.8, ls="--") if ladder else dict(color=f"C{roles.index(role) % 10}", lw=1.6)
+        ax.plot([entry["steps"][i] for i in keep], mean, marker=".", ms=3, label=role, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step (log)")
+    ax.set_ylabel("‖ΔW‖/‖W_ref‖ to the reference (geometric mean)")
+    ax.set_title("(b) the early phase on log axes (grey dashed: ladder rungs)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6, ncol=2)
+
+
+def fig8(summary: dict, path: Path) -> None:
+    metric = summary["primary_metric"]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), squeeze=False)
+    _ladder_panel(axes[0][0], summary)
+    _early_panel(axes[0][1], summary)
+    roles = [r for r in summary["role_order"] if not summary["roles"].get(r, {}).get("ladder") or r == "ulp"]
+    for ax, (against, metric) in zip(axes[0][2:], [("reference", metric)]):
         for role in roles:
             entry = summary["pairs"][against].get(role, {}).get(metric)
             if not entry:
@@ -77,10 +162,10 @@ def fig8(summary: dict, path: Path) -> None:
         ax.set_yscale("symlog", linthresh=_linthresh(summary["pairs"][against], metric))
         ax.set_xlabel("training step")
         ax.set_ylabel(f"{_labels().get(metric, metric)} to the {against} run")
-        ax.set_title(f"against the {against}", fontsize=10)
+        ax.set_title("(c) the late, shared regime: the whole run (OLS slope in the legend)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Fig. 8 — each role's weight distance over training (mean over replicates, 95% band)")
+    fig.suptitle("Fig. 8 — how big is Flash's deviation? The ladder gives units; early on a log axis; late, every role alike")
     save_png(fig, path)
 
 

@@ -5,6 +5,7 @@ from numdev.attention.eager import Eager
 from numdev.attention.flash_attn_backend import FlashAttn
 from numdev.attention.flash_emulated import FlashEmulated
 from numdev.attention.golden import golden_attention
+from numdev.attention.output_noise import OutputNoise
 from numdev.attention.registry import (
     AttentionBackend,
     BackendUnavailable,
@@ -22,6 +23,7 @@ __all__ = [
     "Eager",
     "FlashAttn",
     "FlashEmulated",
+    "OutputNoise",
     "SdpaCudnn",
     "SdpaEfficient",
     "SdpaFlash",

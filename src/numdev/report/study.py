@@ -49,6 +49,63 @@ def roles_table(summary: dict, metric: str | None = None) -> str:
     return head + "\n" + "\n".join(rows)
 
 
+def equivalent_table(summary: dict) -> str:
+    """Markdown: every role's equivalent size on each ladder (numdev.analysis.early), and the floor."""
+    from numdev.analysis.early import INIT_LADDER, NOISE_LADDER
+
+    calib = summary.get("calibration") or {}
+    if "equivalent" not in calib:
+        return ""
+    init, noise = calib["equivalent"].get(INIT_LADDER, {}), calib["equivalent"].get(NOISE_LADDER, {})
+    control = calib["floor"]["control"]
+    head = (f"| role | kind | what differs from the reference | D / D_{control} at step {calib['step']} | eps* (init-weight ladder) "
+            f"| delta* (attention-output noise ladder) |\n| --- | --- | --- | --- | --- | --- |")
+    rows = []
+    for role in summary["role_order"]:
+        if role not in init:
+            continue
+        meta = summary["roles"][role]
+        to_control = init[role].get("ratio_to_control") or {}
+        ratio = _estimate(to_control.get("estimate"), ".3g", "x") if to_control.get("estimate") else "–"
+        rows.append(f"| {role} | {meta['kind']} | {meta['label']} | {ratio} | {init[role]['text']} | "
+                    f"{noise[role]['text'] if role in noise else '–'} |")
+    floor = calib["floor"]
+    note = (f"\n\nResolution floor at step {calib['step']} ({calib['step_rule']}): {floor['text']}. Rule: {floor['rule']}. "
+            f"Intervals: {summary['early']['interval_rule']}.")
+    return head + "\n" + "\n".join(rows) + note
+
+
+def early_table(summary: dict) -> str:
+    """Markdown: ratios to the role under test at the early steps, first crossings, the shift."""
+    early = summary.get("early") or {}
+    if not early:
+        return ""
+    under_test = summary["under_test"]
+    steps, thresholds = early["steps"], early["thresholds"]
+    head = ("| role | " + " | ".join(f"D/D_{under_test} at {s}" for s in steps) + " | "
+            + " | ".join(f"first step D ≥ {t:g}" for t in thresholds) + f" | shift vs {under_test} [window] |\n| --- |"
+            + " --- |" * (len(steps) + len(thresholds) + 1))
+    rows = []
+    for role in summary["role_order"]:
+        if role not in early["ratios"]:
+            continue
+        cells = [_estimate((early["ratios"][role].get(str(s)) or {}).get("estimate"), ".2g") for s in steps]
+        for t in thresholds:
+            entry = early["crossings"].get(role, {}).get(f"{t:g}", {})
+            if "estimate" in entry:
+                cells.append(_estimate(entry["estimate"], ".3g"))
+            elif entry.get("at_start") and entry["at_start"] == entry.get("replicates"):
+                cells.append("0 (starts above it)")
+            else:
+                cells.append(f"{entry.get('reached', 0)} of {entry.get('replicates', 0)} reach it")
+        shift = early["shifts"].get(role, {})
+        window = shift.get("window") or []
+        span = f"steps {window[0]}-{window[-1]}" if window else "none"
+        cells.append(f"{_estimate(shift['estimate'], '.2g', 'x')} [{span}]" if "estimate" in shift else f"– ({shift.get('problem', '')})")
+        rows.append(f"| {role} | " + " | ".join(cells) + " |")
+    return head + "\n" + "\n".join(rows) + f"\n\nWindow rule: {early['window_rule']}."
+
+
 def _side_of_one(verdict: Verdict) -> str:
     """Where a ratio's interval lies (rule: numdev.analysis.study.ratio_of_growths)."""
     if verdict.status == "holds":
@@ -104,6 +161,7 @@ def study_sections(study_dir: Path) -> list[Section]:
     )
     metric = summary["primary_metric"]
     fig7, fig8 = (Verdict(**summary["verdicts"][k]) for k in ("fig7", "fig8"))
+    late = Verdict(**summary["verdicts"]["fig8_late"]) if "fig8_late" in summary["verdicts"] else None
     extra7 = [f"Verdict: {fig7.text()}", f"Rule: {fig7.rule}.", f"Measure: {summary['growth_measure']}"]
     shadow = summary.get("shadow")
     if shadow and "out" in shadow:
@@ -114,8 +172,17 @@ def study_sections(study_dir: Path) -> list[Section]:
     title7, claim7 = STUDY_CLAIMS["fig7"]
     title8, claim8 = STUDY_CLAIMS["fig8"]
     paper_metric = summary["paper_metric"]
-    tables8 = roles_table(summary)
-    extra8 = [f"Verdict: {fig8.text()}", f"Rule: {fig8.rule}.", f"Distances: {METRIC_LABELS.get(metric, metric)} (primary)."]
+    equivalents, early_rows = equivalent_table(summary), early_table(summary)
+    tables8 = ""
+    if equivalents:
+        tables8 += "Equivalent perturbation sizes (panel a: the ladder):\n\n" + equivalents + "\n\n"
+    if early_rows:
+        tables8 += "The early phase (panel b):\n\n" + early_rows + "\n\n"
+    tables8 += "The late, shared regime (panel c; the paper's slope ratios):\n\n" + roles_table(summary)
+    extra8 = [f"Verdict (early measures): {fig8.text()}", f"Rule: {fig8.rule}."]
+    if late is not None:
+        extra8 += [f"Late, shared regime (second panel): {late.text()}", summary["captions"].get("fig8_late", "")]
+    extra8.append(f"Distances: {METRIC_LABELS.get(metric, metric)} (primary).")
     if paper_metric != metric:
         tables8 += f"\n\nThe same by the paper's metric, {METRIC_LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
     sections = [

@@ -42,12 +42,13 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
 
     Nothing else touches the initialisation, so runs that differ only in backend, precision,
     data or noise seed start from bit-identical weights. init_perturbation=ulp then moves every
-    weight one ulp (numdev.models.perturb).
+    weight one ulp, init_perturbation={kind: relative, eps} by a relative eps (numdev.models.perturb).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(cfg, "init"))
         model = instantiate(cfg.model, attention=backend, _convert_="all")
-    apply_init_perturbation(model, cfg.get("init_perturbation"))  # the study's one-ulp control
+    perturbation = cfg.get("init_perturbation")  # the study's ulp control and the ladder's init rungs
+    apply_init_perturbation(model, perturbation, cfg.seed.get("perturbation", 0) if perturbation is not None else 0)
     return model
 
 

@@ -257,7 +257,7 @@ class SiblingDistance(pl.Callback):
         if status in FINISHED or (steps and max(steps) > step):
             raise SiblingError(
                 f"sibling {self.reference} ({status or 'running'}) has no snapshot at step {step}; it has steps "
-                f"{_steps_text(steps)}: the runs must share trainer.max_steps and snapshot.every_n_steps"
+                f"{_steps_text(steps)}: the runs must share trainer.max_steps, snapshot.every_n_steps and snapshot.schedule"
             )
         return None
 

@@ -1,7 +1,8 @@
 """The snapshot callback: one schedule and one gathered state dict per step for everything that reads
 the weights at snapshot steps.
 
-At step 0, every `every_n_steps` steps and at the final step, `WeightSnapshots` gathers the full
+At step 0, at the schedule's steps (SnapshotSchedule: every `every_n_steps`, or `log`: the
+log-spaced LOG_STEPS, then every `every_n_steps`) and at the final step, `WeightSnapshots` gathers the full
 (unsharded) parameters once (a collective under FSDP), writes weights/step_XXXXXXXX.safetensors
 (numdev.snapshot_store; global rank 0 only), then hands the same float32 state to its listeners
 (the sibling comparison, numdev.train.sibling), so they run on exactly the snapshot's weights
@@ -37,16 +38,33 @@ class SnapshotListener(Protocol):
     def on_resume(self, trainer, pl_module, step: int) -> None: ...
 
 
-class SnapshotSchedule:
-    """Snapshot steps: step 0, every `every_n_steps` steps, and the final step."""
+# The early phase on a log axis (docs/study.md#schedule): a perturbation grows like e·exp(λt) for the
+# first ~100 steps, so comparisons are spaced by a factor of about 1.5 there, then every_n_steps.
+LOG_STEPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+SCHEDULES = ("every", "log")
 
-    def __init__(self, every_n_steps: int):
+
+class SnapshotSchedule:
+    """Snapshot steps: step 0, the schedule's steps, and the final step.
+
+    every: every `every_n_steps` steps; log: LOG_STEPS, then every `every_n_steps` steps after them.
+    """
+
+    def __init__(self, every_n_steps: int, kind: str = "every"):
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps <= 0:
             raise ValueError(f"snapshot.every_n_steps={every_n_steps!r} must be a positive integer")
-        self.every_n_steps = every_n_steps
+        if kind not in SCHEDULES:
+            raise ValueError(f"snapshot.schedule={kind!r}: use {' or '.join(SCHEDULES)}")
+        self.every_n_steps, self.kind = every_n_steps, kind
 
     def due(self, step: int) -> bool:
+        if self.kind == "log" and step <= LOG_STEPS[-1]:
+            return step == 0 or step in LOG_STEPS
         return step % self.every_n_steps == 0
+
+    def steps(self, max_steps: int) -> list[int]:
+        """Every snapshot step of a run of max_steps steps (the final step included)."""
+        return sorted({s for s in range(max_steps + 1) if self.due(s)} | {max_steps})
 
 
 class WeightSnapshots(pl.Callback):
@@ -57,11 +75,14 @@ class WeightSnapshots(pl.Callback):
     write took (listeners not included; the sorting with `sorted_values` included).
     """
 
-    def __init__(self, run_dir: str, every_n_steps: int, sorted_values: bool = False):
-        if not isinstance(sorted_values, bool):
-            raise ValueError(f"snapshot.sorted_values={sorted_values!r} must be true or false")
+    def __init__(self, run_dir: str, every_n_steps: int, sorted_values: bool = False, schedule: str = "every",
+                 trained_only: bool = False):
+        for key, value in (("sorted_values", sorted_values), ("trained_only", trained_only)):
+            if not isinstance(value, bool):
+                raise ValueError(f"snapshot.{key}={value!r} must be true or false")
         self.run_dir = Path(run_dir)
-        self.schedule = SnapshotSchedule(every_n_steps)
+        self.schedule = SnapshotSchedule(every_n_steps, schedule)
+        self.trained_only = trained_only
         self.sorted_values = sorted_values
         self.prepared: Prepared | None = None  # with sorted_values: the latest snapshot's sets, sorted
         self.writer: SnapshotWriter | None = None
@@ -83,7 +104,7 @@ class WeightSnapshots(pl.Callback):
         if not trainer.is_global_zero:
             return
         shapes = {name: list(p.shape) for name, p in named}
-        self.writer = SnapshotWriter(self.run_dir, getattr(model, "name", type(model).__name__), shapes)
+        self.writer = SnapshotWriter(self.run_dir, getattr(model, "name", type(model).__name__), shapes, self.trained_only)
         embedding = embedding_name(model)
         if embedding is not None and hasattr(model, "tokenize"):
             self.token_rows = TokenRows(self.run_dir, embedding, shapes[embedding][0], model.tokenize)
@@ -122,14 +143,14 @@ class WeightSnapshots(pl.Callback):
             return
         state = parameter_state((name, full[f"model.{name}"]) for name in self.names)
         sorted_sets = None
+        rows = indexed_rows([self.token_rows.record()], step) if self.token_rows is not None else None
         if self.sorted_values:
-            rows = indexed_rows([self.token_rows.record()], step) if self.token_rows is not None else None
             try:
                 self.prepared = prepare(state, rows, previous=self.prepared)
                 sorted_sets = SortedSets(self.prepared.sorted, self.prepared.pooled_sorted, rows)
             except ValueError:  # NaN/Inf weights have no distances: the comparing runs say so themselves
                 self.prepared = None
-        self.writer.write(step, state, sorted_sets)
+        self.writer.write(step, state, sorted_sets, rows)
         self.seconds.append(time.perf_counter() - start)
         for listener in self.listeners:
             listener.on_snapshot(trainer, pl_module, step, state)

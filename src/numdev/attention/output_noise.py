@@ -1,0 +1,40 @@
+"""Relative noise on every attention output: the calibration ladder's per-call rungs.
+
+out <- out * (1 + delta * z), z ~ N(0, 1) per element, drawn from the backend's own generator
+(seed: the run's seed.perturbation), after an inner backend (eager attention under the run's
+autocast by default) computed out. A deviation of known relative size in every call, forward and
+(through the product) backward, as Flash's own per-call deviation is: the study reads Flash's
+weight distance against these rungs (docs/study.md#ladder). The product is formed in fp32 and
+cast back to the output's dtype, so under bf16 a delta well below bf16's half-ulp (2^-9) mostly
+rounds away: what a bf16 run can carry, not a bug.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from numdev.attention.eager import Eager
+from numdev.attention.registry import AttentionBackend, register
+
+
+@register("output_noise")
+class OutputNoise(AttentionBackend):
+    def __init__(self, inner: AttentionBackend | None = None, delta: float = 1e-3, seed: int = 0):
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 < delta < 1):
+            raise ValueError(f"attention.delta={delta!r} must be a number in (0, 1)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"attention.seed={seed!r} must be a non-negative integer")
+        self.inner = inner if inner is not None else Eager()
+        self.delta, self.seed = float(delta), seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def unsupported_reason(self, q):
+        return self.inner.unsupported_reason(q)
+
+    def forward(self, q, k, v, scale, causal):
+        out = self.inner(q, k, v, scale=scale, causal=causal)
+        z = torch.randn(out.shape, generator=self.generator, dtype=torch.float32).to(out.device)
+        return (out.float() * (1.0 + self.delta * z)).to(out.dtype)
+
+    def describe(self):
+        return {"backend": self.name, "delta": self.delta, "seed": self.seed, "inner": self.inner.describe()}
