@@ -280,3 +280,13 @@ def test_the_low_floor_study_trains_its_reference_in_fp32_and_flash_as_the_kerne
     assert flash.precision.name == "fp32" and flash.attention._target_ == "numdev.attention.SdpaFlash" and flash.attention.dtype == "bf16"
     assert bf16.precision.name == "bf16-mixed" and bf16.study.paper == "low_precision"
     assert attention.precision.name == "fp32" and attention.attention.precision == "bf16-mixed"
+
+
+def test_the_claim_verdicts_pass_the_study_summary_schema_the_report_reads():
+    """What the analysis writes under `verdicts` (the parts and the metric's name) is what
+    numdev-report's validating reader accepts (numdev.schemas.STUDY_SUMMARY)."""
+    from numdev import schemas
+
+    summary, curves = _calibrated_summary(3.0)
+    for key, value in claim_verdicts(summary, curves).items():
+        schemas._check_type("summary.json", f"verdicts.{key}", value, schemas.STUDY_SUMMARY.each["verdicts"], "study summary")

@@ -199,7 +199,7 @@ STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), wha
               "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str},
     optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict,
               "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict},
-    each={"pairs": dict, "ratios": dict, "verdicts": VERDICT, "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
+    each={"pairs": dict, "ratios": dict, "verdicts": (VERDICT, str), "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
     finite=True,
 )
 STUDY_BLOCK = FileSchema("study block", required={"role": str}, optional={"replicate": int, "kind": str, "label": str})
