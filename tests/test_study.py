@@ -138,7 +138,7 @@ def study(tmp_path_factory):
     return root / "study", result
 
 
-ROLES = [p.stem for p in ROLE_FILES]
+ROLES = _sweep("flash_stability")  # the roles experiment=flash_stability(_smoke) runs (the ladder runs in the early study)
 
 
 @pytest.mark.slow
