@@ -672,8 +672,10 @@ def _study_summary(edit: Callable[[dict], object]) -> Callable[[Path], None]:
         study = tmp / "study"
         study.mkdir()
         summary = {"primary_metric": "m", "paper_metric": "m", "pairs": {"reference": {}}, "ratios": {},
-                   "verdicts": {"fig7": {"status": "holds", "rule": "r"}, "fig8": {"status": "holds", "rule": "r"}},
-                   "role_order": [], "replicates": [0], "steps": 4, "captions": {}, "under_test": "flash"}
+                   "verdicts": {"metric": "m", "fig7": {"status": "holds", "rule": "r"}, "fig8": {"status": "holds", "rule": "r"}},
+                   "role_order": [], "replicates": [0], "steps": 4, "captions": {}, "under_test": "flash",
+                   "under_test_backend": "flash_emulated", "reference_backend": "baseline", "precision": "bf16-mixed",
+                   "model": "dit_micro", "roles": {}, "growth_measure": "g"}
         edited = edit(summary)
         data = edited if isinstance(edited, bytes) else json.dumps(summary if edited is None else edited).encode()
         (study / "summary.json").write_bytes(data)
@@ -689,6 +691,9 @@ BAD_SUMMARIES = {
     "pairs-list": (lambda s: s.update(pairs=[1]), "field 'pairs' is a list, not a mapping"),
     "verdict-string": (lambda s: s["verdicts"].update(fig7="holds"), "field 'verdicts.fig7' holds a string"),
     "verdict-no-status": (lambda s: s["verdicts"]["fig8"].pop("status") and None, "field 'verdicts.fig8.status' is missing"),
+    "verdict-missing": (lambda s: s["verdicts"].pop("fig7") and None, "field 'verdicts.fig7' is missing"),
+    "extra-verdict-number": (lambda s: s["verdicts"].update(fig9=9), "field 'verdicts.fig9' holds an integer"),
+    "no-backend": (lambda s: s.pop("under_test_backend") and None, "field 'under_test_backend' is missing"),
     "steps-nan": (lambda s: s.update(steps=float("nan")), "field 'steps' is nan"),
     "steps-string": (lambda s: s.update(steps="4"), "field 'steps' is a string ('4'), not an integer"),
     "a-list": (lambda s: [s], "holds a list, not a mapping"),

@@ -47,7 +47,7 @@ def test_a_combination_that_cannot_run_is_one_line_on_stderr(tmp_path):
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("numdev-train: error: attention=flash_attn with precision=fp32 on cpu")
-    assert "Backends that can run on cpu with float32: baseline, eager, flash_emulated, sdpa_flash, sdpa_math" in errors[0]
+    assert "Backends that can run on cpu with float32: baseline, eager, flash_emulated, output_noise, sdpa_flash, sdpa_math" in errors[0]
 
 
 @pytest.mark.parametrize(("override", "expected"), [("attention=nope", "sdpa_flash"), ("trainer.nope=1", "nope")])

@@ -288,5 +288,7 @@ def test_the_claim_verdicts_pass_the_study_summary_schema_the_report_reads():
     from numdev import schemas
 
     summary, curves = _calibrated_summary(3.0)
-    for key, value in claim_verdicts(summary, curves).items():
-        schemas._check_type("summary.json", f"verdicts.{key}", value, schemas.STUDY_SUMMARY.each["verdicts"], "study summary")
+    verdicts = claim_verdicts(summary, curves)
+    assert schemas.STUDY_VERDICTS.check("summary.json", verdicts, "verdicts.", "study summary") == verdicts
+    with pytest.raises(ValueError, match="field 'verdicts.fig7' holds a string"):
+        schemas.STUDY_VERDICTS.check("summary.json", {**verdicts, "fig7": "holds"}, "verdicts.", "study summary")

@@ -47,6 +47,7 @@ class FileSchema:
     optional: dict = field(default_factory=dict)  # checked when present (null allowed)
     items: dict | None = None  # for a field "entries"-like list: schema of each item, keyed by list field name
     each: dict | None = None  # for a mapping field: the type or schema of each of its values
+    rest: object = None  # the type or schema of every field not named in required or optional
     finite: bool = False  # no NaN or infinity anywhere in the file
 
     def check(self, path: str | os.PathLike, data, prefix: str = "", outer: str | None = None) -> dict:
@@ -73,6 +74,10 @@ class FileSchema:
                     schema.check(path, item, f"{prefix}{name}[{i}].", what)
                 else:
                     schema.check(f"{path}: {name}[{i}]", item)
+        if self.rest is not None:
+            for name, value in data.items():
+                if name not in self.required and name not in self.optional:
+                    _check_type(path, prefix + name, value, self.rest, what)
         for name, types in (self.each or {}).items():
             values = data.get(name)
             if isinstance(values, dict):
@@ -193,13 +198,17 @@ DOWNSTREAM_ROLE = FileSchema("downstream entry", required={"mean": ESTIMATE}, op
 DOWNSTREAM = FileSchema("downstream outcome", required={"label": str, "roles": dict},
                         optional={"seed_spread": FINITE}, each={"roles": DOWNSTREAM_ROLE})
 SAMPLES = FileSchema("samples entry", required={"path": str, "replicate": int, "scores": dict})
+STUDY_VERDICTS = FileSchema(  # the summary's verdicts: the metric they judge and one verdict per claim
+    "study verdicts", required={"metric": str, "fig7": VERDICT, "fig8": VERDICT}, rest=VERDICT)
 STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), what the report reads
     "study summary",
-    required={"primary_metric": str, "paper_metric": str, "pairs": dict, "ratios": dict, "verdicts": dict,
-              "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str},
+    required={"primary_metric": str, "paper_metric": str, "pairs": dict, "ratios": dict, "verdicts": STUDY_VERDICTS,
+              "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str,
+              "under_test_backend": str, "reference_backend": str, "precision": str, "model": str, "roles": dict,
+              "growth_measure": str},
     optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict,
               "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict},
-    each={"pairs": dict, "ratios": dict, "verdicts": (VERDICT, str), "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
+    each={"pairs": dict, "ratios": dict, "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
     finite=True,
 )
 STUDY_BLOCK = FileSchema("study block", required={"role": str}, optional={"replicate": int, "kind": str, "label": str})
