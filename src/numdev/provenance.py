@@ -83,12 +83,13 @@ def provenance(seeds=None, threads: int | None = None) -> dict:
     }
 
 
-def machine_line(block: dict) -> str:
-    """One line for a report header or a table caption: 'Intel Xeon …, 2 threads, torch 2.14.1, abc1234 (dirty)'."""
+def machine_line(block: dict, commit: bool = True) -> str:
+    """One line for a report header or a table caption: 'Intel Xeon …, 2 threads, torch 2.14.1, abc1234 (dirty)'.
+    commit=False: the machine, the versions and the day only (for README's user text)."""
     machine, versions, git = block["machine"], block["versions"], block["git"]
-    commit = (git.get("commit") or "no git")[:10] + (" (uncommitted changes)" if git.get("dirty") else "")
     gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
-    return (
-        f"{machine['cpu']}, {machine['torch_threads']} thread(s) of {machine['logical_cpus']}{gpu}; "
-        f"torch {versions['torch']}, numdev {versions['numdev']} @ {commit}; {block['date']}"
-    )
+    where = f"{machine['cpu']}, {machine['torch_threads']} thread(s) of {machine['logical_cpus']}{gpu}; torch {versions['torch']}"
+    if not commit:
+        return f"{where}; {str(block['date'])[:10]}"
+    state = (git.get("commit") or "no git")[:10] + (" (uncommitted changes)" if git.get("dirty") else "")
+    return f"{where}, numdev {versions['numdev']} @ {state}; {block['date']}"

@@ -1,0 +1,71 @@
+"""Wall time of `make demo` and of CI's test command from a fresh clone, as a new user runs them. Prints JSON.
+
+    python scripts/bench_fresh_clone.py --which demo     # git clone HEAD, then `make demo` (install included)
+    python scripts/bench_fresh_clone.py --which test     # git clone HEAD, then `CI=true bash .ci/run` (install included)
+
+The clone is of the committed HEAD (uncommitted changes are not measured: the JSON says so), into a
+temporary directory removed afterwards. The JSON gives the wall time end to end, the CPU seconds of
+the command's processes, the 1/5/15-minute load averages before and after (on a shared machine,
+others' work is in the wall time), the exit code, pytest's summary line (test) and the machine
+(numdev.provenance). Budgets (README.md): demo <= 12 min, the test run <= 15 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from numdev.provenance import git_state, provenance
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = {"demo": ["make", "demo"], "test": ["bash", ".ci/run"]}
+BUDGET_S = {"demo": 720, "test": 900}
+PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([\d.]+)s", re.M)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--which", choices=sorted(COMMANDS), required=True)
+    args = parser.parse_args()
+    state = git_state()
+    with tempfile.TemporaryDirectory(prefix="numdev-fresh-") as tmp:
+        clone = Path(tmp) / "numdev"
+        subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env["CI"] = "true"
+        load_before = os.getloadavg()
+        cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(COMMANDS[args.which], cwd=clone, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = PYTEST_SUMMARY.findall(done.stdout)
+    print(json.dumps({
+        "which": args.which,
+        "command": " ".join(COMMANDS[args.which]) + " (from a fresh clone, CI=true)",
+        "commit": state.get("commit"),
+        "uncommitted_changes_not_measured": bool(state.get("dirty")),
+        "returncode": done.returncode,
+        "wall_s": wall,
+        "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "pytest": {"summary": summary[-1][0], "tests_s": float(summary[-1][1])} if summary else None,
+        "output_tail": (done.stdout + done.stderr)[-2000:] if done.returncode else "",
+        "budget_s": BUDGET_S[args.which],
+        "within_budget": done.returncode == 0 and wall <= BUDGET_S[args.which],
+        "provenance": provenance(),
+    }, indent=1))
+    sys.exit(done.returncode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The numbers in README.md and docs/results.md are what the scripts write from the committed results.
+
+Each generated block is rebuilt here from the JSON it was generated from (docs/results/) and must
+equal the block in the file: a number typed by hand, or a block left behind after its result
+changed, fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+from conftest import REPO
+
+from numdev.docblocks import read_block
+
+README, RESULTS_DOC = REPO / "README.md", REPO / "docs" / "results.md"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_block_in_readme_and_results_is_filled_and_names_its_script():
+    for doc in (README, RESULTS_DOC):
+        names = re.findall(r"<!-- numdev:begin ([\w.-]+) -->", doc.read_text(encoding="utf-8"))
+        assert names, doc
+        for name in names:
+            text = read_block(doc, name)
+            assert text, f"{doc.name}: block {name} is empty"
+            assert re.search(r"scripts/\w+\.py|`\.venv/bin/numdev-", text), f"{doc.name}: block {name} names no command"
+
+
+def test_the_phase1_sentence_is_the_scripts_from_the_committed_results():
+    phase1 = _script("phase1_results")
+    figures = json.loads((REPO / "docs" / "results" / "phase1.json").read_text(encoding="utf-8"))["figures"]
+    assert read_block(README, "findings-phase1") == phase1.findings_sentence(figures).strip()
+    assert read_block(RESULTS_DOC, "phase1-table").startswith(phase1.results_table(figures))
+
+
+def test_the_study_headline_is_the_scripts_from_the_committed_summaries():
+    table = _script("study_table")
+    early = json.loads(table.EARLY_RESULT.read_text(encoding="utf-8"))
+    full = json.loads(table.RESULT.read_text(encoding="utf-8"))
+    expected = table.headline_text(early, table.EARLY_RESULT, full, table.RESULT)
+    assert read_block(README, "study-headline") == expected.strip()
+    assert read_block(RESULTS_DOC, "study-early") == table.early_block(early, table.EARLY_RESULT).strip()
+    assert read_block(RESULTS_DOC, "study-results") == table.block_text(full, "numdev-train experiment=flash_stability").strip()
+
+
+def test_the_budgets_table_is_the_scripts_from_the_committed_timings():
+    budgets = _script("budgets_table")
+    rows = budgets.rows()
+    assert len(rows) > 2, "no timing JSON in docs/results"
+    assert "\n".join(rows) in read_block(RESULTS_DOC, "budgets")
+
+
+@pytest.mark.parametrize("doc", [README, RESULTS_DOC])
+def test_user_text_has_no_session_history(doc):
+    """README and the results page speak to a user: no 'this session', no bare commit hashes outside provenance lines."""
+    text = doc.read_text(encoding="utf-8")
+    assert "this session" not in text.lower()
+    if doc == README:
+        assert not re.search(r"\b(commit|@) [0-9a-f]{7,40}\b", text), "a commit hash in README.md's text"
