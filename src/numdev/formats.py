@@ -184,7 +184,44 @@ def _round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
         return rounded
     if fmt.has_inf and fmt.exponent_bits == _WIDTH[x.dtype][0]:
         return _round_mantissa(x, fmt.mantissa_bits)
-    return _round_generic(x, fmt)
+    return _round_normal_fast(x, fmt)
+
+
+def truncate_to(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
+    """x rounded toward zero in `fmt` (the IEEE roundTowardZero attribute): the bits below fmt's
+    quantum dropped; overflow becomes the largest finite number, as roundTowardZero gives; NaN and
+    inf kept. A tensor of x's dtype (float32 or float64); no gradient."""
+    fmt = parse_format(fmt)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"truncate_to works in float32 or float64, got {x.dtype}; upcast first")
+    if fmt.exponent_bits >= _WIDTH[x.dtype][0] and fmt.mantissa_bits >= _WIDTH[x.dtype][1]:
+        return x
+    int_dtype = torch.int32 if x.dtype == torch.float32 else torch.int64
+    dropped = _WIDTH[x.dtype][1] - fmt.mantissa_bits
+    truncated = (x.view(int_dtype) & -(1 << dropped)).view(x.dtype)  # exact where x is normal in fmt
+    odd = ~(x.abs() >= 2.0**fmt.emin) | (truncated.abs() > fmt.max_finite)  # zeros, subnormals, overflow, NaN
+    if bool(odd.any()):
+        truncated[odd] = _truncate_generic(x[odd], fmt)
+    return truncated
+
+
+def _truncate_generic(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    _, exponent = torch.frexp(x)
+    quantum = exponent.sub_(1 + fmt.mantissa_bits).clamp_(min=fmt.emin - fmt.mantissa_bits)
+    truncated = _times_pow2(_times_pow2(x, quantum.neg()).trunc_(), quantum)
+    limit = torch.tensor(fmt.max_finite, dtype=x.dtype)
+    return torch.where(torch.isfinite(x), torch.clamp(truncated, -limit, limit), x)
+
+
+def _round_normal_fast(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Ties-to-even on the bit pattern where x lies in fmt's normal range and rounds to a finite
+    number (the bit rounding is exact there: fmt's quantum is x's own exponent's); the generic
+    path for the rest (zeros, subnormals, overflow, NaN), which is usually none or few."""
+    rounded = _round_mantissa(x, fmt.mantissa_bits)
+    odd = ~(x.abs() >= 2.0**fmt.emin) | (rounded.abs() > fmt.max_finite)
+    if bool(odd.any()):
+        rounded[odd] = _round_generic(x[odd], fmt)
+    return rounded
 
 
 def _round_mantissa(x: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
