@@ -140,3 +140,23 @@ def test_bad_arguments_name_what_to_do():
         quantize(torch.ones(4), "fp8_e4m3", "block", block=0)
     with pytest.raises(TypeError, match="upcast"):
         quantize(torch.ones(4, dtype=torch.bfloat16), "fp8_e4m3")
+
+
+@pytest.mark.parametrize("name", MX_ELEMENTS)
+def test_mx_ceil_scale_is_the_smallest_power_of_two_without_saturation(name):
+    fmt = FORMATS[name]
+    x = _blocks(seed=2).double()
+    x[4] = 0.5
+    x[4, 0] = fmt.max_finite * 2.0**-3  # amax / X lands exactly on max_finite
+    exponent = mx_scale_exponent(x, name, block_scale="ceil")
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    assert bool((amax / torch.exp2(exponent) <= fmt.max_finite).all())  # nothing saturates
+    free = exponent > -127  # not clamped at E8M0's smallest scale (the block of tiny values is)
+    assert int(free.sum()) == 15 and bool((amax / torch.exp2(exponent - 1) > fmt.max_finite)[free].all())  # minimal
+    assert float(amax[4] / torch.exp2(exponent[4])) == fmt.max_finite
+    floor = mx_scale_exponent(x, name)
+    assert bool(((exponent - floor >= 0) & (exponent - floor <= 1)).all())
+    parts = quantize_parts(x, name, "block", block_scale="ceil")
+    assert bool((parts.elements.abs() <= fmt.max_finite).all())
+    with pytest.raises(ValueError, match="block_scale"):
+        quantize(x, name, "block", block_scale="round")

@@ -17,12 +17,17 @@ layers use it). Four scalings, each over `axis` (the reduction axis of a matrix 
           to the element format's largest normal; a block holding NaN or inf gets the NaN scale and
           dequantises to NaN. V / X is exact (a power of two), so small elements flush to zero only
           by the element format's own underflow relative to the block's largest element.
+          The spec's floor leaves amax / X in [2^emax, 2^(emax+1)), above the largest normal of
+          e4m3 (448) and e2m1 (6): a block's largest elements can saturate. block_scale="ceil"
+          takes instead the smallest power of two with amax / X <= max_finite (X = 2^ceil(log2(amax /
+          max_finite)), as NVIDIA's MXFP8 recipe rounds the scale up): nothing saturates, one
+          binade of the small elements' range is given up.
 
 Public API:
-  quantize(x, fmt, scaling="tensor", block=32, axis=-1) -> dequantized x (x's dtype)
+  quantize(x, fmt, scaling="tensor", block=32, axis=-1, block_scale="floor") -> dequantized x (x's dtype)
   quantize_parts(...) -> Quantized(elements, scale): elements * scale (broadcast per block) == quantize(...)
   tensor_scale(x, fmt, axis=None) -> torchao's amax scale s (float32), per tensor or per slice
-  mx_scale_exponent(x, fmt, block=32, axis=-1) -> the E8M0 exponents (int32) of each block
+  mx_scale_exponent(x, fmt, block=32, axis=-1, block_scale="floor") -> each block's E8M0 exponent (float64)
   e8m0_bits(exponent) -> the E8M0 code (uint8) of scale exponents, NaN where a block was not finite
 
 Under autograd `quantize` is a straight-through estimator: the forward pass quantises, the
@@ -42,6 +47,7 @@ MX_BLOCK = 32  # the OCP MX block size
 AMAX_EPS = 1e-12  # torchao's floor on amax (float8_utils.EPS)
 E8M0_MIN, E8M0_MAX = -127, 127  # the E8M0 exponent range; code 255 is NaN
 MX_ELEMENTS = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
+BLOCK_SCALES = ("floor", "ceil")  # floor: OCP MX v1.0; ceil: rounded up so nothing saturates
 
 
 @dataclass(frozen=True)
@@ -72,22 +78,22 @@ class Quantized:
 
 
 def quantize(x: torch.Tensor, fmt: FloatFormat | str, scaling: str = "tensor", block: int = MX_BLOCK,
-             axis: int = -1) -> torch.Tensor:
+             axis: int = -1, block_scale: str = "floor") -> torch.Tensor:
     """x quantised to fmt with the given scaling and dequantised, as a tensor of x's dtype."""
     if scaling == "none":
         return round_to(x, fmt)
     with torch.no_grad():
-        out = quantize_parts(x.detach(), fmt, scaling, block, axis).dequantize()
+        out = quantize_parts(x.detach(), fmt, scaling, block, axis, block_scale).dequantize()
     if x.requires_grad:
         return x + (out - x).detach()  # straight through
     return out
 
 
 def quantize_parts(x: torch.Tensor, fmt: FloatFormat | str, scaling: str = "tensor", block: int = MX_BLOCK,
-                   axis: int = -1) -> Quantized:
+                   axis: int = -1, block_scale: str = "floor") -> Quantized:
     """The elements and scales of x quantised to fmt (see the module doc for each scaling)."""
     fmt = parse_format(fmt)
-    _check(x, fmt, scaling, block)
+    _check(x, fmt, scaling, block, block_scale)
     axis = axis % x.dim() if x.dim() else 0
     if scaling == "none":
         return Quantized(round_to(x, fmt), torch.ones((), dtype=x.dtype), fmt, scaling, block, axis)
@@ -95,7 +101,7 @@ def quantize_parts(x: torch.Tensor, fmt: FloatFormat | str, scaling: str = "tens
         s = tensor_scale(x, fmt, axis=None if scaling == "tensor" else axis)
         elements = round_to(_saturate(x * s.to(x.dtype), fmt), fmt)
         return Quantized(elements, torch.reciprocal(s).to(x.dtype), fmt, scaling, block, axis)
-    exponent = mx_scale_exponent(x, fmt, block, axis)
+    exponent = mx_scale_exponent(x, fmt, block, axis, block_scale)
     wide = x.double()  # V / X and its rounding in float64: the division by a power of two is exact
     shift = _expand(exponent, block, axis, x.shape[axis]).double()
     elements = round_to(_saturate(wide * _pow2(-shift), fmt), fmt).to(x.dtype)
@@ -113,9 +119,11 @@ def tensor_scale(x: torch.Tensor, fmt: FloatFormat | str, axis: int | None = Non
     return (fmt.max_finite / torch.clamp(amax, min=AMAX_EPS)).float()
 
 
-def mx_scale_exponent(x: torch.Tensor, fmt: FloatFormat | str, block: int = MX_BLOCK, axis: int = -1) -> torch.Tensor:
-    """floor(log2(amax of each block)) - emax_elem, clamped to E8M0's [-127, 127] (float64; NaN
-    for a block holding NaN or inf). x's shape with `axis` of length ceil(n / block)."""
+def mx_scale_exponent(x: torch.Tensor, fmt: FloatFormat | str, block: int = MX_BLOCK, axis: int = -1,
+                      block_scale: str = "floor") -> torch.Tensor:
+    """floor(log2(amax of each block)) - emax_elem (block_scale="ceil": ceil(log2(amax / max_finite))),
+    clamped to E8M0's [-127, 127] (float64; NaN for a block holding NaN or inf). x's shape with
+    `axis` of length ceil(n / block)."""
     fmt = parse_format(fmt)
     axis = axis % x.dim()
     magnitude = x.detach().abs().double().movedim(axis, -1)
@@ -124,8 +132,14 @@ def mx_scale_exponent(x: torch.Tensor, fmt: FloatFormat | str, block: int = MX_B
     blocks = padded.unflatten(-1, (-1, block))
     amax = blocks.amax(dim=-1)
     finite = torch.isfinite(blocks).all(dim=-1)
-    _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, 0.5 <= m < 1: floor(log2(amax)) = exponent - 1
-    shared = (exponent - 1 - fmt.emax).double().clamp(E8M0_MIN, E8M0_MAX)
+    if block_scale == "ceil":
+        ratio = amax / fmt.max_finite
+        mantissa, exponent = torch.frexp(ratio)  # ceil(log2(ratio)) = exponent - 1 when ratio is a power of two
+        shared = (exponent - (mantissa.abs() == 0.5).to(exponent.dtype)).double()
+    else:
+        _, exponent = torch.frexp(amax)  # amax = m * 2**exponent, 0.5 <= m < 1: floor(log2(amax)) = exponent - 1
+        shared = (exponent - 1 - fmt.emax).double()
+    shared = shared.clamp(E8M0_MIN, E8M0_MAX)
     shared = torch.where(amax == 0, float(E8M0_MIN), shared)
     shared = torch.where(finite, shared, float("nan"))
     return shared.movedim(-1, axis)
@@ -155,9 +169,11 @@ def _saturate(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return torch.clamp(x, -fmt.max_finite, fmt.max_finite)
 
 
-def _check(x: torch.Tensor, fmt: FloatFormat, scaling: str, block: int) -> None:
+def _check(x: torch.Tensor, fmt: FloatFormat, scaling: str, block: int, block_scale: str = "floor") -> None:
     if scaling not in SCALINGS:
         raise ValueError(f"unknown scaling {scaling!r}: use one of {', '.join(SCALINGS)}")
+    if block_scale not in BLOCK_SCALES:
+        raise ValueError(f"unknown block_scale {block_scale!r}: use one of {', '.join(BLOCK_SCALES)}")
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"quantize works in float32 or float64, got {x.dtype}; upcast first")
     if scaling == "block":

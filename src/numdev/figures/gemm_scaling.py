@@ -22,7 +22,7 @@ FIGURE = Figure(
     module=__name__,
     demo_overrides=("runner.ks=[512]",),
 )
-SCALINGS = ("tensor", "row", "block")
+SCALINGS = ("tensor", "row", "block", "block_ceil")  # block: the OCP MX v1.0 scale; block_ceil: rounded up
 
 
 def summarise(rows, out_dir: Path) -> dict:
@@ -34,14 +34,15 @@ def summarise(rows, out_dir: Path) -> dict:
     cell = {}  # (format, scaling) -> label
     for label in names:
         m = model_of(rows, label)
-        cell.setdefault((m["input"], m["scaling"]), label)
+        scaling = "block_ceil" if m["scaling"] == "block" and m.get("block_scale") == "ceil" else m["scaling"]
+        cell.setdefault((m["input"], scaling), label)
     formats = sorted({f for f, _ in cell}, key=lambda f: parse_format(f).mantissa_bits)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     xs = list(range(len(formats)))
     for i, scaling in enumerate(SCALINGS):
         chosen = [(x, cell[(f, scaling)]) for x, f in zip(xs, formats) if (f, scaling) in cell]
         if chosen:
-            errorbar(ax, [x + (i - 1) * 0.15 for x, _ in chosen], [err[label] for _, label in chosen], "os^"[i], label=scaling)
+            errorbar(ax, [x + (i - 1.5) * 0.15 for x, _ in chosen], [err[label] for _, label in chosen], "os^D"[i], label=scaling)
     ax.set_yscale("log")
     ax.set_xticks(xs, formats)
     ax.set_ylabel("max |C − C_fp64|")

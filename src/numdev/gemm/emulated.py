@@ -24,8 +24,8 @@ def emulated_matmul(a: torch.Tensor, b: torch.Tensor, formats: GemmFormats) -> t
     _check_shapes(a, b)
     f = formats
     work = f.working_dtype
-    qa = quantize_parts(_wide(a), f.input, f.scaling, f.block, axis=-1)
-    qb = quantize_parts(_wide(b), f.weight, f.scaling, f.block, axis=0)
+    qa = quantize_parts(_wide(a), f.input, f.scaling, f.block, axis=-1, block_scale=f.block_scale)
+    qb = quantize_parts(_wide(b), f.weight, f.scaling, f.block, axis=0, block_scale=f.block_scale)
     scales_outside = f.scaling in ("tensor", "row") and f.scale_at == "output"
     if scales_outside:
         left, right = qa.elements.to(work), qb.elements.to(work)

@@ -3,7 +3,8 @@
   input    A's elements, after scaling (numdev.numerics_scaling)
   weight   B's elements, after scaling
   scaling  none, tensor (one amax scale per operand), row (one per row of A and per column of B)
-           or block (OCP MX: `block` consecutive elements along K share an E8M0 scale)
+           or block (OCP MX: `block` consecutive elements along K share an E8M0 scale; block_scale
+           floor as the OCP MX v1.0 spec, or ceil: rounded up so no element saturates)
   product  each a_ik * b_kj, rounded to this format (order=sequential only; products of 8/16-bit
            operands are exact in fp32)
   accum    the running sum inside a chunk of `chunk` consecutive products (N_c)
@@ -43,7 +44,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from numdev.formats import FloatFormat, parse_format
-from numdev.numerics_scaling import SCALINGS
+from numdev.numerics_scaling import BLOCK_SCALES, SCALINGS
 
 ORDERS = ("sequential", "matmul")
 ACCUM_ROUNDING = ("nearest", "toward_zero")
@@ -61,6 +62,7 @@ class GemmFormats:
     output: FloatFormat
     scaling: str = "none"
     block: int = 32
+    block_scale: str = "floor"
     chunk: int | None = None
     order: str = "matmul"
     scale_at: str = "output"
@@ -72,6 +74,8 @@ class GemmFormats:
             object.__setattr__(self, "chunk", None)  # 0: the whole of K
         if self.scaling not in SCALINGS:
             raise ValueError(f"gemm.scaling={self.scaling!r}: use one of {', '.join(SCALINGS)}")
+        if self.block_scale not in BLOCK_SCALES:
+            raise ValueError(f"gemm.block_scale={self.block_scale!r}: use one of {', '.join(BLOCK_SCALES)}")
         if self.order not in ORDERS:
             raise ValueError(f"gemm.order={self.order!r}: use one of {', '.join(ORDERS)}")
         if self.accum_rounding not in ACCUM_ROUNDING:
@@ -92,7 +96,7 @@ class GemmFormats:
 
     def describe(self) -> dict:
         out = {f: getattr(self, f).name for f in FORMAT_FIELDS}
-        out.update(scaling=self.scaling, block=self.block, chunk=self.chunk, order=self.order,
+        out.update(scaling=self.scaling, block=self.block, block_scale=self.block_scale, chunk=self.chunk, order=self.order,
                    scale_at=self.scale_at, accum_rounding=self.accum_rounding, preset=self.preset)
         return out
 
@@ -114,7 +118,7 @@ def gemm_formats(preset: str = "fp32", **overrides) -> GemmFormats:
     """Formats from a preset; every override that is not None wins (the Hydra target)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown gemm preset {preset!r}: use one of {', '.join(PRESETS)}")
-    allowed = set(FORMAT_FIELDS) | {"scaling", "block", "chunk", "order", "scale_at", "accum_rounding"}
+    allowed = set(FORMAT_FIELDS) | {"scaling", "block", "block_scale", "chunk", "order", "scale_at", "accum_rounding"}
     unknown = set(overrides) - allowed
     if unknown:
         raise ValueError(f"unknown gemm field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(allowed))}")
