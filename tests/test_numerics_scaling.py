@@ -139,7 +139,16 @@ def test_bad_arguments_name_what_to_do():
     with pytest.raises(ValueError, match="block"):
         quantize(torch.ones(4), "fp8_e4m3", "block", block=0)
     with pytest.raises(TypeError, match="upcast"):
-        quantize(torch.ones(4, dtype=torch.bfloat16), "fp8_e4m3")
+        quantize_parts(torch.ones(4, dtype=torch.bfloat16), "fp8_e4m3")
+
+
+def test_bf16_inputs_quantise_from_their_float32_values_under_autograd():
+    x = (torch.randn(4, 64) * 3).bfloat16().requires_grad_()
+    y = quantize(x, "fp8_e4m3", "block")
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y.detach(), quantize(x.detach().float(), "fp8_e4m3", "block").bfloat16())
+    (grad,) = torch.autograd.grad(y.float().sum(), x)
+    assert torch.equal(grad, torch.ones_like(x))
 
 
 @pytest.mark.parametrize("name", MX_ELEMENTS)

@@ -24,7 +24,8 @@ layers use it). Four scalings, each over `axis` (the reduction axis of a matrix 
           binade of the small elements' range is given up.
 
 Public API:
-  quantize(x, fmt, scaling="tensor", block=32, axis=-1, block_scale="floor") -> dequantized x (x's dtype)
+  quantize(x, fmt, scaling="tensor", block=32, axis=-1, block_scale="floor") -> dequantized x (x's dtype:
+      float32/float64, or bf16/fp16 quantised from their float32 values and rounded back)
   quantize_parts(...) -> Quantized(elements, scale): elements * scale (broadcast per block) == quantize(...)
   tensor_scale(x, fmt, axis=None) -> torchao's amax scale s (float32), per tensor or per slice
   mx_scale_exponent(x, fmt, block=32, axis=-1, block_scale="floor") -> each block's E8M0 exponent (float64)
@@ -79,7 +80,12 @@ class Quantized:
 
 def quantize(x: torch.Tensor, fmt: FloatFormat | str, scaling: str = "tensor", block: int = MX_BLOCK,
              axis: int = -1, block_scale: str = "floor") -> torch.Tensor:
-    """x quantised to fmt with the given scaling and dequantised, as a tensor of x's dtype."""
+    """x quantised to fmt with the given scaling and dequantised, as a tensor of x's dtype.
+
+    bf16/fp16 x is quantised from its float32 values and the dequantised result rounded back to x's
+    dtype (elements times scale need not be a bf16 number)."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return quantize(x.float(), fmt, scaling, block, axis, block_scale).to(x.dtype)
     if scaling == "none":
         return round_to(x, fmt)
     with torch.no_grad():
