@@ -135,3 +135,35 @@ def test_saturating_formats_keep_nan_and_saturate_inf():
     assert torch.isnan(round_to(x, "fp4_e2m1")[0])
     assert FORMATS["fp6_e2m3"].max_finite == 7.5 and FORMATS["fp6_e3m2"].max_finite == 28.0
     assert [FORMATS[n].emax for n in NARROW] == [8, 15, 2, 4, 2]  # the OCP MX spec's emax_elem
+
+
+def _exact_truncate(value: float, fmt) -> float:
+    """Round toward zero with rational arithmetic: the reference for truncate_to."""
+    from fractions import Fraction
+
+    if value == 0 or value != value or abs(value) == float("inf"):
+        return value
+    x = Fraction(value)
+    exponent = fmt.emin
+    while Fraction(2) ** (exponent + 1) <= abs(x):
+        exponent += 1
+    quantum = Fraction(2) ** (exponent - fmt.mantissa_bits)
+    n = abs(x) // quantum
+    result = min(n * quantum, Fraction(fmt.max_finite))
+    return float(result if x > 0 else -result)
+
+
+@pytest.mark.parametrize("name", ["e8m13", "bf16", "fp8_e4m3", "fp4_e2m1", "fp16"])
+@pytest.mark.parametrize("working", [torch.float32, torch.float64])
+def test_truncation_matches_exact_rational_arithmetic(name, working):
+    from numdev.formats import parse_format, truncate_to
+
+    fmt = parse_format(name)
+    rng = np.random.default_rng(11)
+    span = rng.uniform(np.log2(fmt.smallest_subnormal) - 2, min(np.log2(fmt.max_finite) + 2, 120), 1000)
+    x = np.exp2(span) * rng.choice([-1.0, 1.0], span.size)
+    x = np.concatenate([x, [0.0, -0.0, np.inf, -np.inf, fmt.max_finite, fmt.smallest_subnormal]])
+    x = torch.from_numpy(x).to(working)
+    ours = truncate_to(x, fmt).double().numpy()
+    expected = np.array([_exact_truncate(float(v), fmt) for v in x.double()])
+    assert np.array_equal(ours, expected)
