@@ -167,3 +167,15 @@ def test_truncation_matches_exact_rational_arithmetic(name, working):
     ours = truncate_to(x, fmt).double().numpy()
     expected = np.array([_exact_truncate(float(v), fmt) for v in x.double()])
     assert np.array_equal(ours, expected)
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+@pytest.mark.parametrize("source", [np.float16, ml_dtypes.bfloat16])
+def test_every_16_bit_input_rounds_as_ml_dtypes(name, source):
+    """All 65536 fp16 or bf16 bit patterns (their values exact in float32) rounded to each narrow format;
+    NaN left out for the formats without NaN (ml_dtypes turns it into -0; numdev keeps NaN visible)."""
+    x = np.arange(2**16, dtype=np.uint16).view(source).astype(np.float32)
+    x = x[~np.isnan(x)] if FORMATS[name].saturates else x
+    with np.errstate(all="ignore"):
+        expected = x.astype(NARROW[name]).astype(np.float64)
+    assert _same(round_to(torch.from_numpy(x), name).double().numpy(), expected)
