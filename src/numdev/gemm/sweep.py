@@ -38,6 +38,13 @@ class Sweep:
         self.activations = _generator(activations or {"generator": "normal"}, "activations")
         self.weights = _generator(weights or {"generator": "normal"}, "weights")
 
+    @staticmethod
+    def settings(runner) -> str:
+        """The job's settings in one line (numdev.bench.echo), from the runner's config."""
+        methods = [label for label, spec in (runner.get("methods") or {}).items() if spec is not None]
+        return (f"gemm M{runner.get('m')} N{runner.get('n')} K {list(runner.get('ks') or [])} | "
+                f"activations {dict(runner.get('activations') or {})} | methods {', '.join(methods)}")
+
     def __call__(self, cfg, log=print, emit=None) -> list[dict]:
         records = []
         for k in self.ks:
