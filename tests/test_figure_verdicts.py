@@ -156,7 +156,7 @@ def test_fa3_verdict(tmp_path, ratio, seeds, status):
 
 
 def test_registry_lists_every_figure_once_with_its_module():
-    assert BENCH_FIGURES == ("fig3", "fig4", "fig5", "fig6", "fa3_table3", "reconcile", "bias")
+    assert BENCH_FIGURES == ("fig3", "fig4", "fig5", "fig6", "fa3_table3", "reconcile", "bias", "gemm_formats", "gemm_k", "gemm_scaling")
     assert {"fig7", "fig8"} <= set(FIGURES) and FIGURES["fig8"].phase == "study"
     for name in BENCH_FIGURES:
         assert FIGURES[name].module == f"numdev.figures.{name}" and FIGURES[name].claim

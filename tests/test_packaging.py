@@ -19,3 +19,12 @@ def test_every_config_folder_is_a_declared_package():
     }
     missing = sorted(folders - declared)
     assert missing == [], f"add to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
+def test_every_source_package_is_declared():
+    declared = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    source = REPO / "src"
+    packages = {".".join(p.parent.relative_to(source).parts) for p in source.rglob("__init__.py")
+                if "conf" not in p.relative_to(source).parts and "kernels" not in p.relative_to(source).parts}
+    missing = sorted(packages - declared)
+    assert missing == [], f"add to [tool.setuptools] packages in pyproject.toml: {missing}"

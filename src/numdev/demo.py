@@ -1,6 +1,7 @@
 """numdev-demo: the main job on the embedded defaults (CPU), both phases and the report.
 
-1. the microbenchmark figures (Figs. 3-6, FA3's Table 3, the reconciliation and the bias), one
+1. the microbenchmark figures (Figs. 3-6, FA3's Table 3, the reconciliation, the bias and the three
+   matrix-product figures gemm_formats, gemm_k, gemm_scaling: docs/gemm.md), one
    sweep after another, each at demo size (3 seeds, 5 for the reconciliation; smaller N:
    numdev.figures.<name>.FIGURE's demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
 2. the early-phase study with its calibration ladder, 3 replicates (numdev-train

@@ -2,11 +2,16 @@
 
 A format is a number of exponent and mantissa bits plus what its top exponent means:
 IEEE-like formats keep it for inf and NaN; the OCP "fn" formats (fp8_e4m3) use it for finite
-numbers, keep only the all-ones mantissa for NaN, and have no inf (overflow becomes NaN).
+numbers, keep only the all-ones mantissa for NaN, and have no inf (overflow becomes NaN); the OCP MX
+element formats fp6_e2m3, fp6_e3m2 and fp4_e2m1 have neither inf nor NaN: every code is a finite
+number, and a conversion saturates (overflow and inf become the largest finite number, as ml_dtypes
+and the OCP MX specification v1.0 convert).
 
 `round_to(x, fmt)` returns a tensor of x's dtype holding the values of x rounded, once, to fmt:
-ties to even, gradual underflow into subnormals, overflow to inf (or NaN for fn formats),
-NaN kept. Under autograd the rounding is a straight-through identity.
+ties to even, gradual underflow into subnormals, overflow to inf (NaN for fn formats, the largest
+finite number for formats without inf and NaN), NaN kept (in the tensor, even for a format without
+NaN). Under autograd the rounding is a straight-through identity. `decode(codes, fmt)` gives the
+value of every bit pattern (tests hold both to ml_dtypes and torch on every code).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class FloatFormat:
     exponent_bits: int
     mantissa_bits: int
     has_inf: bool = True
+    has_nan: bool = True  # False: no NaN code either (MX fp6/fp4): the top binade is wholly finite
 
     def __post_init__(self):
         if not 2 <= self.exponent_bits <= 11 or not 0 <= self.mantissa_bits <= 52:
@@ -48,13 +54,22 @@ class FloatFormat:
     @property
     def max_finite(self) -> float:
         top_mantissa = 2 - 2.0 ** -self.mantissa_bits
-        if not self.has_inf:  # the all-ones mantissa of the top binade is NaN
+        if not self.has_inf and self.has_nan:  # fn: the all-ones mantissa of the top binade is NaN
             top_mantissa = 2 - 2.0 ** -(self.mantissa_bits - 1)
         return top_mantissa * 2.0**self.emax
 
     @property
+    def saturates(self) -> bool:
+        """No inf and no NaN: overflow becomes the largest finite number."""
+        return not self.has_inf and not self.has_nan
+
+    @property
+    def total_bits(self) -> int:
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
     def overflow_threshold(self) -> float:
-        """Magnitudes above this round past max_finite (to inf, or NaN for fn formats)."""
+        """Magnitudes above this round past max_finite (to inf, NaN for fn formats, max_finite when saturating)."""
         return self.max_finite + 2.0 ** (self.emax - self.mantissa_bits - 1)
 
     @property
@@ -92,6 +107,10 @@ FORMATS: dict[str, FloatFormat] = {
         FloatFormat("fp16", 5, 10),
         FloatFormat("fp8_e4m3", 4, 3, has_inf=False),
         FloatFormat("fp8_e5m2", 5, 2),
+        # The OCP MX element formats (OCP Microscaling Formats (MX) Specification v1.0, section 5.3)
+        FloatFormat("fp6_e2m3", 2, 3, has_inf=False, has_nan=False),
+        FloatFormat("fp6_e3m2", 3, 2, has_inf=False, has_nan=False),
+        FloatFormat("fp4_e2m1", 2, 1, has_inf=False, has_nan=False),
     )
 }
 
@@ -165,7 +184,44 @@ def _round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
         return rounded
     if fmt.has_inf and fmt.exponent_bits == _WIDTH[x.dtype][0]:
         return _round_mantissa(x, fmt.mantissa_bits)
-    return _round_generic(x, fmt)
+    return _round_normal_fast(x, fmt)
+
+
+def truncate_to(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
+    """x rounded toward zero in `fmt` (the IEEE roundTowardZero attribute): the bits below fmt's
+    quantum dropped; overflow becomes the largest finite number, as roundTowardZero gives; NaN and
+    inf kept. A tensor of x's dtype (float32 or float64); no gradient."""
+    fmt = parse_format(fmt)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"truncate_to works in float32 or float64, got {x.dtype}; upcast first")
+    if fmt.exponent_bits >= _WIDTH[x.dtype][0] and fmt.mantissa_bits >= _WIDTH[x.dtype][1]:
+        return x
+    int_dtype = torch.int32 if x.dtype == torch.float32 else torch.int64
+    dropped = _WIDTH[x.dtype][1] - fmt.mantissa_bits
+    truncated = (x.view(int_dtype) & -(1 << dropped)).view(x.dtype)  # exact where x is normal in fmt
+    odd = ~(x.abs() >= 2.0**fmt.emin) | (truncated.abs() > fmt.max_finite)  # zeros, subnormals, overflow, NaN
+    if bool(odd.any()):
+        truncated[odd] = _truncate_generic(x[odd], fmt)
+    return truncated
+
+
+def _truncate_generic(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    _, exponent = torch.frexp(x)
+    quantum = exponent.sub_(1 + fmt.mantissa_bits).clamp_(min=fmt.emin - fmt.mantissa_bits)
+    truncated = _times_pow2(_times_pow2(x, quantum.neg()).trunc_(), quantum)
+    limit = torch.tensor(fmt.max_finite, dtype=x.dtype)
+    return torch.where(torch.isfinite(x), torch.clamp(truncated, -limit, limit), x)
+
+
+def _round_normal_fast(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Ties-to-even on the bit pattern where x lies in fmt's normal range and rounds to a finite
+    number (the bit rounding is exact there: fmt's quantum is x's own exponent's); the generic
+    path for the rest (zeros, subnormals, overflow, NaN), which is usually none or few."""
+    rounded = _round_mantissa(x, fmt.mantissa_bits)
+    odd = ~(x.abs() >= 2.0**fmt.emin) | (rounded.abs() > fmt.max_finite)
+    if bool(odd.any()):
+        rounded[odd] = _round_generic(x[odd], fmt)
+    return rounded
 
 
 def _round_mantissa(x: torch.Tensor, mantissa_bits: int) -> torch.Tensor:
@@ -189,6 +245,8 @@ def _round_generic(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     # Scaling by powers of two is exact, and torch.round breaks ties to even.
     rounded = _times_pow2(_times_pow2(x, quantum.neg()).round_(), quantum)
     overflow = rounded.abs() > fmt.max_finite
+    if fmt.saturates:
+        return torch.where(overflow, torch.copysign(torch.tensor(fmt.max_finite, dtype=x.dtype), x), rounded)
     if fmt.has_inf:
         return torch.where(overflow, torch.copysign(torch.tensor(float("inf"), dtype=x.dtype), x), rounded)
     return rounded.masked_fill_(overflow, float("nan"))
@@ -205,6 +263,26 @@ def _pow2(n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.float64:
         return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
     return ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def decode(codes: torch.Tensor, fmt: FloatFormat | str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The values of fmt's bit patterns `codes` (integers below 2**total_bits), as `dtype`."""
+    fmt = parse_format(fmt)
+    codes = codes.to(torch.int64)
+    if ((codes < 0) | (codes >= 2**fmt.total_bits)).any():
+        raise ValueError(f"codes of {fmt.name} lie in [0, {2**fmt.total_bits}), got {int(codes.min())}..{int(codes.max())}")
+    mantissa_mask, top = (1 << fmt.mantissa_bits) - 1, (1 << fmt.exponent_bits) - 1
+    sign = torch.where((codes >> (fmt.total_bits - 1)) == 1, -1.0, 1.0).double()
+    field = (codes >> fmt.mantissa_bits) & top
+    mantissa = (codes & mantissa_mask).double() / 2.0**fmt.mantissa_bits
+    exponent = torch.clamp(field, min=1) - fmt.bias  # subnormals (field 0) share the smallest normal's exponent
+    value = sign * (mantissa + (field > 0).double()) * torch.pow(2.0, exponent.double())
+    if fmt.has_inf:
+        value = torch.where((field == top) & (mantissa == 0), sign * float("inf"), value)
+        value = torch.where((field == top) & (mantissa > 0), float("nan"), value)
+    elif fmt.has_nan:
+        value = torch.where((field == top) & ((codes & mantissa_mask) == mantissa_mask), float("nan"), value)
+    return value.to(dtype)
 
 
 class _StraightThrough(torch.autograd.Function):

@@ -6,7 +6,7 @@ A sweep of many jobs is only readable when each job says in one line what it com
 
 from __future__ import annotations
 
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
 
@@ -28,6 +28,10 @@ def settings_line(cfg: DictConfig, choices: dict, job: int | None) -> str:
     shape = cfg.shape
     seq_k = shape.seq_k if shape.get("seq_k") is not None else shape.seq_q
     groups = " ".join(f"{g}={o}" for g, o in choices.items() if o is not None and not g.startswith("hydra"))
+    prefix = "numdev-bench" + (f" job {job}" if job is not None else "")
+    runner = get_class(cfg.runner._target_) if cfg.get("runner") is not None else None
+    if hasattr(runner, "settings"):  # a runner whose grid is not the bench's shape and methods (numdev.gemm.sweep)
+        return f"{prefix}: " + " | ".join(p for p in (groups, runner.settings(cfg.runner), f"seeds {list(cfg.seeds)}") if p)
     tiles = cfg.get("tiles") or {}
     tile_text = "x".join(str(tiles.get(k)) for k in ("block_r", "block_c")) + (f" sram={tiles.get('sram')}" if tiles.get("sram") else "")
     parts = [
@@ -38,5 +42,4 @@ def settings_line(cfg: DictConfig, choices: dict, job: int | None) -> str:
         f"seeds {list(cfg.seeds)}",
         f"methods {', '.join(cfg.get('methods') or {})}",
     ]
-    prefix = "numdev-bench" + (f" job {job}" if job is not None else "")
     return f"{prefix}: " + " | ".join(p for p in parts if p)

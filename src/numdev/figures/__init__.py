@@ -32,7 +32,7 @@ class Figure:
 
 
 # The one list of figures, in report order. Each bench module defines FIGURE.
-_BENCH_MODULES = ("fig3", "fig4", "fig5", "fig6", "fa3_table3", "reconcile", "bias")
+_BENCH_MODULES = ("fig3", "fig4", "fig5", "fig6", "fa3_table3", "reconcile", "bias", "gemm_formats", "gemm_k", "gemm_scaling")
 
 
 def _load() -> dict[str, Figure]:

@@ -1,0 +1,68 @@
+"""GEMM by scaling granularity: per-tensor, per-row and MX 32-element block scales, per element format,
+on activations with outliers (the Fig. 4 of matrix products)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from numdev.figures import Figure
+from numdev.figures.common import errorbar, mean, paired, spread_sentence, summary, unmeasurable
+from numdev.figures.gemm_common import by_label, labels, model_of, records
+from numdev.formats import parse_format
+from numdev.plotting import plt, save_png
+from numdev.stats import ratio_spread
+from numdev.verdicts import combine, ratio_verdict
+
+FIGURE = Figure(
+    "gemm_scaling",
+    "GEMM — scaling granularity",
+    "With outliers in the activations, MX block scaling (32 elements, E8M0 scales) gives a lower max error than "
+    "per-tensor scaling, for every element format: an outlier sets the scale of its block only.",
+    phase="bench",
+    module=__name__,
+    demo_overrides=("runner.ks=[512]",),
+)
+SCALINGS = ("tensor", "row", "block", "block_ceil")  # block: the OCP MX v1.0 scale; block_ceil: rounded up
+
+
+def summarise(rows, out_dir: Path) -> dict:
+    rows, note = records(rows)
+    names = labels(rows)
+    if not names:
+        return summary("gemm_scaling", "no records", unmeasurable("block below tensor", "no records"), rows, note=note)
+    err = by_label(rows, "max_abs")
+    cell = {}  # (format, scaling) -> label
+    for label in names:
+        m = model_of(rows, label)
+        scaling = "block_ceil" if m["scaling"] == "block" and m.get("block_scale") == "ceil" else m["scaling"]
+        cell.setdefault((m["input"], scaling), label)
+    formats = sorted({f for f, _ in cell}, key=lambda f: parse_format(f).mantissa_bits)
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    xs = list(range(len(formats)))
+    for i, scaling in enumerate(SCALINGS):
+        chosen = [(x, cell[(f, scaling)]) for x, f in zip(xs, formats) if (f, scaling) in cell]
+        if chosen:
+            errorbar(ax, [x + (i - 1.5) * 0.15 for x, _ in chosen], [err[label] for _, label in chosen], "os^D"[i], label=scaling)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, formats)
+    ax.set_ylabel("max |C − C_fp64|")
+    inputs = rows[0].get("inputs.activations.generator", "?")
+    ax.set_title(f"GEMM by scaling granularity ({inputs} activations, K={rows[0]['shape.k']}; bars: range over seeds)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_png(fig, out_dir / "gemm_scaling.png")
+    parts = {}
+    for f in formats:
+        if (f, "block") in cell and (f, "tensor") in cell:
+            block, tensor = cell[(f, "block")], cell[(f, "tensor")]
+            parts[f"{f}: block below tensor"] = ratio_verdict(ratio_spread(*paired(err[block], err[tensor])), "below", 1.0,
+                                                              what=f"{f} block / tensor max error")
+    verdict = combine(parts) if parts else unmeasurable("block below tensor", "no format with both block and tensor scaling")
+    table = {f: {s: mean(err[cell[(f, s)]]) for s in SCALINGS if (f, s) in cell} for f in formats}
+    caption = (
+        f"Max |C − C_fp64| by scaling ({inputs} activations: outlier_std {rows[0].get('inputs.activations.outlier_std', 'n/a')}, "
+        f"outlier_prob {rows[0].get('inputs.activations.outlier_prob', 'n/a')}), mean over seeds: "
+        + "; ".join(f"{f} " + ", ".join(f"{s} {v:.2e}" for s, v in table[f].items()) for f in formats)
+        + f". {spread_sentence(rows)}"
+    )
+    return summary("gemm_scaling", caption, verdict, rows, parts=parts, note=note, max_abs=table)

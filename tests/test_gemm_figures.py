@@ -1,0 +1,75 @@
+"""The GEMM figures' verdict rules on made-up records: each holds on data that support its claim and
+fails on data that contradict it."""
+
+import pytest
+
+from numdev.figures import gemm_formats, gemm_k, gemm_scaling
+from numdev.formats import parse_format
+
+SEEDS = (0, 1, 2)
+
+
+def _row(label, seed, k, value, kind="emulated", bits=None, **model):
+    model = {"input": "fp32", "weight": "fp32", "scaling": "none", "order": "matmul", "accum": "fp32",
+             "accum_rounding": "nearest", "chunk": None, "block_scale": "floor", **model}
+    row = {"kind": "vs_golden", "method": label, "seed": seed, "shape.m": 8, "shape.k": k, "shape.n": 8,
+           "knobs.method": kind, "metrics.max_abs": value, "metrics.rel_rmse": value,
+           "inputs.activations.generator": "outliers", **{f"model.{key}": v for key, v in model.items()}}
+    if bits is not None:
+        row["metrics.bit_identical_to_model"] = bits
+    return row
+
+
+def _k_rows(truncate_growth: float, fp32_growth: float, promoted_level: float):
+    rows = []
+    for seed in SEEDS:
+        jitter = 1 + 0.01 * seed
+        for k in (64, 256, 1024, 4096):
+            steps = {64: 0, 256: 1, 1024: 2, 4096: 3}[k]
+            rows.append(_row("fp32", seed, k, 1e-3 * jitter * fp32_growth**steps, input="bf16"))
+            rows.append(_row("trunc", seed, k, 1e-3 * jitter * truncate_growth**steps, input="bf16", accum="e8m13",
+                             accum_rounding="toward_zero"))
+            rows.append(_row("promoted", seed, k, promoted_level * jitter, input="bf16", accum="e8m13",
+                             accum_rounding="toward_zero", chunk=128))
+    return rows
+
+
+def test_gemm_k_holds_on_growth_and_fails_on_flat_curves(tmp_path):
+    good = gemm_k.summarise(_k_rows(truncate_growth=3.0, fp32_growth=1.0, promoted_level=1.2e-3), tmp_path)
+    assert good["status"] == "holds" and good["roles"] == {"fp32": "fp32", "unpromoted": "trunc", "promoted": "promoted"}
+    bad = gemm_k.summarise(_k_rows(truncate_growth=1.0, fp32_growth=3.0, promoted_level=1.0), tmp_path)
+    assert bad["status"] == "fails"
+    assert {v["status"] for v in bad["parts"].values()} == {"fails"}
+
+
+def _format_rows(slope_sign: float, kernel_bits: float):
+    rows = []
+    formats = {"fp4": ("fp4_e2m1", "block"), "fp6": ("fp6_e2m3", "block"), "bf16": ("bf16", "none"), "fp32": ("fp32", "none")}
+    for seed in SEEDS:
+        for label, (fmt, scaling) in formats.items():
+            value = 2.0 ** (slope_sign * parse_format(fmt).mantissa_bits) * (1 + 0.01 * seed)
+            rows.append(_row(label, seed, 512, value, input=fmt, weight=fmt, scaling=scaling))
+        rows.append(_row("scaled_mm", seed, 512, 1.0, kind="scaled_mm", bits=kernel_bits, input="fp8_e4m3", scaling="tensor",
+                         scale_at="operands"))
+    return rows
+
+
+def test_gemm_formats_holds_and_fails(tmp_path):
+    good = gemm_formats.summarise(_format_rows(-1.0, 1.0), tmp_path)
+    assert good["status"] == "holds", good["verdict"]
+    bad = gemm_formats.summarise(_format_rows(+1.0, 0.999), tmp_path)
+    assert bad["parts"]["falls with mantissa bits"]["status"] == "fails"
+    assert bad["parts"]["scaled_mm bit for bit"]["status"] == "fails"
+
+
+@pytest.mark.parametrize("block_over_tensor, status", [(0.5, "holds"), (2.0, "fails")])
+def test_gemm_scaling_judges_block_against_tensor(tmp_path, block_over_tensor, status):
+    rows = []
+    for seed in SEEDS:
+        for fmt in ("fp4_e2m1", "fp8_e4m3"):
+            rows.append(_row(f"{fmt}_tensor", seed, 512, 10.0 + seed, input=fmt, scaling="tensor"))
+            rows.append(_row(f"{fmt}_row", seed, 512, 8.0 + seed, input=fmt, scaling="row"))
+            rows.append(_row(f"{fmt}_block", seed, 512, (10.0 + seed) * block_over_tensor, input=fmt, scaling="block"))
+    summary = gemm_scaling.summarise(rows, tmp_path)
+    assert summary["status"] == status
+    assert set(summary["max_abs"]["fp4_e2m1"]) == {"tensor", "row", "block"}
