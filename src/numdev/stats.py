@@ -104,15 +104,28 @@ def _interval(data: tuple, statistic, seed: int, vectorized: bool) -> tuple[floa
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def _range(value: float, per_seed: np.ndarray) -> Estimate:
+    """Below MIN_BOOTSTRAP seeds: the range over the per-seed values, labelled "range of n" (none below MIN_SEEDS)."""
+    ok = per_seed.size >= MIN_SEEDS and np.isfinite(per_seed).all()
+    low, high = (float(per_seed.min()), float(per_seed.max())) if ok else (math.nan, math.nan)
+    return Estimate(value, low, high, int(per_seed.size), method="range")
+
+
 def mean_interval(values, seed: int = 0) -> Estimate:
-    """Mean over seeds with its bootstrap interval."""
+    """Mean over seeds with its spread by the house rule: the 95% percentile bootstrap from
+    MIN_BOOTSTRAP seeds, else the range over seeds (method "range": a bootstrap of 3 values is
+    their range, and calling it 95% would overstate it)."""
     x = _finite(values)
+    if x.size < MIN_BOOTSTRAP:
+        return _range(float(x.mean()), x)
     low, high = _interval((x,), np.mean, seed, vectorized=True)
     return Estimate(float(x.mean()), low, high, int(x.size))
 
 
 def ratio_interval(numerators, denominators, seed: int = 0) -> Estimate:
-    """mean(numerators) / mean(denominators), paired by seed, with its bootstrap interval.
+    """mean(numerators) / mean(denominators), paired by seed, with its spread by the house rule: the
+    paired 95% bootstrap from MIN_BOOTSTRAP seeds, else the range of the per-seed ratios (the ratio
+    of means, a weighted mean of them, lies within it).
 
     The ratio of means (not the mean of per-seed ratios) is what a figure of two means shows,
     and it is defined when single seeds' denominators come near zero.
@@ -125,42 +138,27 @@ def ratio_interval(numerators, denominators, seed: int = 0) -> Estimate:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.mean(x, axis=axis) / np.mean(y, axis=axis)
 
-    value = ratio(a, b)
+    value = float(ratio(a, b))
+    if a.size < MIN_BOOTSTRAP:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return _range(value, a / b)
     low, high = _interval((a, b), ratio, seed, vectorized=True)
-    return Estimate(float(value), low, high, int(a.size))
+    return Estimate(value, low, high, int(a.size))
 
 
 def statistic_interval(values, statistic, seed: int = 0) -> Estimate:
-    """Any statistic of per-seed values (e.g. a median) with its bootstrap interval."""
+    """Any statistic of per-seed values (e.g. a median) with its bootstrap interval (from
+    MIN_BOOTSTRAP seeds; else the range of the values)."""
     x = _finite(values)
+    if x.size < MIN_BOOTSTRAP:
+        return _range(float(statistic(x)), x)
     low, high = _interval((x,), statistic, seed, vectorized=False)
     return Estimate(float(statistic(x)), low, high, int(x.size))
 
 
-def replicate_spread(values, seed: int = 0) -> Estimate:
-    """Mean over seeds with its spread by the house rule: the 95% bootstrap from MIN_BOOTSTRAP
-    seeds, else the range over seeds (method "range")."""
-    x = _finite(values)
-    if x.size >= MIN_BOOTSTRAP:
-        return mean_interval(x, seed)
-    low, high = (float(x.min()), float(x.max())) if x.size >= MIN_SEEDS else (math.nan, math.nan)
-    return Estimate(float(x.mean()), low, high, int(x.size), method="range")
-
-
-def ratio_spread(numerators, denominators, seed: int = 0) -> Estimate:
-    """mean(numerators) / mean(denominators), paired by seed, with its spread by the house rule:
-    the paired 95% bootstrap from MIN_BOOTSTRAP seeds, else the range of the per-seed ratios (the
-    ratio of means, a weighted mean of them, lies within it)."""
-    a, b = _finite(numerators), _finite(denominators)
-    if a.size >= MIN_BOOTSTRAP:
-        return ratio_interval(a, b, seed)
-    if a.size != b.size:
-        raise ValueError(f"a paired ratio needs as many numerators as denominators, got {a.size} and {b.size}")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value, per_seed = float(a.mean() / b.mean()), a / b
-    ok = a.size >= MIN_SEEDS and np.isfinite(per_seed).all()
-    low, high = (float(per_seed.min()), float(per_seed.max())) if ok else (math.nan, math.nan)
-    return Estimate(value, low, high, int(a.size), method="range")
+# The house rule's names where a caller wants to say it (one implementation: the functions above).
+replicate_spread = mean_interval
+ratio_spread = ratio_interval
 
 
 def log_mean_interval(values, confidence: float = CONFIDENCE) -> Estimate:
