@@ -320,3 +320,24 @@ def test_adding_an_optimization_is_a_config_file_and_a_role(tmp_path, baseline):
     run = _run(tmp_path, "half", "optimization=half_lr", f"hydra.searchpath=[file://{tmp_path / 'conf'}]")
     _same_start(run, baseline)
     assert run["record"]["optimization"]["lr"] == pytest.approx(compose_train().optim.optimizer.lr / 2)
+
+
+@pytest.mark.slow
+def test_the_smoke_catalogue_writes_the_table_and_the_report_shows_it(tmp_path):
+    """experiment=optimizations_smoke through the real command line: every role, 3 replicates, the table."""
+    from conftest import run_cli
+
+    from numdev.report.app import build_report
+
+    study = tmp_path / "study"
+    run_cli("numdev.train.app", "experiment=optimizations_smoke", f"hydra.sweep.dir={study}", cwd=tmp_path, timeout=1800)
+    summary = json.loads((study / "summary.json").read_text())
+    rows = {row["role"]: row for row in summary["optimizations"]["rows"]}
+    assert {f"opt_{name}" for name in OPTIMIZATIONS if name != "none"} <= set(rows)
+    assert rows["opt_flash_tie_fix"]["baseline"] == "attn_flash_emulated"
+    assert rows["opt_fp8_linear"]["kernel"] == "real" and rows["opt_mxfp8_linear"]["kernel"] == "emulated"
+    assert rows["flash"]["phase1"]["status"] == "measured" and rows["flash"]["phase1"]["max_abs"]["mean"] > 0
+    for row in rows.values():
+        assert row["step_time_ratio"]["estimate"]["n"] == 3 and row["equivalent"]["text"]
+    report = build_report([], study, tmp_path / "report")
+    assert "opt_fp8_linear" in Path(report).read_text()

@@ -197,6 +197,8 @@ def ordering(rows: list[dict]) -> list[dict]:
     with the reason. Each entry: role, label, eps (value or None), speedup, per_unit, note."""
     out = []
     for row in rows:
+        if row["kind"] == "control":  # a yardstick, not an optimization
+            continue
         estimate = (row["equivalent"].get("estimate") or {}) if row["equivalent"].get("status") == "measured" else {}
         eps = estimate.get("value")
         ratio = (row["step_time_ratio"].get("estimate") or {}).get("value")
