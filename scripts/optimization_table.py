@@ -61,10 +61,10 @@ def ordering_text(summary: dict, result: Path, command: str) -> str:
         speed = f"{e['speedup']:.2f}x" if e["speedup"] else "not measured"
         if e["per_unit"] is not None:
             per = f"{e['per_unit']:.2g}"
-        elif e["eps"] is None:
-            per = "– (eps* not measured: " + e["eps_text"].split(":")[0] + ")"
-        else:
+        elif not e["faster"]:
             per = "– (not faster here: the step-time ratio's interval does not lie below 1)"
+        else:
+            per = "– (faster, but eps* " + ("is below the floor" if e["below_floor"] else "is not measured") + ")"
         lines.append(f"| {rank} | {e['label']} (`{e['role']}`) | {e['eps_text']} | {speed} | {per} |")
     return "\n".join(lines)
 

@@ -193,8 +193,8 @@ def markdown(rows: list[dict], calibration: dict) -> str:
 
 def ordering(rows: list[dict]) -> list[dict]:
     """Rows ordered by how much they move the weights per unit of speed-up (eps* / (speed-up - 1)),
-    faster rows first; rows that are not faster here, and rows below the floor, are listed after
-    with the reason. Each entry: role, label, eps (value or None), speedup, per_unit, note."""
+    for rows whose step-time ratio's interval lies below 1; the others follow, ordered by eps*
+    (below the floor first). Each entry: role, label, eps (value or None), below_floor, speedup, faster, per_unit."""
     out = []
     for row in rows:
         if row["kind"] == "control":  # a yardstick, not an optimization
@@ -206,10 +206,13 @@ def ordering(rows: list[dict]) -> list[dict]:
         interval = row["step_time_ratio"].get("estimate") or {}
         faster = interval.get("high") is not None and interval["high"] < 1.0  # the ratio's interval lies below 1
         entry = {"role": row["role"], "label": row["label"], "eps": eps, "eps_text": row["equivalent"]["text"],
+                 "below_floor": row["equivalent"].get("status") == "below the floor",
                  "speedup": speedup, "faster": faster, "per_unit": None}
         if eps is not None and faster and speedup and speedup > 1:
             entry["per_unit"] = eps / (speedup - 1.0)
         out.append(entry)
-    return sorted(out, key=lambda e: (e["per_unit"] is None, e["per_unit"] if e["per_unit"] is not None else 0.0,
-                                      -(e["speedup"] or 0.0) if e["per_unit"] is None else 0.0,
-                                      math.inf if e["eps"] is None else e["eps"]))
+    def key(e):  # faster rows by eps* per unit of speed-up; then the others by eps* (below the floor first)
+        size = 0.0 if e["below_floor"] else (math.inf if e["eps"] is None else e["eps"])
+        return (e["per_unit"] is None, e["per_unit"] if e["per_unit"] is not None else size, -(e["speedup"] or 0.0))
+
+    return sorted(out, key=key)
