@@ -5,6 +5,7 @@ tie fix in the flash emulator, the roles of experiment=optimizations, and adding
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import lightning.pytorch as pl
 import ml_dtypes

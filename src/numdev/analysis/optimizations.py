@@ -63,7 +63,7 @@ def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print) -
             "phase1": phase1(first, runs[reference], log),
             "equivalent": _equivalent(role, baseline, reference, runs, curves, calibration, pair_curves),
             "step_time_ratio": step_time_ratio(by_rep, runs[baseline]),
-            "first_step_s": _median_of(by_rep, "first"),
+            "first_step_s": _spread_of(by_rep, "first"),
             "downstream": DOWNSTREAM,
         })
     return {"rows": rows, "markdown": markdown(rows, calibration), "rules": {
@@ -86,10 +86,11 @@ def kernel_of(record: dict) -> str:
     return "emulated" if record.get("backend") in EMULATED_BACKENDS else "real"
 
 
-def _median_of(by_rep: dict, key: str) -> float | None:
+def _spread_of(by_rep: dict, key: str) -> dict | None:
+    """Median, min and max over replicates of a step_seconds entry (the first step: compilation, caches)."""
     values = [run["record"].get("step_seconds", {}).get(key) for run in by_rep.values()]
     values = [v for v in values if v is not None]
-    return float(np.median(values)) if values else None
+    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values))} if values else None
 
 
 def step_time_ratio(by_rep: dict, baseline: dict) -> dict:
@@ -172,7 +173,7 @@ def markdown(rows: list[dict], calibration: dict) -> str:
     """The table as Markdown (summary.json carries it; scripts/optimization_table.py and numdev-report show it)."""
     lines = [
         "| optimization (role) | kernel | baseline | phase 1 vs FP64: max \\|d\\| | mean \\|d\\| | mean signed d "
-        "| phase 2: eps* (init ladder) | step time ratio | first step (s) | downstream |",
+        "| phase 2: eps* (init ladder) | step time ratio | first step (s): median [min, max] | downstream |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
@@ -181,7 +182,8 @@ def markdown(rows: list[dict], calibration: dict) -> str:
             cells = [_cell(p, "max_abs"), _cell(p, "mean_abs"), _cell(p, "mean_signed")]
         else:
             cells = [p["text"], "", ""]
-        first = f"{row['first_step_s']:.2f}" if row.get("first_step_s") is not None else "–"
+        spread = row.get("first_step_s")
+        first = f"{spread['median']:.2g} [{spread['min']:.2g}, {spread['max']:.2g}]" if spread else "–"
         lines.append(f"| {row['label']} (`{row['role']}`) | {row['kernel']} | {row['baseline']} | " + " | ".join(cells)
                      + f" | {row['equivalent']['text']} | {row['step_time_ratio']['text']} | {first} | {row['downstream']} |")
     floor = (calibration.get("floor") or {}).get("text")
