@@ -4,13 +4,14 @@
     python scripts/bench_study.py --which early         # the early-phase study (every role and rung, 10 replicates)
     python scripts/bench_study.py --which full          # the full study (3 replicates, joblib, 2 jobs x 1 thread)
     python scripts/bench_study.py --which smoke --repeats 3
+    python scripts/bench_study.py --which optimizations --keep outputs/optimizations   # the optimizations catalogue
     python scripts/bench_study.py --which full --keep outputs/study-full   # keep the study's directory
 
 Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
 times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
 median, each run's own time from its run.json, the command and the machine (numdev.provenance).
 Budgets (docs/study.md#budgets): demo study <= 6 min, early study <= 15 min, full study ~20 min,
-smoke < 3 min on 2 cores.
+smoke < 3 min, optimizations catalogue <= 20 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ COMMANDS = {
     "lowfloor": ["experiment=flash_stability_lowfloor"],
     "full": ["experiment=flash_stability"],
     "smoke": ["experiment=flash_stability_smoke"],
+    "optimizations": ["experiment=optimizations"],
 }
-BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180}
+BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180, "optimizations": 1200}
 
 
 def run_seconds(study_dir: Path) -> dict[str, float]:

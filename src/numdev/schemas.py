@@ -165,7 +165,8 @@ RUN = FileSchema(  # <run_dir>/run.json (numdev.train.record)
     "run record",
     required={"status": str},
     optional={"app": str, "started": str, "finished": str, "final_step": int, "max_steps": int, "resumes": list,
-              "eval": dict, "final_loss": NUMBER, "snapshot_write_seconds": dict, "error": str, "seeds": dict},
+              "eval": dict, "final_loss": NUMBER, "snapshot_write_seconds": dict, "error": str, "seeds": dict,
+              "step_seconds": dict, "optimization": dict},
 )
 RESUME = FileSchema("resume entry", required={"from_step": int})
 RUN_RESUMES = FileSchema(RUN.what, RUN.required, RUN.optional, items={"resumes": RESUME})

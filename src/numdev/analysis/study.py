@@ -42,7 +42,7 @@ from numdev.snapshot_store import list_snapshots
 
 SUMMARY = "summary.json"
 REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
-KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "ladder")
+KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "optimization", "ladder")
 # Weight distances, in the order they are preferred as the study's primary measure (the first one
 # the sibling CSVs have). Position-aware metrics see two different initialisations as different
 # models; the paper's pooled Wasserstein-1 does not (docs/study.md#metrics).
@@ -337,6 +337,12 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True) -> dic
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
         "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / "samples.png").is_file()},
     }
+    if any(_kind(by_rep) == "optimization" for by_rep in runs.values()):  # experiment=optimizations: the table
+        from numdev.analysis import optimizations
+
+        summary["optimizations"] = optimizations.table(
+            runs, curves["reference"], summary["calibration"],
+            lambda run, baseline, label: model_curves(pair_rows(run, baseline, label, log)), log)
     summary["headline"] = headline(summary)
     summary["verdicts"] = claim_verdicts(summary, curves["reference"])
     summary["captions"] = captions(summary)

@@ -66,6 +66,7 @@ class FlashEmulated(AttentionBackend):
         native: bool = True,
         tile_rule: str | None = None,
         kv_blocks: int | None = None,
+        tie_fix: bool = False,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
@@ -81,6 +82,12 @@ class FlashEmulated(AttentionBackend):
             if not isinstance(value, bool):  # bool("false") is True: refuse anything but a bool
                 raise ValueError(f"attention.{name}={value!r} must be true or false")
         self.compile, self.native = compile, native
+        if not isinstance(tie_fix, bool):
+            raise ValueError(f"attention.tie_fix={tie_fix!r} must be true or false")
+        if tie_fix and (variant != "fa2" or self.formats.exp != "aten" or self.formats.matmul != "aten"):
+            raise ValueError("attention.tie_fix=true (Qiu & Yao's shifted maximum) is implemented for variant=fa2 with "
+                             "numerics.exp=aten and numerics.matmul=aten: set those")
+        self.tie_fix = tie_fix  # Qiu & Yao (arXiv:2510.04212): no P exactly 1 when scores tie the row max
         if query_chunk is not None and (
             not isinstance(query_chunk, int) or isinstance(query_chunk, bool) or query_chunk < _MIN_CHUNK_ROWS
         ):
@@ -112,18 +119,20 @@ class FlashEmulated(AttentionBackend):
         tiles = self.last_tiles = self.tiles(n_q, n_k, q.shape[-1])
         scale = torch.tensor(scale, dtype=q.dtype)  # rounded once, as ATen rounds a Python scalar
         steps = _STEPS[self.variant]
+        if self.tie_fix:  # the ATen path only: the C kernels and compiled steps know no shifted maximum
+            steps = (functools.partial(_fa2_probs, tie_fix=True), _fa2_merge)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         attend, self.last_path = self._attend, "eager"
         plain = f.exp == f.row_sum == f.matmul == "aten"  # the other two paths know only ATen's arithmetic
         if grad and (f.exp != "aten" or f.matmul != "aten"):
             raise ValueError("numerics.exp=fexp_u20 and numerics.matmul=blas (PyTorch's CPU flash kernel, forward only) "
                              "have no gradient: set numerics.exp=aten numerics.matmul=aten to train through the emulator")
-        if self.native and not grad and _kernel_model_fits(f, self.variant):
+        if self.native and not grad and not self.tie_fix and _kernel_model_fits(f, self.variant):
             self.last_path = "native"
             return _cpu_flash_native(q, k, v, float(scale), causal, tiles, f).to(out_dtype)
-        if plain and self.native and not grad and 0 < float(scale) < float("inf") and _native_fits(f, self.variant):
+        if plain and not self.tie_fix and self.native and not grad and 0 < float(scale) < float("inf") and _native_fits(f, self.variant):
             attend, self.last_path = self._attend_native, "native"
-        elif plain and self.compile and not grad and compiled.supports(f):
+        elif plain and not self.tie_fix and self.compile and not grad and compiled.supports(f):
             steps = tuple(compiled.compiled(step, f) for step in steps)
             self.last_path = "compiled"
         chunk_rows = self._chunk_rows(tiles, v.shape[-1])
@@ -248,6 +257,7 @@ class FlashEmulated(AttentionBackend):
             **{f"tiles.{k}": v for k, v in tiles.items()},
             "tiles.sram": self.sram,
             "tiles.kv_blocks_pinned": self.kv_blocks,
+            "tie_fix": self.tie_fix,
         }
 
 
@@ -387,9 +397,26 @@ def _keep_active(active, new, old):
     return new if active is None else torch.where(active, new, old)
 
 
-def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
+# Qiu & Yao (arXiv:2510.04212, their code's "STABLE" switch): when more than one score of a block lies
+# within TIE_TOLERANCE of the block's maximum m, exponentiate against TIE_BETA * m (m > 0) or 0 (m < 0)
+# instead of m, so that no P is exactly 1: P = exp(S - m) then lies below 1 and its bf16 rounding is
+# no longer biased by the ties. The shift cancels in O / l (it only rescales P and l alike).
+TIE_BETA, TIE_TOLERANCE = 2.0, 1e-3
+
+
+def tie_shifted_max(scores: torch.Tensor, block_max: torch.Tensor) -> torch.Tensor:
+    """The block maximum, shifted where several scores tie it (finite maxima only)."""
+    ties = (scores >= block_max - TIE_TOLERANCE).sum(dim=-1, keepdim=True) > 1
+    shifted = torch.where(block_max > 0, TIE_BETA * block_max, torch.zeros_like(block_max))
+    return torch.where(ties & torch.isfinite(block_max) & (block_max != 0), shifted, block_max)
+
+
+def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats, tie_fix: bool = False) -> dict:
     scores = _scores(raw_scores, scale, masked, f)
-    new_max = round_masked(torch.maximum(row_max, scores.amax(dim=-1, keepdim=True)), f.stats)
+    block_max = scores.amax(dim=-1, keepdim=True)
+    if tie_fix:
+        block_max = tie_shifted_max(scores, block_max)
+    new_max = round_masked(torch.maximum(row_max, block_max), f.stats)
     shift = _finite_or_zero(new_max)
     if f.exp == "fexp_u20":  # PyTorch's CPU flash kernel: libm's expf for alpha, fexp_u20 on the vector lanes
         alpha = round_to(cpu_kernel.libm_exp(row_max - shift), f.rescale)

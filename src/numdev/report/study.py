@@ -205,6 +205,17 @@ def study_sections(study_dir: Path) -> list[Section]:
         figure=study_dir / "downstream.png", table_markdown=downstream_table(summary), command=command,
         provenance=origin,
     ))
+    if summary.get("optimizations"):  # experiment=optimizations (numdev.analysis.optimizations)
+        table = summary["optimizations"]
+        sections.append(Section(
+            title="Optimizations — how far each moves the weights, next to what it costs",
+            claim="Not in the paper, which closes by asking how other optimizations compare: each optimization as a role "
+            "against its own baseline with the same seeds.",
+            measured=f"Per optimization: one call against FP64 (phase 1), the equivalent initial-weight perturbation eps* "
+            f"(phase 2) and the step-time ratio to its baseline measured in the same study ({setting}).",
+            table_markdown=table["markdown"], extra=[f"Rule ({k}): {v}." for k, v in table["rules"].items()],
+            command=command, provenance=origin, anchor="optimizations",
+        ))
     samples = [
         (Path(s["path"]), f"{role} (replicate {s['replicate']}): samples at step {summary['steps']} with their captions"
          + (f"; they match them: {agreement_text(s['scores'])}" if s["scores"].get("scored") else ""))

@@ -22,6 +22,7 @@ from numdev.atomic import remove_temporaries
 from numdev.config_schema import SEED_LIMIT, TRAIN, validate
 from numdev.errors import Hangup, RunFailed, one_line
 from numdev.models.perturb import apply_init_perturbation
+from numdev.optimizations import Optimization
 from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.run_lock import RunLock
 from numdev.train import record
@@ -35,6 +36,7 @@ from numdev.train.memory import check_training_memory
 from numdev.train.module import DiffusionModule
 from numdev.train.sibling import SiblingDistance
 from numdev.train.snapshots import WeightSnapshots
+from numdev.train.step_time import StepTimes
 
 
 def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
@@ -52,13 +54,20 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
     return model
 
 
-def build_module(cfg: DictConfig, model: torch.nn.Module) -> DiffusionModule:
+def build_optimization(cfg: DictConfig) -> Optimization:
+    """The run's optimization (conf/optimization/; none when the config has no `optimization`)."""
+    node = cfg.get("optimization")
+    return Optimization() if node is None else instantiate(node)
+
+
+def build_module(cfg: DictConfig, model: torch.nn.Module, optimization: Optimization | None = None) -> DiffusionModule:
     """The LightningModule around `model`: diffusion schedule, sampler, optimizer and noise stream from cfg."""
+    optimizer = instantiate(cfg.optim.optimizer)
     return DiffusionModule(
         model=model,
         schedule=instantiate(cfg.diffusion.schedule),
         sampler=instantiate(cfg.diffusion.sampler),
-        optimizer=instantiate(cfg.optim.optimizer),
+        optimizer=optimization.optimizer(optimizer) if optimization is not None else optimizer,
         warmup_steps=cfg.optim.warmup_steps,
         p_uncond=cfg.diffusion.p_uncond,
         noise_seed=_seed(cfg, "noise"),
@@ -146,21 +155,25 @@ def train(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     if cfg.get("threads") is not None:
         torch.set_num_threads(cfg.threads)
-    backend = instantiate(cfg.attention)
-    check_backend_for(cfg, backend)
-    check_training_memory(cfg, backend)  # before any allocation: a model or batch that cannot fit is one line
-    model = build_model(cfg, backend)
-    datamodule = instantiate(cfg.data)
-    module = build_module(cfg, model)
-    trainer, logger = build_trainer(cfg)
-    check_launch(trainer)
-    rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
-    # One live run per directory (rank 0 holds it for the job); released by the kernel if killed.
-    with RunLock(run_dir) if rank_zero else contextlib.nullcontext(), _hangup_ends_the_run():
-        return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, logger, rank_zero)
+    optimization = build_optimization(cfg)
+    # Process-wide settings (e.g. the fp32 matmul precision) hold for this run only: restored after it.
+    with optimization.active():
+        backend = optimization.attention(instantiate(cfg.attention))
+        check_backend_for(cfg, backend)
+        check_training_memory(cfg, backend)  # before any allocation: a model or batch that cannot fit is one line
+        model = optimization.model(build_model(cfg, backend))  # after the initial weights are drawn
+        datamodule = instantiate(cfg.data)
+        module = build_module(cfg, model, optimization)
+        trainer, logger = build_trainer(cfg)
+        check_launch(trainer)
+        rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
+        # One live run per directory (rank 0 holds it for the job); released by the kernel if killed.
+        with RunLock(run_dir) if rank_zero else contextlib.nullcontext(), _hangup_ends_the_run():
+            return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, logger, rank_zero, optimization)
 
 
-def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logger, rank_zero: bool) -> dict:
+def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logger, rank_zero: bool,
+                  optimization: Optimization | None = None) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
     if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
@@ -218,6 +231,8 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
             ) from None
         raise
     results = _results(trainer)
+    if optimization is not None:  # what is active, read inside the run (the setting, the modules, the optimizer)
+        results["optimization"] = optimization.describe(module.model, trainer.optimizers[0] if trainer.optimizers else None)
     status = "failed" if "error" in results else "stopped" if "stop_reason" in results else "finished"
     return finish(status, final_step=int(trainer.global_step), **results)
 
@@ -259,6 +274,8 @@ def _results(trainer) -> dict:
     for callback in trainer.callbacks:
         if isinstance(callback, WeightSnapshots) and callback.seconds:
             out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
+        if isinstance(callback, StepTimes) and callback.summary():
+            out["step_seconds"] = callback.summary()
         if isinstance(callback, SiblingDistance) and callback.seconds:
             out["sibling_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
         if isinstance(callback, InstabilityMonitor) and callback.stop_reason:

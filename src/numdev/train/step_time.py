@@ -1,0 +1,36 @@
+"""The wall time of every training step, from the run itself: run.json's `step_seconds`.
+
+A step here is Lightning's training batch: forward, backward and the optimizer step, from this
+callback's on_train_batch_start to its on_train_batch_end. It is the first callback
+(conf/callbacks/default.yaml lists it first), so snapshot writing and sibling comparisons, which
+run in later callbacks' on_train_batch_end, are not in it; data loading happens before the start.
+The median over steps is the run's cost (robust to the compilation of the first steps and to
+other processes on a shared machine); the first step is reported beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import lightning.pytorch as pl
+
+
+class StepTimes(pl.Callback):
+    def __init__(self):
+        self.seconds: list[float] = []
+        self._start: float | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._start is not None:
+            self.seconds.append(time.perf_counter() - self._start)
+            self._start = None
+
+    def summary(self) -> dict | None:
+        if not self.seconds:
+            return None
+        return {"median": statistics.median(self.seconds), "first": self.seconds[0], "count": len(self.seconds),
+                "total": sum(self.seconds)}

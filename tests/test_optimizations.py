@@ -1,0 +1,344 @@
+"""The optimization group (conf/optimization/, numdev.optimizations): each applies what it says and
+nothing else, the arithmetic of the low-precision linears against ml_dtypes and float64, Qiu & Yao's
+tie fix in the flash emulator, the roles of experiment=optimizations, and adding one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning.pytorch as pl
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import REPO
+from helpers import compose_train
+
+from numdev.attention import FlashEmulated, golden_attention
+from numdev.attention.flash_emulated import TIE_BETA, tie_shifted_max
+from numdev.numerics import stage_formats
+from numdev.optimizations.float8_linear import E4M3, E5M2, Float8Linear, to_float8
+from numdev.optimizations.mx_linear import MXLinear
+from numdev.optimizations.quantize import quantize
+from numdev.snapshot_store import load_snapshot
+from numdev.train.run import train
+
+OPTIMIZATIONS = sorted(p.stem for p in (REPO / "conf" / "optimization").glob("*.yaml"))
+SWEEP = yaml.safe_load((REPO / "conf" / "experiment" / "optimizations.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")
+
+
+class BatchOrder(pl.Callback):
+    """The data order a run sees: every batch's captions, written at the end (the test's own record)."""
+
+    def __init__(self, path: str):
+        self.path, self.batches = path, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches.append(list(batch["caption"]))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        with open(self.path, "w", encoding="utf-8") as f:
+            json.dump(self.batches, f)
+
+
+def _run(tmp_path, name: str, *overrides: str) -> dict:
+    run_dir = tmp_path / name
+    cfg = compose_train(*overrides, "trainer.max_steps=2", "threads=1", "callbacks.samples=null", "callbacks.heldout=null",
+                        "callbacks.checkpoint=null", "+callbacks.order._target_=test_optimizations.BatchOrder",
+                        f"+callbacks.order.path={tmp_path / (name + '_order.json')}", run_dir=run_dir)
+    record = train(cfg)
+    assert record["status"] == "finished"
+    return {"record": record, "dir": run_dir, "order": json.loads((tmp_path / (name + "_order.json")).read_text())}
+
+
+def _same_start(a: dict, b: dict) -> None:
+    """Bit-identical step-0 weights, the same batches in the same order."""
+    first, second = load_snapshot(a["dir"], 0), load_snapshot(b["dir"], 0)
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    assert a["order"] == b["order"] and len(a["order"]) == 2
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("baseline"), "none", "optimization=none")
+
+
+@pytest.mark.parametrize("name, active", [
+    ("matmul_bf16", {"float32_matmul_precision": "medium", "kernel": "real"}),
+    ("fp8_linear", {"plain_linear_left": 0, "gemm": "torch._scaled_mm", "kernel": "real"}),
+    ("mxfp8_linear", {"plain_linear_left": 0, "block": 32, "kernel": "emulated"}),
+    ("fused_adamw", {"fused": True}),
+])
+def test_each_optimization_starts_where_its_baseline_does_and_is_active(name, active, baseline, tmp_path):
+    run = _run(tmp_path, name, f"optimization={name}")
+    _same_start(run, baseline)
+    described = run["record"]["optimization"]
+    assert described["name"] == name
+    for key, value in active.items():
+        assert described[key] == value, key
+    if "replaced" in described:
+        assert described["replaced"] == sum(isinstance(m, torch.nn.Linear) for m in _model_modules(baseline))
+    assert torch.get_float32_matmul_precision() == "highest"  # restored for whatever runs next in this process
+    # the optimization changes the arithmetic: the weights after the first update differ from the baseline's
+    assert any(not torch.equal(a, b) for a, b in zip(load_snapshot(run["dir"], 2).values(), load_snapshot(baseline["dir"], 2).values()))
+
+
+def _model_modules(run):
+    cfg = compose_train("trainer.max_steps=2")
+    from hydra.utils import instantiate
+
+    from numdev.train.run import build_model
+
+    return list(build_model(cfg, instantiate(cfg.attention)).modules())
+
+
+def test_the_tie_fix_is_on_in_the_run_and_its_baseline_is_the_emulator(tmp_path):
+    emulator = ("attention=flash_emulated", "attention.formats.precision=bf16")
+    fixed = _run(tmp_path, "fix", "optimization=flash_tie_fix", *emulator)
+    plain = _run(tmp_path, "plain", "optimization=none", *emulator)
+    _same_start(fixed, plain)
+    assert fixed["record"]["attention"]["tie_fix"] is True and plain["record"]["attention"]["tie_fix"] is False
+    assert fixed["record"]["optimization"]["tie_fix_backends"] == 1
+
+
+def test_the_tie_fix_refuses_another_backend(train_config):
+    from hydra.utils import instantiate
+
+    with pytest.raises(ValueError, match="attention=flash_emulated"):
+        instantiate(train_config("optimization=flash_tie_fix").optimization).attention(instantiate(train_config().attention))
+
+
+@pytest.mark.slow
+def test_compile_starts_where_its_baseline_does_and_compiles(baseline, tmp_path):
+    run = _run(tmp_path, "compile", "optimization=compile")
+    _same_start(run, baseline)
+    assert set(run["record"]["optimization"]["compiled_modules"]) == {"<model>", "text"}
+
+
+def test_matmul_bf16_changes_a_cpu_fp32_matmul_where_the_cpu_has_bf16():
+    """On a CPU with bf16 support oneDNN computes fp32 matmuls in bf16 under "medium": larger error against fp64."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(512, 512, generator=g, dtype=torch.float64), torch.randn(512, 512, generator=g, dtype=torch.float64)
+    exact = a @ b
+    errors = {}
+    for precision in ("highest", "medium"):
+        torch.set_float32_matmul_precision(precision)
+        try:
+            errors[precision] = float((a.float() @ b.float() - exact).abs().max())
+        finally:
+            torch.set_float32_matmul_precision("highest")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU has no bf16 path: the setting leaves fp32 matmuls as they are")
+    assert errors["medium"] > 2 * errors["highest"]
+    # bf16 parts: the error stays far below a plain bf16 rounding of the inputs (~2^-9 relative per operand)
+    assert errors["medium"] < float((a.to(torch.bfloat16).double() @ b.to(torch.bfloat16).double() - exact).abs().max())
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+def test_float8_casts_are_ml_dtypes_casts_on_every_value():
+    """Every float8 value (scaled into range) round-trips; random fp32 inputs round as ml_dtypes rounds them."""
+    for dtype, reference in ((E4M3, ml_dtypes.float8_e4m3fn), (E5M2, ml_dtypes.float8_e5m2)):
+        codes = np.arange(256, dtype=np.uint8).view(reference)
+        values = codes.astype(np.float32)
+        finite = np.isfinite(values)
+        x = torch.from_numpy(values[finite])
+        assert torch.equal(x.to(dtype).float(), x)
+        g = torch.Generator().manual_seed(1)
+        top = float(torch.finfo(dtype).max)
+        y = (torch.randn(100_000, generator=g) * top / 8).clamp(-top, top)
+        np.testing.assert_array_equal(y.to(dtype).float().numpy(), y.numpy().astype(reference).astype(np.float32))
+
+
+def test_to_float8_scales_the_amax_to_the_format_maximum():
+    x = torch.tensor([[0.5, -3.0], [1.0, 2.0]])
+    q, inverse = to_float8(x, E4M3)
+    assert float(q.float().abs().max()) == 448.0 and float(inverse) == pytest.approx(3.0 / 448.0)
+
+
+def test_float8_linear_against_float64_of_its_quantised_operands():
+    """Forward: torch._scaled_mm = the float64 product of the dequantised e4m3 operands (exact products,
+    fp32 sums); backward: the output gradient in e5m2, grad_input and grad_weight the same way."""
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64, generator=g) * 0.1)
+    layer = Float8Linear.from_linear(linear)
+    assert layer.weight is linear.weight and layer.bias is linear.bias
+    x = torch.randn(5, 7, 64, generator=g, requires_grad=True)
+    out = layer(x)
+    xq, xi = to_float8(x.detach().reshape(-1, 64), E4M3)
+    wq, wi = to_float8(linear.weight.detach(), E4M3)
+    expected = (xq.double() * xi.double()) @ (wq.double() * wi.double()).t() + linear.bias.detach().double()
+    torch.testing.assert_close(out.detach().reshape(-1, 48).double(), expected, rtol=64 * 2**-24, atol=1e-6)
+    grad = torch.randn(5, 7, 48, generator=g)
+    out.backward(grad)
+    gq, gi = to_float8(grad.reshape(-1, 48), E5M2)
+    dgrad = (gq.double() * gi.double()) @ (wq.double() * wi.double())
+    wgrad = (gq.double() * gi.double()).t() @ (xq.double() * xi.double())
+    torch.testing.assert_close(x.grad.reshape(-1, 64).double(), dgrad, rtol=64 * 2**-24, atol=1e-6)
+    torch.testing.assert_close(linear.weight.grad.double(), wgrad, rtol=64 * 2**-24, atol=1e-5)
+
+
+def test_an_mx_block_with_an_outlier_scales_as_the_specification_says():
+    """OCP MX v1.0: scale = 2^(floor(log2 amax) - emax_elem) per 32-block; elements x / scale rounded to
+    e4m3 (ml_dtypes), saturated; a small value beside an outlier loses its precision, another block does not."""
+    x = torch.full((64,), 0.01)
+    x[3] = 1000.0  # the outlier of block 0; block 1 is all 0.01
+    q = quantize(x, "e4m3", "mx", block=32)
+    scale0 = 2.0 ** (9 - 8)  # floor(log2 1000) = 9, emax(e4m3) = 8
+    scale1 = 2.0 ** (-7 - 8)  # floor(log2 0.01) = -7
+    top = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448: x / scale may reach 2^(emax+1), saturated
+
+    def cast(values, scale):
+        return np.clip(values / scale, -top, top).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale
+
+    np.testing.assert_array_equal(q.numpy(), np.concatenate([cast(x[:32].numpy(), scale0), cast(x[32:].numpy(), scale1)]))
+    assert float(q[3]) == 448.0 * scale0  # 1000 / 2 = 500 saturates to e4m3's 448
+    assert float(q[0]) == 3 * 2.0**-9 * scale0  # 0.01 / 2 = 0.005: a subnormal of e4m3 (3 x 2^-9), 17% off
+    assert abs(float(q[40]) - 0.01) <= 0.01 * 2**-4  # its own block keeps e4m3's 3 mantissa bits
+
+
+def test_mx_blocks_run_along_the_axis_and_a_ragged_block_is_its_own():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 48, generator=g)
+    along_rows = quantize(x, "e4m3", "mx", block=32, axis=0)
+    torch.testing.assert_close(along_rows, quantize(x.t(), "e4m3", "mx", block=32, axis=-1).t(), rtol=0, atol=0)
+    tail = quantize(x[:, 32:], "e4m3", "mx", block=32)
+    assert torch.equal(quantize(x, "e4m3", "mx", block=32)[:, 32:], tail)
+
+
+def test_mx_linear_multiplies_the_quantised_operands():
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    layer = MXLinear.from_linear(linear)
+    x = torch.randn(10, 64, generator=g)
+    expected = quantize(x, "e4m3", "mx") @ quantize(linear.weight.detach(), "e4m3", "mx").t() + linear.bias.detach()
+    torch.testing.assert_close(layer(x).detach(), expected, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- Qiu & Yao's tie fix
+
+
+def test_the_tie_shift_follows_the_rule():
+    scores = torch.tensor([[[[1.0, 1.0, 0.2]], [[-0.5, -0.5, -2.0]], [[1.0, 0.5, 0.2]], [[0.0, 0.0, -1.0]]]])
+    shifted = tie_shifted_max(scores, scores.amax(dim=-1, keepdim=True)).flatten().tolist()
+    assert shifted == [TIE_BETA * 1.0, 0.0, 1.0, 0.0]  # tie m > 0: 2m; tie m < 0: 0; no tie: m; m = 0: as is
+
+
+def test_the_tie_fix_leaves_the_attention_output_as_accurate_and_removes_p_equal_one():
+    """Repeated keys tie the row maximum; with the fix no P equals 1 and the output is as close to FP64."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 32, 16, generator=g)
+    k = torch.randn(2, 2, 8, 16, generator=g).repeat(1, 1, 4, 1)  # every key four times: every row max ties
+    v = torch.randn(2, 2, 32, 16, generator=g)
+    formats = stage_formats("fa2", "bf16")
+    golden = golden_attention(q, k, v)
+    outs = {}
+    for fix in (False, True):
+        emulator = FlashEmulated(formats, block_r=16, block_c=16, native=False, tie_fix=fix)
+        outs[fix] = emulator(q, k, v)
+        assert emulator.last_path == "eager"
+    error = {fix: float((out.double() - golden).abs().max()) for fix, out in outs.items()}
+    assert error[True] <= 2 * error[False] + 2**-8
+    assert not torch.equal(outs[True], outs[False])
+
+
+# ----------------------------------------------------------------------------- the roles, and adding one
+
+
+def test_every_optimization_has_a_role_in_the_catalogue():
+    roles = {yaml.safe_load((REPO / "conf" / "study" / f"{r}.yaml").read_text())["study"].get("baseline") for r in SWEEP}
+    assert roles - {None} <= set(SWEEP)  # a baseline is a role of the sweep
+    for name in OPTIMIZATIONS:
+        if name != "none":
+            assert f"opt_{name}" in SWEEP, f"conf/optimization/{name}.yaml has no role opt_{name} in experiment=optimizations"
+    assert SWEEP.index("attn_flash_emulated") < SWEEP.index("opt_flash_tie_fix")
+
+
+@pytest.mark.parametrize("role", [r for r in SWEEP if r.startswith(("opt_", "attn_"))])
+def test_each_optimization_role_changes_only_what_it_says(role):
+    def flat(name):
+        from omegaconf import OmegaConf
+
+        cfg = compose_train("experiment=optimizations", f"study={name}", "study.replicate=1", "run_dir=/tmp/x", smoke=False)
+        out = {}
+
+        def walk(node, prefix=""):
+            for key, value in node.items():
+                if isinstance(value, dict):
+                    walk(value, f"{prefix}{key}.")
+                else:
+                    out[f"{prefix}{key}"] = value
+        walk(OmegaConf.to_container(cfg, resolve=True))
+        return out
+
+    reference, other = flat("reference"), flat(role)
+    ignored = ("study.", "sibling.", "callbacks.sibling.", "snapshot.sorted_values", "callbacks.snapshots.sorted_values")
+    differ = {k for k in set(reference) | set(other) if reference.get(k) != other.get(k) and not k.startswith(ignored)}
+    allowed = ("optimization.", "attention.") if "flash" in role else ("optimization.",)
+    assert differ and all(k.startswith(allowed) for k in differ), differ
+    for key in ("seed.init", "seed.data", "seed.noise", "precision.name", "trainer.max_steps"):
+        assert other[key] == reference[key]
+
+
+class HalfLearningRate:
+    """A new optimization, written as a user would (the recipe in docs/optimizations.md): halve the lr."""
+
+    kernel = "real"
+
+    def __new__(cls, name: str):
+        import functools
+
+        from numdev.optimizations import Optimization
+
+        class _Half(Optimization):
+            def optimizer(self, factory):
+                return functools.partial(factory, lr=factory.keywords["lr"] / 2)
+
+            def describe(self, model=None, optimizer=None):
+                return {**super().describe(), "lr": optimizer.defaults["lr"] if optimizer is not None else None}
+
+        return _Half(name)
+
+
+def test_adding_an_optimization_is_a_config_file_and_a_role(tmp_path, baseline):
+    """The recipe: conf/optimization/<name>.yaml (+ a module), conf/study/opt_<name>.yaml; here in a search-path dir."""
+    (tmp_path / "conf" / "optimization").mkdir(parents=True)
+    (tmp_path / "conf" / "study").mkdir()
+    (tmp_path / "conf" / "optimization" / "half_lr.yaml").write_text(
+        "_target_: test_optimizations.HalfLearningRate\nname: half_lr\n")
+    role = (REPO / "conf" / "study" / "opt_fused_adamw.yaml").read_text().replace("fused_adamw", "half_lr")
+    (tmp_path / "conf" / "study" / "opt_half_lr.yaml").write_text(role)
+    cfg = compose_train("experiment=optimizations", "study=opt_half_lr", "run_dir=/tmp/x",
+                        f"hydra.searchpath=[file://{tmp_path / 'conf'}]", smoke=False)
+    assert cfg.study.role == "opt_half_lr" and cfg.optimization.name == "half_lr" and cfg.study.baseline == "reference"
+    run = _run(tmp_path, "half", "optimization=half_lr", f"hydra.searchpath=[file://{tmp_path / 'conf'}]")
+    _same_start(run, baseline)
+    assert run["record"]["optimization"]["lr"] == pytest.approx(compose_train().optim.optimizer.lr / 2)
+
+
+@pytest.mark.slow
+def test_the_smoke_catalogue_writes_the_table_and_the_report_shows_it(tmp_path):
+    """experiment=optimizations_smoke through the real command line: every role, 3 replicates, the table."""
+    from conftest import run_cli
+
+    from numdev.report.app import build_report
+
+    study = tmp_path / "study"
+    run_cli("numdev.train.app", "experiment=optimizations_smoke", f"hydra.sweep.dir={study}", cwd=tmp_path, timeout=1800)
+    summary = json.loads((study / "summary.json").read_text())
+    rows = {row["role"]: row for row in summary["optimizations"]["rows"]}
+    assert {f"opt_{name}" for name in OPTIMIZATIONS if name != "none"} <= set(rows)
+    assert rows["opt_flash_tie_fix"]["baseline"] == "attn_flash_emulated"
+    assert rows["opt_fp8_linear"]["kernel"] == "real" and rows["opt_mxfp8_linear"]["kernel"] == "emulated"
+    assert rows["flash"]["phase1"]["status"] == "measured" and rows["flash"]["phase1"]["max_abs"]["mean"] > 0
+    for row in rows.values():
+        assert row["step_time_ratio"]["estimate"]["n"] == 3 and row["equivalent"]["text"]
+    report = build_report([], study, tmp_path / "report")
+    assert "opt_fp8_linear" in Path(report).read_text()
