@@ -21,7 +21,7 @@ from numdev.attention.flash_emulated import TIE_BETA, tie_shifted_max
 from numdev.numerics import stage_formats
 from numdev.optimizations.float8_linear import E4M3, E5M2, Float8Linear, to_float8
 from numdev.optimizations.mx_linear import MXLinear
-from numdev.optimizations.quantize import quantize
+from numdev.optimizations.mx_linear import quantize
 from numdev.snapshot_store import load_snapshot
 from numdev.train.run import train
 
@@ -190,7 +190,7 @@ def test_an_mx_block_with_an_outlier_scales_as_the_specification_says():
     e4m3 (ml_dtypes), saturated; a small value beside an outlier loses its precision, another block does not."""
     x = torch.full((64,), 0.01)
     x[3] = 1000.0  # the outlier of block 0; block 1 is all 0.01
-    q = quantize(x, "e4m3", "mx", block=32)
+    q = quantize(x, "e4m3", 32, -1)
     scale0 = 2.0 ** (9 - 8)  # floor(log2 1000) = 9, emax(e4m3) = 8
     scale1 = 2.0 ** (-7 - 8)  # floor(log2 0.01) = -7
     top = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448: x / scale may reach 2^(emax+1), saturated
@@ -207,10 +207,10 @@ def test_an_mx_block_with_an_outlier_scales_as_the_specification_says():
 def test_mx_blocks_run_along_the_axis_and_a_ragged_block_is_its_own():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 48, generator=g)
-    along_rows = quantize(x, "e4m3", "mx", block=32, axis=0)
-    torch.testing.assert_close(along_rows, quantize(x.t(), "e4m3", "mx", block=32, axis=-1).t(), rtol=0, atol=0)
-    tail = quantize(x[:, 32:], "e4m3", "mx", block=32)
-    assert torch.equal(quantize(x, "e4m3", "mx", block=32)[:, 32:], tail)
+    along_rows = quantize(x, "e4m3", 32, 0)
+    torch.testing.assert_close(along_rows, quantize(x.t(), "e4m3", 32, -1).t(), rtol=0, atol=0)
+    tail = quantize(x[:, 32:], "e4m3", 32, -1)
+    assert torch.equal(quantize(x, "e4m3", 32, -1)[:, 32:], tail)
 
 
 def test_mx_linear_multiplies_the_quantised_operands():
@@ -218,7 +218,7 @@ def test_mx_linear_multiplies_the_quantised_operands():
     linear = torch.nn.Linear(64, 32)
     layer = MXLinear.from_linear(linear)
     x = torch.randn(10, 64, generator=g)
-    expected = quantize(x, "e4m3", "mx") @ quantize(linear.weight.detach(), "e4m3", "mx").t() + linear.bias.detach()
+    expected = quantize(x, "e4m3", 32, -1) @ quantize(linear.weight.detach(), "e4m3", 32, -1).t() + linear.bias.detach()
     torch.testing.assert_close(layer(x).detach(), expected, rtol=0, atol=0)
 
 
@@ -342,3 +342,16 @@ def test_the_smoke_catalogue_writes_the_table_and_the_report_shows_it(tmp_path):
         assert row["step_time_ratio"]["estimate"]["n"] == 3 and row["equivalent"]["text"]
     report = build_report([], study, tmp_path / "report")
     assert "opt_fp8_linear" in Path(report).read_text()
+
+
+def test_the_phase1_cell_of_a_matrix_product_row_is_one_linear_call_against_fp64():
+    """fp8 operands (tensorwise e4m3) move one linear call far more than fp32 does; the rows say measured."""
+    from numdev.analysis.optimizations import linear_call
+
+    base = {"model": {"hidden": 64, "patch": 4}, "data": {"resolution": 16}}
+    fp8 = linear_call({**base, "optimization": {"_target_": "numdev.optimizations.float8_linear.Float8Training", "name": "fp8_linear"}})
+    none = linear_call({**base, "optimization": {"_target_": "numdev.optimizations.Optimization", "name": "none"}})
+    assert fp8["status"] == none["status"] == "measured" and fp8["shape"] == [8 * 16, 64, 64]
+    # e4m3 keeps 3 mantissa bits (relative step 2^-4) against fp32's 24: orders of magnitude apart
+    assert fp8["mean_abs"]["mean"] > 1e3 * none["mean_abs"]["mean"]
+    assert none["max_abs"]["high"] < 1e-5 and fp8["max_abs"]["low"] > 1e-3

@@ -8,8 +8,10 @@ Per row:
   arithmetic), from the run's own record (run.json `optimization.kernel`, else its attention backend);
 - **phase 1**: the deviation of one call against FP64 (max |d|, mean |d|, mean signed d), for rows
   that change the attention call: the run's own backend (as configured, its optimization applied)
-  on the study's image self-attention shape, N(0, 1) inputs, PHASE1_SEEDS seeds; matrix-product rows
-  wait for the GEMM emulator (GEMM_PHASE1), whole-training changes are not one call;
+  on the study's image self-attention shape, N(0, 1) inputs, PHASE1_SEEDS seeds; for rows that change
+  the matrix products (GEMM_OPTIMIZATIONS), one linear call of the model's width as the optimization
+  computes it (its `active()` settings and its swapped nn.Linear) against the FP64 product; whole-
+  training changes are not one call;
 - **eps***: the equivalent initial-weight perturbation against the row's own baseline
   (`study.baseline` in its role file; the reference unless it says otherwise), on the study's init
   ladder at the calibration step (numdev.analysis.early); a row whose baseline is another role is
@@ -33,8 +35,6 @@ from numdev.analysis import early
 ROW_KINDS = ("under_test", "proxy", "optimization", "control")
 PHASE1_SEEDS = 5
 PHASE1_BATCH = 8
-# Until the phase-1 GEMM emulator (issue 22 part 1, the `gemm` branch) is merged, matrix-product rows say so.
-GEMM_PHASE1 = "phase 1: not yet measured (the GEMM/linear phase-1 emulator of issue 22 part 1 is not merged)"
 NOT_ONE_CALL = "phase 1: not one call (changes the whole training step)"
 DOWNSTREAM = "not measured in the early study (64 steps; docs/study.md#early)"
 GEMM_OPTIMIZATIONS = ("matmul_bf16", "fp8_linear", "mxfp8_linear")
@@ -69,8 +69,9 @@ def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print) -
     return {"rows": rows, "markdown": markdown(rows, calibration), "rules": {
         "equivalent": "eps*: " + early.FLOOR_RULE + "; " + early.CALIBRATION_RULE,
         "step_time": "median step time of the run over its baseline's, per replicate; " + stats.LOG_RULE,
-        "phase1": f"one attention call against FP64 (golden_attention), image self-attention shape, N(0,1) inputs, "
-                  f"{PHASE1_SEEDS} seeds: mean over seeds [range]",
+        "phase1": f"one attention call against FP64 (golden_attention), image self-attention shape, N(0,1) inputs; "
+                  f"matrix-product rows: one hidden x hidden linear call against the FP64 product, N(0,1) inputs, "
+                  f"nn.Linear's weight range; {PHASE1_SEEDS} seeds: mean over seeds [range]",
     }}
 
 
@@ -128,7 +129,7 @@ def phase1(run: dict, reference_runs: dict, log=print) -> dict:
     record, config = run["record"], run["config"]
     optimization = (record.get("optimization") or {}).get("name", "none")
     if optimization in GEMM_OPTIMIZATIONS:
-        return {"status": "not yet measured", "text": GEMM_PHASE1}
+        return linear_call(config)
     reference = _first(reference_runs)["record"]
     same_attention = record.get("attention") == reference.get("attention")
     if optimization != "none" and same_attention:
@@ -144,17 +145,50 @@ def phase1(run: dict, reference_runs: dict, log=print) -> dict:
     heads, dim = int(model["heads"]), int(model["hidden"]) // int(model["heads"])
     tokens = (int(config["data"]["resolution"]) // int(model["patch"])) ** 2
     from numdev.attention.golden import golden_attention
+
+    def call(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = (torch.randn(PHASE1_BATCH, heads, tokens, dim, generator=g) for _ in range(3))
+        return backend(q, k, v), golden_attention(q, k, v)
+
+    return _measured(call, [PHASE1_BATCH, heads, tokens, dim])
+
+
+def linear_call(config: dict) -> dict:
+    """One nn.Linear call of the model's width (hidden -> hidden, the batch's tokens as rows, weights
+    drawn as nn.Linear draws them) computed as the optimization computes it, against the FP64 product."""
+    from torch import nn
+
+    optimization = instantiate(config["optimization"])
+    model = config["model"]
+    hidden = int(model["hidden"])
+    rows = PHASE1_BATCH * (int(config["data"]["resolution"]) // int(model["patch"])) ** 2
+
+    def call(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(rows, hidden, generator=g)
+        bound = hidden ** -0.5  # nn.Linear's default init range for its weights
+        weight = (torch.rand(hidden, hidden, generator=g) * 2 - 1) * bound
+        linear = nn.Linear(hidden, hidden, bias=False)
+        linear.weight.data.copy_(weight)
+        with optimization.active():
+            layer = optimization.model(nn.Sequential(linear))
+            out = layer(x)
+        return out, x.double() @ weight.double().t()
+
+    return _measured(call, [rows, hidden, hidden])
+
+
+def _measured(call, shape: list[int]) -> dict:
+    """max |d|, mean |d|, mean signed d of call(generator) -> (output, FP64 golden), over PHASE1_SEEDS seeds."""
     from numdev.bench.metrics import deviation
 
     per = {"max_abs": [], "mean_abs": [], "mean_signed": []}
     for seed in range(PHASE1_SEEDS):
-        g = torch.Generator().manual_seed(seed)
-        q, k, v = (torch.randn(PHASE1_BATCH, heads, tokens, dim, generator=g) for _ in range(3))
         with torch.no_grad():
-            d = deviation(backend(q, k, v), golden_attention(q, k, v))
+            out, golden = call(torch.Generator().manual_seed(seed))
+            d = deviation(out, golden)
         for key in per:
             per[key].append(d[key])
-    out = {"status": "measured", "seeds": PHASE1_SEEDS, "shape": [PHASE1_BATCH, heads, tokens, dim]}
+    out = {"status": "measured", "seeds": PHASE1_SEEDS, "shape": shape}
     for key, values in per.items():
         out[key] = {"mean": float(np.mean(values)), "low": float(np.min(values)), "high": float(np.max(values))}
     out["text"] = "; ".join(f"{name} {out[key]['mean']:.2e}" for key, name in

@@ -2,8 +2,8 @@
 32-element blocks along the contraction dimension, E8M0 power-of-two scales, e4m3 elements for
 input, weight and output gradient, as torchao's MXLinear recipe by default).
 
-Emulated: each operand is quantised to MXFP8 and dequantised (numdev.optimizations.quantize, the
-one place the quantisation comes from), then multiplied by an fp32 matmul. Products of two
+Emulated: each operand is quantised to MXFP8 and dequantised (numdev.numerics_scaling, the one
+place numdev's FP8/MX quantisation comes from, phase 1's too), then multiplied by an fp32 matmul. Products of two
 MXFP8 values are exact in fp32; the accumulation is fp32 in BLAS order, not a particular tensor
 core's. Forward: q(x) @ q(W)ᵀ with blocks along K; backward: grad_x = q(g) @ q(W) with blocks along
 N, grad_W = q(g)ᵀ @ q(x) with blocks along the rows M.
@@ -16,7 +16,14 @@ from torch import nn
 
 from numdev.optimizations.base import Optimization
 from numdev.optimizations.linears import adopt, flat, linear_count, swap_linears
-from numdev.optimizations.quantize import quantize
+from numdev.numerics_scaling import quantize as quantize_to
+
+ELEMENTS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}  # the config's element names -> numdev.formats' OCP formats
+
+
+def quantize(x: torch.Tensor, fmt: str, block: int, axis: int) -> torch.Tensor:
+    """x in MX blocks of `block` along `axis` (OCP MX v1.0: e8m0 scales, floor rule), dequantised."""
+    return quantize_to(x, ELEMENTS[fmt], "block", block, axis)
 
 
 class _MXMatmul(torch.autograd.Function):
@@ -24,15 +31,15 @@ class _MXMatmul(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, fmt: str, grad_fmt: str, block: int) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.formats = (grad_fmt, fmt, block)
-        return quantize(x, fmt, "mx", block, axis=-1) @ quantize(weight, fmt, "mx", block, axis=-1).t()
+        return quantize(x, fmt, block, -1) @ quantize(weight, fmt, block, -1).t()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         grad_fmt, fmt, block = ctx.formats
         grad = grad.float()
-        grad_x = quantize(grad, grad_fmt, "mx", block, axis=-1) @ quantize(weight, fmt, "mx", block, axis=0)
-        grad_w = quantize(grad, grad_fmt, "mx", block, axis=0).t() @ quantize(x, fmt, "mx", block, axis=0)
+        grad_x = quantize(grad, grad_fmt, block, -1) @ quantize(weight, fmt, block, 0)
+        grad_w = quantize(grad, grad_fmt, block, 0).t() @ quantize(x, fmt, block, 0)
         return grad_x, grad_w, None, None, None
 
 
@@ -60,11 +67,9 @@ class MXTraining(Optimization):
 
     def __init__(self, name: str, fmt: str = "e4m3", grad_fmt: str = "e4m3", block: int = 32):
         super().__init__(name)
-        from numdev.optimizations.quantize import FORMATS
-
         for key, value in (("fmt", fmt), ("grad_fmt", grad_fmt)):
-            if value not in FORMATS:
-                raise ValueError(f"optimization.{key}={value!r}: use one of {', '.join(FORMATS)}")
+            if value not in ELEMENTS:
+                raise ValueError(f"optimization.{key}={value!r}: use one of {', '.join(ELEMENTS)}")
         if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
             raise ValueError(f"optimization.block={block!r} must be a positive integer (MX: 32)")
         self.fmt, self.grad_fmt, self.block = fmt, grad_fmt, block
