@@ -129,7 +129,7 @@ def _session_processes(sid: int) -> list[str]:
 def test_a_joblib_sweep_leaves_no_process_behind(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script), "-m", "hydra/launcher=joblib", "experiment=train_smoke", "trainer.max_steps=2",
+    command = [str(script), "-m", "hydra/launcher=parallel", "experiment=train_smoke", "trainer.max_steps=2",
                "seed.init=0,1", "threads=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     # Its own session, so that everything it starts (workers, their trackers) can be found afterwards.
     process = subprocess.Popen(command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

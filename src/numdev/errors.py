@@ -147,9 +147,9 @@ def output_dir_problem(args: list[str]) -> str | None:
     return None
 
 
-def fail(program: str, error: BaseException | str):
-    """Print `program: error: <error>` (one line) on stderr and exit 2: for the argparse commands."""
-    _exit(program, error)
+def fail(program: str, error: BaseException | str, code: int = 2):
+    """Print `program: error: <error>` (one line) on stderr and exit `code` (2: a usage error)."""
+    _exit(program, error, code)
 
 
 def one_line(error: BaseException | str) -> str:
