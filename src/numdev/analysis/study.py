@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -39,6 +40,8 @@ from numdev.run_layout import EVAL, HELDOUT, RUN_RECORD, read_shadow_csv, siblin
 from numdev.run_layout import MODEL_ROW as MODEL
 from numdev.run_layout import read_distances_csv as read_csv
 from numdev.snapshot_store import list_snapshots
+
+log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
 REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
@@ -528,6 +531,8 @@ def _loss_curve(run_dir: Path) -> dict | None:
     """train/loss from the run's TensorBoard events (in the run directory or its tensorboard/)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # Its directory watcher logs "No path found after <event file>" (INFO) at the end of every file it reads.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
     for where in (run_dir, run_dir / "tensorboard"):
         if not any(where.glob("events.out.tfevents.*")):
             continue
@@ -564,15 +569,28 @@ class StudyAnalysis(Callback):
         self.against_truth = against_truth
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        """The study's analysis; without its summary.json the command exits 1 with one line."""
         study_dir = Path(config.hydra.sweep.dir)
         try:
-            analyse(study_dir, against_truth=self.against_truth)
+            analyse(study_dir, against_truth=self.against_truth, log=_log_step)
         except (FileNotFoundError, ValueError, WriteError) as error:
-            print(f"numdev-study: the analysis did not run: {error}", file=sys.stderr)
-            return
+            fail("numdev-train", f"the study's analysis did not run: {error}; its runs are in {study_dir} "
+                 f"(analyse them again with numdev-study {study_dir})", 1)
+        if not (study_dir / "summary.json").is_file():
+            fail("numdev-train", f"the study's analysis wrote no {study_dir / 'summary.json'}: run numdev-study {study_dir}", 1)
         from numdev.commands import tensorboard
 
-        print(f"TensorBoard: {tensorboard(study_dir)}")
+        log.info("TensorBoard: %s", tensorboard(study_dir))
+
+
+def _log_step(message: str) -> None:
+    """The analysis's progress lines: per-run steps in the log (and on the console with -v), the rest shown."""
+    if message.startswith("[study]"):
+        log.debug(message)
+    elif message.startswith("warning"):
+        log.warning(message)
+    else:
+        log.info(message)
 
 
 def main(argv: list[str] | None = None) -> None:
