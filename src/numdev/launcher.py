@@ -8,7 +8,8 @@ with a lifecycle that leaves nothing behind and every run's record final.
   writing its run.json ("failed", resumable with resume=auto) and a bench run by keeping its records.
   The workers themselves ignore these signals outside a job's own handlers, so a Ctrl-C that reaches
   the whole process group is answered once, by the job's own handler, not twice.
-- A job that fails stops the sweep the same way: no new job starts, the running ones finish.
+- A job that fails (or whose worker is killed) stops the sweep the same way: no new job starts and the
+  running ones are asked to stop (they are resumable; a study cannot be analysed without every role).
 - When the sweep ends, every worker has exited (the pools are shut down and joined) and every run.json
   under the sweep still "running" whose run lock is free (its process died without a word) is made
   final ("failed", numdev.train.record.close_abandoned).
@@ -161,7 +162,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                 if not running:
                     break
                 done, _ = wait(list(running), timeout=FORWARD_EVERY_S, return_when=FIRST_COMPLETED)
-                if stop.signum is not None:
+                if stop.signum is not None or failure is not None:
                     _tell_workers_to_stop()  # again every second: a job between its handlers ignores it
                 for future in done:
                     slot, idx, overrides = running.pop(future)
@@ -195,13 +196,15 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     if signum is not None or failure is not None:
         app = config.get("app")
         rerun = f"rerun the same command with hydra.sweep.dir={sweep_dir}" + (" resume=auto" if app == "train" else "")
-        what = f"stopped by {signal.Signals(signum).name}" if signum is not None else failure[0]
         extra = []
         if closed:
             extra.append(f"{closed} run.json made final (\"failed\")")
         if not_run:
             extra.append(f"{not_run} job(s) not started")
-        text = f"{what}; the sweep stopped" + (f" ({', '.join(extra)})" if extra else "") + f"; to continue, {rerun}"
+        extra = f" ({', '.join(extra)})" if extra else ""
+        what = (f"the sweep was stopped by {signal.Signals(signum).name}{extra}" if signum is not None
+                else f"{failure[0]}; the sweep stopped{extra}")
+        text = f"{what}; to continue, {rerun}"
         from numdev.errors import fail
 
         fail(f"numdev-{app}", text, 128 + signum if signum is not None else failure[1])
