@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import console_noise
 
 SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2", "threads=1"]
 
@@ -47,6 +48,16 @@ def test_a_sweep_runs_its_jobs_in_parallel_with_the_parallel_launcher(tmp_path):
     # In parallel: each job started training before the other one finished (one after the other
     # would give max(start) > min(end)).
     assert max(r["span"][0] for r in runs) < min(r["span"][1] for r in runs), [r["span"] for r in runs]
+    # Quiet by default: numdev's lines only; each job's app.log holds its run's story, the libraries' lines included.
+    assert console_noise(result.stdout, result.stderr) == [], result.stdout + result.stderr
+    assert result.stderr == ""
+    assert result.stdout.count("finished at step 2 -> ") == 2
+    (sweep,) = (tmp_path / "train" / "train_smoke").glob("multirun_*")
+    for job in ("0", "1"):
+        story = (sweep / job / "app.log").read_text()
+        assert f"[numdev.train.run][DEBUG] - training {sweep / job}: " in story
+        assert "[lightning.pytorch.utilities.rank_zero][INFO] - GPU available: False" in story
+        assert f"[numdev.train.app][INFO] - finished at step 2 -> {sweep / job}" in story
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sys
 
@@ -166,4 +167,6 @@ def one_line(error: BaseException | str) -> str:
 def _exit(program: str, error: BaseException | str, code: int = 2):
     message = one_line(error)  # one line, whatever the exception's text
     print(f"{program}: error: {message}", file=sys.stderr)
+    if logging.getLogger().hasHandlers():  # the job's log (app.log) ends with it too; the console has it already
+        logging.getLogger("numdev.errors").error("%s: error: %s", program, message, extra={"console": False})
     sys.exit(code)

@@ -45,7 +45,8 @@ class RefuseDuplicateJobs(Callback):
         if "BasicSweeper" not in str(sweeper.get("_target_", "")):
             return  # another sweeper (optuna, ...) chooses its own values
         params = sweeper.get("params") or {}
-        overrides = [f"{key}={value}" for key, value in OmegaConf.to_container(params).items()]
+        params = OmegaConf.to_container(params) if isinstance(params, DictConfig) else dict(params)
+        overrides = [f"{key}={value}" for key, value in params.items()]
         overrides += list(OmegaConf.to_container(config.hydra.overrides.task))
         problem = duplicate_values(overrides)
         if problem:

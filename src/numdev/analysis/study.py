@@ -22,14 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
+import re
 from pathlib import Path
 
 import numpy as np
 import yaml
 from hydra.experimental.callback import Callback
 
-from numdev import stats, verdicts
+from numdev import logs, stats, verdicts
 from numdev.analysis import early
 from numdev.analysis.compare import compare_runs
 from numdev.analysis.growth import GROWTH_MEASURE, fit_growth
@@ -500,7 +500,20 @@ def captions(summary: dict) -> dict:
         )
     if parts:
         lines["downstream"] = "Downstream, each role minus its replicate's reference (mean [95% CI]): " + "; ".join(parts)
-    return lines
+    return {key: _no_interval_once(line) for key, line in lines.items()}
+
+
+NO_INTERVAL = re.compile(r" \[n/a: (\d+) seed\(s\)\]")
+
+
+def _no_interval_once(line: str) -> str:
+    """A line whose numbers have no interval (fewer seeds than an interval needs, numdev.stats) says so
+    once, at its end, instead of "[n/a: 1 seed(s)]" after every number."""
+    counts = sorted({int(n) for n in NO_INTERVAL.findall(line)})
+    if not counts:
+        return line
+    seeds = "/".join(str(n) for n in counts)
+    return f"{NO_INTERVAL.sub('', line)} [no intervals: {seeds} seed(s), fewer than an interval needs]"
 
 
 def _metrics_present(curves: dict) -> list[str]:
@@ -597,10 +610,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: summary.json and its figures")
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
     parser.add_argument("--no-truth", action="store_true", help="compare only the reference with the truth run (as experiment=flash_stability_early does)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show each run's progress and the libraries' messages")
     args = parser.parse_args(argv)
+    logs.console(args.verbose)
     try:
-        analyse(args.study_dir, log=lambda m: print(m, file=sys.stderr) if m.startswith(("[", "warning")) else print(m),
-                against_truth=not args.no_truth)
+        analyse(args.study_dir, log=_log_step, against_truth=not args.no_truth)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
 
