@@ -132,6 +132,21 @@ def test_a_study_whose_analysis_cannot_run_exits_non_zero_with_one_line(tmp_path
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_an_analysis_that_breaks_is_not_swallowed_as_a_warning(tmp_path, capsys, monkeypatch):
+    """Hydra only warns about an exception in a callback and exits 0: the study's analysis turns any
+    failure into one line and exit 1."""
+    from numdev.analysis import study
+
+    def broken(*args, **kwargs):
+        raise KeyError("fig7")
+
+    monkeypatch.setattr(study, "analyse", broken)
+    with pytest.raises(SystemExit) as stopped:
+        study.StudyAnalysis().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err.startswith("numdev-train: error: the study's analysis failed (KeyError: 'fig7')")
+
+
 # ----------------------------------------------------------------------------- signals to a running study
 
 

@@ -27,10 +27,10 @@ import re
 import signal
 import sys
 import threading
-import time
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton

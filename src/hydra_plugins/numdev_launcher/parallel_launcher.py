@@ -6,7 +6,7 @@ start-up: this one stays light (numdev.launcher is imported when a sweep launche
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 class ParallelLauncher(Launcher):
     def __init__(self, n_jobs: int = 2) -> None:
         self.n_jobs = n_jobs
-        self.config: Optional[DictConfig] = None
-        self.task_function: Optional[TaskFunction] = None
-        self.hydra_context: Optional[HydraContext] = None
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config

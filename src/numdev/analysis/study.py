@@ -589,6 +589,9 @@ class StudyAnalysis(Callback):
         except (FileNotFoundError, ValueError, WriteError) as error:
             fail("numdev-train", f"the study's analysis did not run: {error}; its runs are in {study_dir} "
                  f"(analyse them again with numdev-study {study_dir})", 1)
+        except Exception as error:  # Hydra would only warn about a callback's exception, and exit 0
+            fail("numdev-train", f"the study's analysis failed ({type(error).__name__}: {error}); its runs are in "
+                 f"{study_dir} (numdev-study {study_dir} -v shows where)", 1)
         if not (study_dir / "summary.json").is_file():
             fail("numdev-train", f"the study's analysis wrote no {study_dir / 'summary.json'}: run numdev-study {study_dir}", 1)
         from numdev.commands import tensorboard

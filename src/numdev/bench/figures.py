@@ -93,8 +93,14 @@ class SweepFigure(Callback):
         self.figure = figure
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        """The sweep's figure; without it the command exits 1 with one line (Hydra would only warn)."""
         directory = Path(config.hydra.sweep.dir)
-        announce(self.figure, make_figure(self.figure, directory), directory)
+        try:
+            summary = make_figure(self.figure, directory)
+        except Exception as error:
+            fail("numdev-bench", f"the sweep's figure {self.figure} was not made ({type(error).__name__}: {error}); "
+                 f"its records are in {directory} (numdev-figure {self.figure} {directory} makes it again)", 1)
+        announce(self.figure, summary, directory)
 
 
 def main(argv: list[str] | None = None) -> None:

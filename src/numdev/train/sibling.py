@@ -58,6 +58,7 @@ from numdev.run_layout import (
     record_path,
     sibling_csv_path,
 )
+from numdev.run_lock import is_held
 from numdev.snapshot_store import (
     SnapshotError,
     SortedValuesError,
@@ -66,7 +67,6 @@ from numdev.snapshot_store import (
     load_snapshot_entry,
     open_sorted_values,
 )
-from numdev.run_lock import is_held
 from numdev.train.snapshots import WeightSnapshots
 
 log = logging.getLogger(__name__)
