@@ -101,7 +101,9 @@ def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
     overrides = ["trainer.max_steps=4", "callbacks.samples.every_n_steps=1000", "resume=auto"]
     first = subprocess.run(_command(run_dir, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in p.parts and p.name != ".lock"}
+    # Every record; not the run's log (app.log), which tells the requeue too.
+    files = {p: p.read_bytes() for p in run_dir.rglob("*")
+             if p.is_file() and "tensorboard" not in p.parts and p.name not in (".lock", "app.log")}
     run = json.loads((run_dir / "run.json").read_text())
     assert {"eval", "final_loss", "snapshot_write_seconds"} <= set(run)
 
@@ -110,6 +112,7 @@ def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
     assert f"already finished at step 4: nothing to do -> {run_dir}" in again.stdout
     changed = [str(p) for p, data in files.items() if not p.is_file() or p.read_bytes() != data]
     assert changed == []
+    assert (run_dir / "app.log").read_text().count("already finished at step 4: nothing to do") == 1
 
 
 def _session_processes(sid: int) -> list[str]:
