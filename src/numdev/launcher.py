@@ -66,8 +66,13 @@ def _execute_job(idx: int, overrides: Sequence[str], hydra_context, config: Dict
     HydraConfig.instance().set_config(sweep_config)
     try:
         sys.stdout.flush()
-        return "done", run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
-                               job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        ret = run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        try:
+            _ = ret.return_value  # an exception the task raised (not a numdev one-line error: a bug) is raised here
+        except Exception:
+            log.exception("job #%d failed", idx)  # its traceback: on the console and in the job's app.log
+        return "done", ret
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
         return "exit", code
@@ -176,7 +181,10 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                         how = f"killed ({codes.group(1)})" if codes else "ended without a result"
                         failure = failure or (
                             f"{name}: its worker process was {how}, e.g. by the out-of-memory killer or `kill -9`", 1)
-                        log.error("%s: its worker process was %s", name, how)
+                        log.info("%s: its worker process was %s; stopping the sweep", name, how)
+                        continue
+                    except Exception as error:  # its result could not come back (e.g. not picklable)
+                        failure = failure or (f"{name}: no result came back ({type(error).__name__}: {error})", 1)
                         continue
                     if kind == "exit":
                         if value not in (0, None) and failure is None:
@@ -185,7 +193,11 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                     else:
                         results[idx] = value
                         if value.status.name == "FAILED" and failure is None:
-                            failure = (f"{name} failed", 1)
+                            try:
+                                _ = value.return_value
+                            except Exception as error:
+                                failure = (f"{name} failed ({type(error).__name__}: {error}; its traceback is above and "
+                                           "in its app.log)", 1)
         finally:
             for pool in pools:
                 if pool is not None:
