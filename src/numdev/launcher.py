@@ -2,7 +2,8 @@
 with a lifecycle that leaves nothing behind and every run's record final.
 
 - Each of the n_jobs slots has its own one-worker process pool (loky, as joblib uses): a worker that dies
-  (SIGKILL, the OOM killer) breaks its own slot only; the others go on. Its job is named in one line.
+  (SIGKILL, the OOM killer) breaks its own slot only, so the others are not killed with it (loky kills
+  every worker of a broken pool) but stopped cleanly, as below. Its job is named in one line.
 - SIGINT (Ctrl-C), SIGTERM and SIGHUP to the command stop the sweep: no new job starts and every
   running job is sent SIGTERM (again every second until it ends), which a training run answers by
   writing its run.json ("failed", resumable with resume=auto) and a bench run by keeping its records.
@@ -48,7 +49,10 @@ FORWARD_EVERY_S = 1.0
 
 def _ignore_stop_signals() -> None:
     """The worker's initializer: the parent decides when a job stops (it forwards SIGTERM), and a
-    job's own code installs its handlers while it runs (Lightning's for SIGTERM, numdev's bench)."""
+    job's own code installs its handlers while it runs (Lightning's for SIGTERM, numdev's for SIGHUP,
+    the bench's), restoring these afterwards: a signal to the whole process group (a terminal's
+    Ctrl-C or hangup) reaches an idle worker without killing it, and a job's cleanup is not cut
+    short by the parent's SIGTERM once its own handler is gone."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 

@@ -102,9 +102,7 @@ def _signals_end_the_run(results: Path):
     def interrupted(signum, frame):
         raise _Interrupted(signum)
 
-    # An ignored SIGHUP stays ignored (nohup; a parallel sweep's worker, whose launcher forwards it as SIGTERM).
-    hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
-    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, *hangup)}
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     except (_Interrupted, KeyboardInterrupt) as error:

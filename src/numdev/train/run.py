@@ -128,10 +128,8 @@ def build_trainer(cfg: DictConfig):
 @contextlib.contextmanager
 def _hangup_ends_the_run():
     """SIGHUP's default action kills the process with no cleanup (run.json stays "running"):
-    while training, it raises Hangup instead. Only the main thread can install a handler. An ignored
-    SIGHUP stays ignored (nohup; a parallel sweep's worker, whose launcher forwards it as SIGTERM)."""
-    if (threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP")
-            or signal.getsignal(signal.SIGHUP) == signal.SIG_IGN):
+    while training, it raises Hangup instead. Only the main thread can install a handler."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
         yield
         return
 
