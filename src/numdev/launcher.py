@@ -52,9 +52,17 @@ def _ignore_stop_signals() -> None:
     job's own code installs its handlers while it runs (Lightning's for SIGTERM, numdev's for SIGHUP,
     the bench's), restoring these afterwards: a signal to the whole process group (a terminal's
     Ctrl-C or hangup) reaches an idle worker without killing it, and a job's cleanup is not cut
-    short by the parent's SIGTERM once its own handler is gone."""
+    short by the parent's SIGTERM once its own handler is gone.
+
+    A Python function that does nothing, not SIG_IGN: Lightning keeps a SIGTERM handler it finds
+    beside its own and calls it, reading SIG_IGN (the integer 1) as a signal number, i.e. it would
+    call the SIGHUP handler (numdev's, which ends the run as a hangup)."""
     for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, _left_to_the_parent)
+
+
+def _left_to_the_parent(signum, frame) -> None:
+    """A stop signal to an idle worker: nothing to do, the launcher decides."""
 
 
 def _execute_job(idx: int, overrides: Sequence[str], hydra_context, config: DictConfig, task_function,
