@@ -2,7 +2,7 @@
 
     python scripts/bench_study.py                       # the demo's study (the early study, 3 replicates)
     python scripts/bench_study.py --which early         # the early-phase study (every role and rung, 10 replicates)
-    python scripts/bench_study.py --which full          # the full study (3 replicates, joblib, 2 jobs x 1 thread)
+    python scripts/bench_study.py --which full          # the full study (3 replicates, parallel launcher, 2 jobs x 1 thread)
     python scripts/bench_study.py --which smoke --repeats 3
     python scripts/bench_study.py --which optimizations --keep outputs/optimizations   # the optimizations catalogue
     python scripts/bench_study.py --which full --keep outputs/study-full   # keep the study's directory

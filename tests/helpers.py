@@ -32,3 +32,15 @@ def kill_when(process, reached, timeout_s: float = 240) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+# What a numdev command's console must not show unless numdev means to: library noise and tracebacks
+# (Hydra's schema-name deprecation, Lightning's hints and its srun/LeafSpec warnings, TensorBoard's
+# directory watcher, loky's leaked-folder warning, repeated "[n/a: ...]" markers).
+CONSOLE_NOISE = ("Traceback", "Warning", "warnings.warn", "deprecated", "[HYDRA]", "No path found after", "leaked",
+                 "KeyError", "GPU available", "TPU available", "srun", "LeafSpec", "litlogger", "Trainer.fit", "[n/a:")
+
+
+def console_noise(*outputs: str) -> list[str]:
+    """The lines of a command's stdout/stderr that hold any of CONSOLE_NOISE."""
+    return [line for text in outputs for line in text.splitlines() if any(n in line for n in CONSOLE_NOISE)]

@@ -800,13 +800,14 @@ def _main(program: str):
     return main
 
 
-def _invoke(program: str, args: list[str], monkeypatch) -> int:
+def _invoke(program: str, args: list[str], monkeypatch, logging_config: str = "disabled") -> int:
     main = _main(program)
     try:
         if program in ("numdev-train", "numdev-bench"):  # Hydra apps read sys.argv
             # Hydra's logging setup would bind handlers to this test's captured stderr, which is
-            # closed after the test: keep logging as it is.
-            quiet = ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+            # closed after the test: keep logging as it is ("none": not configured, numdev's loggers
+            # stay enabled, so caplog sees their lines).
+            quiet = [f"hydra/job_logging={logging_config}", f"hydra/hydra_logging={logging_config}"]
             monkeypatch.setattr(sys, "argv", [program, *args, *quiet])
             monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
             main()
@@ -1000,17 +1001,18 @@ def test_inf_where_numdev_writes_it_is_kept(tmp_path):
 
 
 # -- a bench stopped and rerun writes no record twice (issue 23, class 5) ----------------------------------
-def test_a_bench_rerun_in_its_directory_writes_no_record_twice(tmp_path, monkeypatch, capsys):
+def test_a_bench_rerun_in_its_directory_writes_no_record_twice(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="numdev.bench.app")  # numdev's lines (Hydra's logging left unconfigured)
     args = [a.format(tmp=tmp_path) for a in [*BENCH, "seeds=[0,1]"]]
-    assert _invoke("numdev-bench", args, monkeypatch) == 0
+    assert _invoke("numdev-bench", args, monkeypatch, "none") == 0
     results = tmp_path / "bench" / "results.jsonl"
     first = results.read_text().splitlines()
     # an interrupted run: only its first record made it
     results.write_text(first[0] + "\n")
-    assert _invoke("numdev-bench", args, monkeypatch) == 0
+    assert _invoke("numdev-bench", args, monkeypatch, "none") == 0
     lines = results.read_text().splitlines()
     assert len(lines) == len(first) and lines[0] == first[0]
-    assert "1 record(s) were already in" in capsys.readouterr().out
+    assert "1 record(s) were already in" in caplog.text
     from numdev.bench.gather import gather
 
     assert len(gather(tmp_path / "bench")) == len(first)  # and gather counts each once

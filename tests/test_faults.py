@@ -101,7 +101,9 @@ def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
     overrides = ["trainer.max_steps=4", "callbacks.samples.every_n_steps=1000", "resume=auto"]
     first = subprocess.run(_command(run_dir, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in p.parts and p.name != ".lock"}
+    # Every record; not the run's log (app.log), which tells the requeue too.
+    files = {p: p.read_bytes() for p in run_dir.rglob("*")
+             if p.is_file() and "tensorboard" not in p.parts and p.name not in (".lock", "app.log")}
     run = json.loads((run_dir / "run.json").read_text())
     assert {"eval", "final_loss", "snapshot_write_seconds"} <= set(run)
 
@@ -110,6 +112,7 @@ def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
     assert f"already finished at step 4: nothing to do -> {run_dir}" in again.stdout
     changed = [str(p) for p, data in files.items() if not p.is_file() or p.read_bytes() != data]
     assert changed == []
+    assert (run_dir / "app.log").read_text().count("already finished at step 4: nothing to do") == 1
 
 
 def _session_processes(sid: int) -> list[str]:
@@ -126,16 +129,21 @@ def _session_processes(sid: int) -> list[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-def test_a_joblib_sweep_leaves_no_process_behind(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+def test_a_parallel_sweep_leaves_no_process_behind(tmp_path):
+    pytest.importorskip("joblib")
     script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script), "-m", "hydra/launcher=joblib", "experiment=train_smoke", "trainer.max_steps=2",
+    command = [str(script), "-m", "hydra/launcher=parallel", "experiment=train_smoke", "trainer.max_steps=2",
                "seed.init=0,1", "threads=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     # Its own session, so that everything it starts (workers, their trackers) can be found afterwards.
     process = subprocess.Popen(command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-2000:]
-    assert _session_processes(process.pid) == []
+    # Every worker was joined before the command returned; loky's resource tracker exits when the
+    # command does (its pipe closes): polled, not raced.
+    deadline = time.monotonic() + 30
+    while (left := _session_processes(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
     assert [json.loads((tmp_path / "sweep" / job / "run.json").read_text())["status"] for job in "01"] == ["finished"] * 2
 
 

@@ -1,5 +1,5 @@
-"""Hydra launcher plugins through the real numdev-train command: parallel jobs with joblib (and
-submitit's local executor, slow), each job a complete run."""
+"""Hydra launchers through the real numdev-train command: parallel jobs with numdev's own launcher
+(hydra/launcher=parallel, and submitit's local executor, slow), each job a complete run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import console_noise
 
 SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2", "threads=1"]
 
@@ -38,22 +39,32 @@ def _check_sweep(tmp_path: Path, result: subprocess.CompletedProcess) -> list[di
     return runs
 
 
-def test_a_sweep_runs_its_jobs_in_parallel_with_the_joblib_launcher(tmp_path):
+def test_a_sweep_runs_its_jobs_in_parallel_with_the_parallel_launcher(tmp_path):
     result = numdev_train(
-        "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attention=baseline,sdpa_flash", *SMOKE,
+        "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "attention=baseline,sdpa_flash", *SMOKE,
         f"output_root={tmp_path}", cwd=tmp_path,
     )
     runs = _check_sweep(tmp_path, result)
     # In parallel: each job started training before the other one finished (one after the other
     # would give max(start) > min(end)).
     assert max(r["span"][0] for r in runs) < min(r["span"][1] for r in runs), [r["span"] for r in runs]
+    # Quiet by default: numdev's lines only; each job's app.log holds its run's story, the libraries' lines included.
+    assert console_noise(result.stdout, result.stderr) == [], result.stdout + result.stderr
+    assert result.stderr == ""
+    assert result.stdout.count("finished at step 2 -> ") == 2
+    (sweep,) = (tmp_path / "train" / "train_smoke").glob("multirun_*")
+    for job in ("0", "1"):
+        story = (sweep / job / "app.log").read_text()
+        assert f"[numdev.train.run][DEBUG] - training {sweep / job}: " in story
+        assert "[lightning.pytorch.utilities.rank_zero][INFO] - GPU available: False" in story
+        assert f"[numdev.train.app][INFO] - finished at step 2 -> {sweep / job}" in story
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_with_the_submitit_local_launcher(tmp_path):
+def test_a_sweep_runs_with_the_slurm_local_launcher(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     result = numdev_train(
-        "-m", "hydra/launcher=submitit_local", "attention=baseline,sdpa_flash", *SMOKE,
+        "-m", "hydra/launcher=slurm_local", "attention=baseline,sdpa_flash", *SMOKE,
         f"output_root={tmp_path}", cwd=tmp_path,
     )
     _check_sweep(tmp_path, result)
@@ -62,14 +73,21 @@ def test_a_sweep_runs_with_the_submitit_local_launcher(tmp_path):
 
 
 def test_the_launcher_configs_are_valid_against_the_plugins_schemas():
+    """The submitit configs have names of their own (a config named like its plugin's schema is matched
+    to it by name, which Hydra warns is deprecated): they are checked against the schemas here instead."""
     from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
 
     with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
-        for name in ("joblib", "submitit_local", "submitit_slurm"):
-            if name.startswith("submitit"):
-                pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+        cfg = compose(config_name="train", overrides=["hydra/launcher=parallel"], return_hydra_config=True)
+        assert cfg.hydra.launcher._target_ == "hydra_plugins.numdev_launcher.parallel_launcher.ParallelLauncher"
+        pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+        from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
+
+        for name, schema in (("slurm_local", LocalQueueConf), ("slurm", SlurmQueueConf)):
             cfg = compose(config_name="train", overrides=[f"hydra/launcher={name}"], return_hydra_config=True)
-            assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
+            merged = OmegaConf.merge(OmegaConf.structured(schema), cfg.hydra.launcher)  # refuses a key or type the schema has not
+            assert merged._target_ == schema._target_
 
 
 @pytest.mark.parametrize("trainer, overrides, gpus", [
@@ -82,7 +100,7 @@ def test_the_slurm_launcher_asks_for_gpus_only_for_a_gpu_trainer(trainer, overri
     from omegaconf import OmegaConf
 
     with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["hydra/launcher=submitit_slurm", f"trainer={trainer}", "threads=3",
+        cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", f"trainer={trainer}", "threads=3",
                                                       *overrides], return_hydra_config=True)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["gpus_per_node"] == gpus

@@ -107,7 +107,7 @@ def test_overrides_that_belong_elsewhere_are_named(app, args, expected):
         ("train", ["-m", "data=folder,shapes", "data.root=/x"]),  # a sweep over options: Hydra decides per job
         ("train", ["attention@shadow=baseline", "callbacks.shadow.every_n_steps=5"]),
         ("bench", ["numerics=fa2", "numerics.accum=bf16", "tiles.block_c=32", "shape.seq_q=128"]),
-        ("bench", ["-m", "experiment=fig4", "hydra/launcher=joblib"]),
+        ("bench", ["-m", "experiment=fig4", "hydra/launcher=parallel"]),
         ("bench", ["-m", "seeds=[0,1,2]", "--help"]),  # a list, not a sweep
         ("train", ["data.nope=1"]),  # a key no option has: Hydra's own error names it
         ("bench", ["numerics=fastest", "numerics.precision=fp16"]),  # an unknown option: Hydra lists the options

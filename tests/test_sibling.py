@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -264,13 +265,14 @@ class _NoTrainer:
     logger = None
 
 
-def test_live_rows_with_the_sorted_values_read_from_disk_equal_the_old_path(tmp_path, capsys):
+def test_live_rows_with_the_sorted_values_read_from_disk_equal_the_old_path(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="numdev.train.sibling")
     reference, me, states = _pair(tmp_path)
     rows, used = _live_rows(reference, me, states)
     assert rows == compare_runs(me, reference)  # every column, exactly
     assert "__pooled__" in used[0] and "w" in used[0] and "emb.weight[unindexed]" in used[0]
     assert "emb.weight[unindexed]" not in used[1]  # unchanged since step 0: reused, not read again
-    assert "not using" not in capsys.readouterr().out
+    assert "not using" not in caplog.text
 
 
 def _flip_a_data_byte(path):
@@ -312,22 +314,24 @@ def _stale(path):
     ],
     ids=["missing", "truncated", "bit-flip", "forged", "stale"],
 )
-def test_a_damaged_forged_or_stale_sorted_file_falls_back_to_sorting_with_the_same_rows(tmp_path, capsys, damage, reason):
+def test_a_damaged_forged_or_stale_sorted_file_falls_back_to_sorting_with_the_same_rows(tmp_path, caplog, damage, reason):
+    caplog.set_level(logging.DEBUG, logger="numdev.train.sibling")  # said in the run's log (app.log)
     reference, me, states = _pair(tmp_path)
     for step in (2, 4):  # two damaged steps: said once
         damage(reference / "weights" / f"sorted_{step:08d}.safetensors")
     rows, used = _live_rows(reference, me, states)
     assert rows == compare_runs(me, reference)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert out.count("[sibling] not using the sibling's sorted values") == 1 and reason in out, out
     assert "__pooled__" in used[0]  # step 0's file was fine
 
 
-def test_a_reference_without_sorted_values_is_sorted_here(tmp_path, capsys):
+def test_a_reference_without_sorted_values_is_sorted_here(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="numdev.train.sibling")
     reference, me, states = _pair(tmp_path, sorted_values=False)
     rows, used = _live_rows(reference, me, states)
     assert rows == compare_runs(me, reference) and used == [[], [], []]
-    assert capsys.readouterr().out.count("sorted_00000000.safetensors does not exist") == 1
+    assert caplog.text.count("sorted_00000000.safetensors does not exist") == 1
 
 
 def test_only_the_study_reference_writes_sorted_values():

@@ -1,4 +1,4 @@
-"""SLURM for real: numdev-train sweeps through hydra/launcher=submitit_slurm on a single-node cluster
+"""SLURM for real: numdev-train sweeps through hydra/launcher=slurm on a single-node cluster
 started on this machine (tests/slurm_cluster.py: munged, slurmctld, slurmd from Debian's packages).
 
 On a CPU partition out of the box (no GPU asked for), a requeued job (scontrol requeue, what a
@@ -55,7 +55,7 @@ def _snapshots(run_dir: Path) -> dict[int, str]:
 
 
 def test_a_sweep_runs_through_slurm_on_a_cpu_partition_without_asking_for_a_gpu(slurm, tmp_path):
-    result = subprocess.run(_train("-m", "hydra/launcher=submitit_slurm", "attention=baseline,sdpa_flash", *SMOKE,
+    result = subprocess.run(_train("-m", "hydra/launcher=slurm", "attention=baseline,sdpa_flash", *SMOKE,
                                    "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"),
                             env=slurm.env, cwd=tmp_path, capture_output=True, text=True, timeout=500)
     assert result.returncode == 0, result.stderr[-3000:] + slurm.logs()
@@ -75,7 +75,7 @@ def test_a_requeued_job_resumes_and_ends_with_the_snapshots_of_an_uninterrupted_
     # The uninterrupted run, beside it (one thread each: two cores).
     reference = subprocess.Popen(_train(*SLOW, f"hydra.run.dir={alone}"), cwd=tmp_path, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True)
-    launcher = subprocess.Popen(_train("-m", "hydra/launcher=submitit_slurm", *SLOW, "resume=auto", f"hydra.sweep.dir={sweep}"),
+    launcher = subprocess.Popen(_train("-m", "hydra/launcher=slurm", *SLOW, "resume=auto", f"hydra.sweep.dir={sweep}"),
                                 env=slurm.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -102,7 +102,7 @@ def test_a_requeued_job_resumes_and_ends_with_the_snapshots_of_an_uninterrupted_
 
 @pytest.mark.slow
 def test_the_smoke_study_runs_through_slurm(slurm, tmp_path):
-    result = subprocess.run(_train("experiment=flash_stability_smoke", "hydra/launcher=submitit_slurm",
+    result = subprocess.run(_train("experiment=flash_stability_smoke", "hydra/launcher=slurm",
                                    f"hydra.sweep.dir={tmp_path / 'study'}"),
                             env=slurm.env, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:] + slurm.logs()

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, run_cli
-from helpers import compose_train
+from helpers import compose_train, console_noise
 
 from numdev.analysis.study import KIND_ORDER, analyse, ratio_of_growths
 from numdev.models.perturb import perturb_one_ulp
@@ -168,6 +168,19 @@ def test_the_smoke_study_runs_every_role_twice_and_writes_intervals(study):
     for figure in ("fig7.png", "fig8.png", "loss_curves.png", "downstream.png"):
         assert (study_dir / figure).stat().st_size > 20_000
     assert "Growth-rate ratios" in result.stdout and " --logdir " in result.stdout
+
+
+@pytest.mark.slow
+def test_the_study_says_only_what_numdev_means_and_each_role_logs_its_story(study):
+    study_dir, result = study
+    # No library noise (Hydra's deprecation, Lightning's hints, TensorBoard's directory watcher, loky's
+    # leaked folder) and no "[n/a: ...]" after every number of a summary line.
+    assert console_noise(result.stdout, result.stderr) == [], result.stdout + result.stderr
+    assert result.stderr == ""
+    assert result.stdout.count("finished at step 6 -> ") == len(ROLES) * 2
+    story = (study_dir / "r0" / "reference" / "app.log").read_text()
+    assert f"[numdev.train.run][DEBUG] - training {study_dir / 'r0' / 'reference'}: " in story
+    assert "[numdev.train.app][INFO] - finished at step 6" in story and "`Trainer.fit` stopped" in story
 
 
 @pytest.mark.slow

@@ -170,6 +170,7 @@ class Bench:  # top-level keys of conf/bench.yaml
     causal: bool = boolean()
     seeds: list = integers(min=0, below=SEED_LIMIT)
     memory_limit_gb: float | None = number(above=0, null=True)
+    verbose: bool = boolean()
 
 
 BENCH = {"": Bench, "shape": Shape, "tiles": Tiles, "inputs": Inputs}
@@ -294,6 +295,7 @@ class Sibling:
 @dataclass
 class Train:  # top-level keys of conf/train.yaml
     threads: int | None = integer(min=1, null=True)
+    verbose: bool = boolean()
 
 
 TRAIN = {

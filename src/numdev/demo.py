@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from numdev import logs
 from numdev.commands import command, tensorboard
 from numdev.errors import fail
 from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
+
+log = logging.getLogger(__name__)
 
 
 def latest_run(output_root: Path, app: str, name: str) -> Path:
@@ -66,17 +70,18 @@ def run_bench_figures(output_root: Path) -> dict[str, Path]:
     figures = {}
     for i, experiment in enumerate(BENCH_FIGURES, start=1):
         overrides = list(FIGURES[experiment].demo_overrides)
-        print(f"[bench {i}/{len(BENCH_FIGURES)}] {bench_command(experiment, output_root)}", flush=True)
+        log.info(f"[bench {i}/{len(BENCH_FIGURES)}] {bench_command(experiment, output_root)}")
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}", *overrides],
+            [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}", *overrides,
+             *(["-v"] if logs.VERBOSE else [])],
             check=True,
             stdout=subprocess.DEVNULL,
         )
         sweep = latest_run(output_root, "bench", experiment)
         summary = json.loads((sweep / f"{experiment}.json").read_text())
-        print(f"    {time.perf_counter() - start:.0f} s: {summary['caption']}\n    verdict: {summary['verdict']}\n"
-              f"    -> {sweep / (experiment + '.png')}", flush=True)
+        log.info(f"    {time.perf_counter() - start:.0f} s: {summary['caption']}\n    verdict: {summary['verdict']}\n"
+              f"    -> {sweep / (experiment + '.png')}")
         figures[experiment] = sweep / f"{experiment}.png"
     return figures
 
@@ -86,15 +91,16 @@ STUDY_NAME = "flash_stability_early"
 
 
 def run_study(output_root: Path) -> Path:
-    print(f"[study] {study_command(output_root)} (every role and ladder rung; 3 replicates of the study's 10: "
-          "intervals are ranges of 3, labelled so)", flush=True)
+    log.info(f"[study] {study_command(output_root)} (every role and ladder rung; 3 replicates of the study's 10: "
+          "intervals are ranges of 3, labelled so)")
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "numdev.train.app", *STUDY, f"output_root={output_root}", "trainer.enable_progress_bar=false"],
+        [sys.executable, "-m", "numdev.train.app", *STUDY, f"output_root={output_root}", "trainer.enable_progress_bar=false",
+         *(["-v"] if logs.VERBOSE else [])],
         check=True,
     )
     study = latest_sweep(output_root, "train", STUDY_NAME)
-    print(f"[study] {time.perf_counter() - start:.0f} s -> {study}", flush=True)
+    log.info(f"[study] {time.perf_counter() - start:.0f} s -> {study}")
     return study
 
 
@@ -103,7 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--outputs", default="outputs", help="where runs land (default: outputs)")
     parser.add_argument("--skip-bench", action="store_true", help="reuse the latest bench sweeps")
     parser.add_argument("--skip-study", action="store_true", help="reuse the latest study")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show the libraries' messages and each run's progress")
     args = parser.parse_args(argv)
+    logs.console(args.verbose)
     output_root = Path(args.outputs)
     start = time.perf_counter()
     try:
@@ -117,10 +125,10 @@ def main(argv: list[str] | None = None) -> None:
     study = study or latest_study(output_root)
     index = build_report(latest_bench_sweeps(output_root), study, output_root / "report")
     minutes = (time.perf_counter() - start) / 60
-    print(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
+    log.info(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
     if study is not None:
-        print(f"TensorBoard: {tensorboard(study)}   then http://localhost:6006")
-    print(f"again:       {report_command(output_root)}   (the report from the latest runs)")
+        log.info(f"TensorBoard: {tensorboard(study)}   then http://localhost:6006")
+    log.info(f"again:       {report_command(output_root)}   (the report from the latest runs)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sys
 
@@ -147,9 +148,9 @@ def output_dir_problem(args: list[str]) -> str | None:
     return None
 
 
-def fail(program: str, error: BaseException | str):
-    """Print `program: error: <error>` (one line) on stderr and exit 2: for the argparse commands."""
-    _exit(program, error)
+def fail(program: str, error: BaseException | str, code: int = 2):
+    """Print `program: error: <error>` (one line) on stderr and exit `code` (2: a usage error)."""
+    _exit(program, error, code)
 
 
 def one_line(error: BaseException | str) -> str:
@@ -166,4 +167,6 @@ def one_line(error: BaseException | str) -> str:
 def _exit(program: str, error: BaseException | str, code: int = 2):
     message = one_line(error)  # one line, whatever the exception's text
     print(f"{program}: error: {message}", file=sys.stderr)
+    if logging.getLogger().hasHandlers():  # the job's log (app.log) ends with it too; the console has it already
+        logging.getLogger("numdev.errors").error("%s: error: %s", program, message, extra={"console": False})
     sys.exit(code)

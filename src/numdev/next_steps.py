@@ -1,12 +1,13 @@
 """Hydra callback of both apps: at the end of a run or sweep, print what to run next.
 
 A finished sweep is only useful when the user knows the next command: numdev-gather and the
-figure for a bench sweep, TensorBoard and numdev-compare for training runs. Printed as they run
+figure for a bench sweep, TensorBoard and numdev-compare for training runs. Logged as they run
 (numdev.commands).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -15,17 +16,19 @@ from omegaconf import DictConfig
 from numdev.commands import command, tensorboard
 from numdev.run_layout import RUN_RECORD
 
+log = logging.getLogger(__name__)
+
 
 class NextSteps(Callback):
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         run_dir = Path(config.hydra.run.dir)
         if config.get("app") == "bench":
-            print(f"next: {command('numdev-gather', run_dir)}   (the records as {run_dir / 'table.csv'})")
+            log.info(f"next: {command('numdev-gather', run_dir)}   (the records as {run_dir / 'table.csv'})")
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
         lines = _bench(sweep) if config.get("app") == "bench" else _train(sweep)
-        print("\n".join(lines))
+        log.info("\n".join(lines))
 
 
 def _bench(sweep: Path) -> list[str]:

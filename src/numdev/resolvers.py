@@ -5,7 +5,7 @@ is a subpackage, so every way of composing a numdev config registers them first)
   in the same second (process id + random bits). conf/hydra/default.yaml appends it to the
   one-second time stamp of default run directories, so processes started together never share one.
 - `${numdev_gpus:${trainer.accelerator},${trainer.devices}}`: the GPUs a SLURM job asks for
-  (conf/hydra/launcher/submitit_slurm.yaml): the trainer's devices on a GPU trainer, none (null)
+  (conf/hydra/launcher/slurm.yaml): the trainer's devices on a GPU trainer, none (null)
   on a CPU one, so the same launcher works on a CPU partition without a gres configured.
 """
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 LOCK = ".lock"
+ACQUIRE_TRIES = 20  # x 50 ms: a probe (is_held) holding the lock for a moment is not another run
 
 
 class RunDirectoryInUse(ValueError):
@@ -30,7 +32,14 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for attempt in range(ACQUIRE_TRIES):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if attempt == ACQUIRE_TRIES - 1:
+                        raise
+                    time.sleep(0.05)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
             os.close(fd)
@@ -53,3 +62,19 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def is_held(run_dir: str | os.PathLike) -> bool:
+    """Whether a live process holds run_dir's lock (a run is training there). No lock file: False.
+    Probes by taking the lock for a moment (RunLock.acquire retries meanwhile)."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock, if it got it
+    return False

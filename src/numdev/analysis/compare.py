@@ -15,15 +15,18 @@ whose weights are bit-identical at every step get a loud warning (all curves are
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
+from numdev import logs
 from numdev.analysis.distances import check_same_architecture, compare, distance_rows, prepare
 from numdev.atomic import WriteError, write_json, write_text
 from numdev.errors import fail
 from numdev.provenance import provenance
 from numdev.run_layout import INDEX, MODEL_ROW, TOKEN_ROWS, WEIGHTS_DIR, distances_to_csv, indexed_rows, read_token_rows
 from numdev.snapshot_store import list_snapshots, load_snapshot
+
+logger = logging.getLogger(__name__)
 
 PANELS = (
     ("max_abs", "max |Δ| (trained weights)"),
@@ -130,9 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-o", "--out", help="output directory (default: RUN_A/compare_<name of RUN_B>)")
     parser.add_argument("--strict", action="store_true", help="steps missing from either run are an error")
     args = parser.parse_args(argv)
+    logs.console()
     out = Path(args.out) if args.out else Path(args.run_a) / f"compare_{Path(args.run_b).name}"
     try:
-        rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=lambda m: print(m, file=sys.stderr))
+        rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=logger.warning)
         write_text(out / "distances.csv", distances_to_csv(rows))
         plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
         last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
@@ -145,12 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
     if warning := identical_warning(args.run_a, args.run_b, rows):
-        print(warning, file=sys.stderr)
-    print(
+        logger.warning(warning)
+    logger.info(
         f"{len(steps)} steps compared; at step {last['step']}: max |Δ| {last['max_abs']:.3e}, "
         f"mean |Δ| {last['mean_abs']:.3e}, W1/std {last['w1_over_std']:.3e}, pooled W1 {last['pooled_wasserstein']:.3e}"
     )
-    print(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}\n-> {out / 'compare.json'}")
+    logger.info(f"-> {out / 'distances.csv'}\n-> {out / 'distances.png'}\n-> {out / 'compare.json'}")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
 import yaml
 from hydra.experimental.callback import Callback
 
-from numdev import stats, verdicts
+from numdev import logs, stats, verdicts
 from numdev.analysis import early
 from numdev.analysis.compare import compare_runs
 from numdev.analysis.growth import GROWTH_MEASURE, fit_growth
@@ -39,6 +40,8 @@ from numdev.run_layout import EVAL, HELDOUT, RUN_RECORD, read_shadow_csv, siblin
 from numdev.run_layout import MODEL_ROW as MODEL
 from numdev.run_layout import read_distances_csv as read_csv
 from numdev.snapshot_store import list_snapshots
+
+log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
 REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
@@ -503,7 +506,20 @@ def captions(summary: dict) -> dict:
         )
     if parts:
         lines["downstream"] = "Downstream, each role minus its replicate's reference (mean [95% CI]): " + "; ".join(parts)
-    return lines
+    return {key: _no_interval_once(line) for key, line in lines.items()}
+
+
+NO_INTERVAL = re.compile(r" \[n/a: (\d+) seed\(s\)\]")
+
+
+def _no_interval_once(line: str) -> str:
+    """A line whose numbers have no interval (fewer seeds than an interval needs, numdev.stats) says so
+    once, at its end, instead of "[n/a: 1 seed(s)]" after every number."""
+    counts = sorted({int(n) for n in NO_INTERVAL.findall(line)})
+    if not counts:
+        return line
+    seeds = "/".join(str(n) for n in counts)
+    return f"{NO_INTERVAL.sub('', line)} [no intervals: {seeds} seed(s), fewer than an interval needs]"
 
 
 def _metrics_present(curves: dict) -> list[str]:
@@ -534,6 +550,8 @@ def _loss_curve(run_dir: Path) -> dict | None:
     """train/loss from the run's TensorBoard events (in the run directory or its tensorboard/)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # Its directory watcher logs "No path found after <event file>" (INFO) at the end of every file it reads.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
     for where in (run_dir, run_dir / "tensorboard"):
         if not any(where.glob("events.out.tfevents.*")):
             continue
@@ -570,25 +588,42 @@ class StudyAnalysis(Callback):
         self.against_truth = against_truth
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        """The study's analysis; without its summary.json the command exits 1 with one line."""
         study_dir = Path(config.hydra.sweep.dir)
         try:
-            analyse(study_dir, against_truth=self.against_truth)
+            analyse(study_dir, against_truth=self.against_truth, log=_log_step)
         except (FileNotFoundError, ValueError, WriteError) as error:
-            print(f"numdev-study: the analysis did not run: {error}", file=sys.stderr)
-            return
+            fail("numdev-train", f"the study's analysis did not run: {error}; its runs are in {study_dir} "
+                 f"(analyse them again with numdev-study {study_dir})", 1)
+        except Exception as error:  # Hydra would only warn about a callback's exception, and exit 0
+            fail("numdev-train", f"the study's analysis failed ({type(error).__name__}: {error}); its runs are in "
+                 f"{study_dir} (numdev-study {study_dir} -v shows where)", 1)
+        if not (study_dir / "summary.json").is_file():
+            fail("numdev-train", f"the study's analysis wrote no {study_dir / 'summary.json'}: run numdev-study {study_dir}", 1)
         from numdev.commands import tensorboard
 
-        print(f"TensorBoard: {tensorboard(study_dir)}")
+        log.info("TensorBoard: %s", tensorboard(study_dir))
+
+
+def _log_step(message: str) -> None:
+    """The analysis's progress lines: per-run steps in the log (and on the console with -v), the rest shown."""
+    if message.startswith("[study]"):
+        log.debug(message)
+    elif message.startswith("warning"):
+        log.warning(message)
+    else:
+        log.info(message)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: summary.json and its figures")
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
     parser.add_argument("--no-truth", action="store_true", help="compare only the reference with the truth run (as experiment=flash_stability_early does)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show each run's progress and the libraries' messages")
     args = parser.parse_args(argv)
+    logs.console(args.verbose)
     try:
-        analyse(args.study_dir, log=lambda m: print(m, file=sys.stderr) if m.startswith(("[", "warning")) else print(m),
-                against_truth=not args.no_truth)
+        analyse(args.study_dir, log=_log_step, against_truth=not args.no_truth)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
 

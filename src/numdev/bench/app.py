@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
+from numdev import logs
 from numdev.atomic import append_jsonl, read_jsonl, write_json
 from numdev.bench.echo import settings_line
 from numdev.bench.gather import INTERRUPTED, record_key
@@ -30,18 +33,21 @@ from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.provenance import provenance
 from numdev.workers import stop_worker_pools
 
+log = logging.getLogger("numdev.bench.app")  # by name: also when run as python -m numdev.bench.app
+
 
 @checked_overrides("numdev-bench", "bench")
 @hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
 @user_facing("numdev-bench")
 def run(cfg: DictConfig) -> None:
+    logs.setup(cfg.get("verbose"))
     validate(cfg, BENCH)  # every declared key's type and range (numdev.config_schema)
     hydra_cfg = HydraConfig.get()
     with open_dict(cfg):
         cfg.experiment_name = cfg.name
         cfg.overrides = list(hydra_cfg.overrides.task)
     job = hydra_cfg.job.num if hydra_cfg.mode.name == "MULTIRUN" else None
-    print(settings_line(cfg, dict(hydra_cfg.runtime.choices), job), flush=True)
+    log.info(settings_line(cfg, dict(hydra_cfg.runtime.choices), job))
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -70,9 +76,9 @@ def run(cfg: DictConfig) -> None:
             records = run_bench(cfg, emit=lambda record: write([record]))
     (run_dir / INTERRUPTED).unlink(missing_ok=True)  # this run completed the job
     if kept:
-        print(f"{len(kept)} record(s) were already in {results} from an earlier run of this job: kept, not written twice")
+        log.info(f"{len(kept)} record(s) were already in {results} from an earlier run of this job: kept, not written twice")
     skipped = sum(r["kind"] == "skipped" for r in records)
-    print(f"{len(records)} records -> {results}" + (f" ({skipped} skipped: not enough memory)" if skipped else ""))
+    log.info(f"{len(records)} records -> {results}" + (f" ({skipped} skipped: not enough memory)" if skipped else ""))
     if cfg.get("figure") and hydra_cfg.mode == RunMode.RUN:  # a sweep draws its figure when it ends
         from numdev.bench.figures import announce, make_figure
 
@@ -115,7 +121,10 @@ def _signals_end_the_run(results: Path):
 
 
 def main() -> None:
-    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind."""
+    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind.
+    -v / --verbose: the libraries' messages on the console too (verbose=true)."""
+    sys.argv = logs.verbosity_from_argv(sys.argv)
+    logs.quiet_libraries()
     try:
         run()
     finally:

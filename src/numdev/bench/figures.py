@@ -10,6 +10,7 @@ figures is numdev.figures.FIGURES. A Hydra callback (SweepFigure) makes the figu
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import tempfile
@@ -17,10 +18,13 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from numdev import logs
 from numdev.atomic import WriteError, write_json, write_text
 from numdev.bench.gather import read_sweep
 from numdev.errors import fail
 from numdev.tables import to_csv
+
+log = logging.getLogger(__name__)
 
 
 def make_figure(name: str, sweep_dir: str | Path) -> dict:
@@ -76,7 +80,7 @@ def _records_provenance(summary: dict, sweep) -> None:
 
 
 def announce(name: str, summary: dict, directory: Path) -> None:
-    print(f"{name}: {summary['caption']}\n  verdict: {summary['verdict']}\n  -> {directory / (name + '.png')}")
+    log.info(f"{name}: {summary['caption']}\n  verdict: {summary['verdict']}\n  -> {directory / (name + '.png')}")
 
 
 class SweepFigure(Callback):
@@ -89,8 +93,14 @@ class SweepFigure(Callback):
         self.figure = figure
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        """The sweep's figure; without it the command exits 1 with one line (Hydra would only warn)."""
         directory = Path(config.hydra.sweep.dir)
-        announce(self.figure, make_figure(self.figure, directory), directory)
+        try:
+            summary = make_figure(self.figure, directory)
+        except Exception as error:
+            fail("numdev-bench", f"the sweep's figure {self.figure} was not made ({type(error).__name__}: {error}); "
+                 f"its records are in {directory} (numdev-figure {self.figure} {directory} makes it again)", 1)
+        announce(self.figure, summary, directory)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,10 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("figure", nargs="?", choices=sorted(FIGURES))
     parser.add_argument("sweep_dir", nargs="?")
     args = parser.parse_args(argv)
+    logs.console()
     if args.list:
         for name, figure in FIGURES.items():
             if args.list in ("all", figure.phase):
-                print(name)
+                log.info(name)
         return
     if not args.figure or not args.sweep_dir:
         parser.error("give a FIGURE and a SWEEP_DIR (or --list)")
@@ -119,8 +130,8 @@ def main(argv: list[str] | None = None) -> None:
              f"is it a sweep of the {args.figure} experiment? Nothing was written")
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-figure", error)
-    print(summary["caption"])
-    print(f"verdict: {summary['verdict']}")
+    log.info(summary["caption"])
+    log.info(f"verdict: {summary['verdict']}")
 
 
 if __name__ == "__main__":

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from numdev import schemas
+from numdev import logs, schemas
 from numdev.atomic import WriteError, read_jsonl_numbered, write_text
 from numdev.tables import to_csv
+
+log = logging.getLogger(__name__)
 
 INTERRUPTED = "interrupted.json"  # beside results.jsonl while a job stopped by a signal is not completed
 # Fields that differ between two measurements of the same thing (timings, results, where and when).
@@ -235,13 +238,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("directory", help="a numdev-bench run or multirun directory")
     parser.add_argument("-o", "--out", help="CSV path (default: <directory>/table.csv)")
     args = parser.parse_args(argv)
+    logs.console()
     try:
         out = write_table(args.directory, args.out)
     except (FileNotFoundError, ValueError, WriteError) as error:
         from numdev.errors import fail  # imported here: it pulls in hydra and torch
 
         fail("numdev-gather", error)
-    print(out)
+    log.info(out)
 
 
 if __name__ == "__main__":

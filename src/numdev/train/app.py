@@ -10,26 +10,26 @@ See docs/training.md and docs/run_layout.md.
 
 from __future__ import annotations
 
-import warnings
+import logging
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
+from numdev import logs
 from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.train.evaluation import agreement_text
 from numdev.train.run import train
 from numdev.workers import stop_worker_pools
 
-# conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
-# names the launcher plugins register; Hydra validates them against the plugins' schemas and warns
-# that matching a schema by name is deprecated. The validation is wanted, the warning is noise.
-warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
+log = logging.getLogger("numdev.train.app")  # by name: also when run as python -m numdev.train.app
 
 
 @checked_overrides("numdev-train", "train")
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
 def run(cfg: DictConfig) -> None:
+    logs.setup(cfg.get("verbose"))
     run = train(cfg)
     if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
         return
@@ -48,12 +48,14 @@ def run(cfg: DictConfig) -> None:
         summary += f"  (stopped: {run['stop_reason']})"
     if run.get("already_finished"):
         summary = f"already finished at step {run['final_step']}: nothing to do -> {cfg.run_dir}"
-    print(summary)
-
+    log.info(summary)
 
 
 def main() -> None:
-    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind."""
+    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind.
+    -v / --verbose: the libraries' messages and numdev's progress lines on the console too (verbose=true)."""
+    sys.argv = logs.verbosity_from_argv(sys.argv)
+    logs.quiet_libraries()
     try:
         run()
     finally:

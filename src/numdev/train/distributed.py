@@ -51,5 +51,5 @@ def check_launch(trainer) -> None:
     if HydraConfig.get().mode == RunMode.MULTIRUN:
         raise ValueError(
             f"a -m sweep with trainer.devices={trainer.num_devices}: Lightning's DDP launcher would re-run the whole sweep "
-            "in every process; use hydra/launcher=submitit_slurm (one task per device) or run each job without -m"
+            "in every process; use hydra/launcher=slurm (one task per device) or run each job without -m"
         )

@@ -17,14 +17,14 @@ from numdev.run_layout import CONFIG
 from numdev.run_layout import RUN_RECORD as RUN
 
 # Keys a resumed run may change: they do not touch the weights' trajectory.
-RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "callbacks.samples.",
+RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "verbose", "callbacks.samples.",
                      # moved or removed by numdev (the snapshot callback's module; the sibling shares its schedule)
                      "callbacks.snapshots._target_", "callbacks.sibling.every_n_steps",
                      # only whether the sorted values are written beside the snapshots (for the runs comparing with this one)
                      "snapshot.sorted_values", "callbacks.snapshots.sorted_values")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
-ADDED_KEYS = {"trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None}
+ADDED_KEYS = {"verbose": False, "trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None}
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -135,6 +135,25 @@ def finish_record(run_dir: Path, record: dict, status: str, **fields) -> dict:
     record = {**record, **fields, "status": status, "finished": _now()}
     write_json(run_dir / RUN, record)
     return record
+
+
+def close_abandoned(run_dir: Path, reason: str) -> bool:
+    """A run.json still "running" whose run lock no process holds (its process was killed without a
+    word, SIGKILL or the OOM killer): made final, "failed" with `reason`, resumable with resume=auto.
+    False (nothing written) for any other record, an unreadable one, or a live run."""
+    from numdev.run_lock import is_held
+
+    run_dir = Path(run_dir)
+    if is_held(run_dir):  # first the lock, then the record: a live run writes its record before it lets go
+        return False
+    try:
+        record = schemas.read_json_file(run_dir / RUN, schemas.RUN_RESUMES)
+    except (ValueError, OSError):
+        return False
+    if record.get("status") != "running":
+        return False
+    finish_record(run_dir, record, "failed", error=f"interrupted: {reason}")
+    return True
 
 
 def _now() -> str:

@@ -7,6 +7,7 @@ config composed in-process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from pathlib import Path
@@ -37,6 +38,8 @@ from numdev.train.module import DiffusionModule
 from numdev.train.sibling import SiblingDistance
 from numdev.train.snapshots import WeightSnapshots
 from numdev.train.step_time import StepTimes
+
+log = logging.getLogger(__name__)
 
 
 def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
@@ -208,6 +211,9 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
         run = {"status": "running", "global_rank": trainer.global_rank}
     if logger is not None:
         logger.log_hyperparams(record.resolved(cfg))
+    log.debug("%s %s: %s attention, %s, seeds init/data/noise %s/%s/%s, %d steps%s", "resuming" if resumed_from is not None else "training",
+              run_dir, backend.name, cfg.precision.name, cfg.seed.init, cfg.seed.data,
+              cfg.seed.noise, cfg.trainer.max_steps, f" from step {resumed_from}" if resumed_from is not None else "")
 
     def finish(status: str, **fields) -> dict:
         if not rank_zero:

@@ -29,19 +29,23 @@ an older format) is computed from the two runs' snapshot files.
 A sibling training in parallel (a parallel launcher, SLURM) may not have reached the step yet:
 the callback polls for the snapshot up to `timeout_s` seconds. It stops waiting with a clear
 error when the sibling has finished or failed without that step (a different step grid or
-length), when its parameters differ in names or shapes (a different architecture), or when the
-snapshot fails its checksum (numdev.snapshot_store names the file).
+length), when it is dead (its run.json says "running" but no process holds its run lock, twice
+in a row: killed without a word, numdev.run_lock), when its parameters differ in names or shapes
+(a different architecture), or when the snapshot fails its checksum (numdev.snapshot_store names
+the file). SIGTERM while it waits ends the run as it does during training (run.json "failed").
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from numdev.analysis.distances import CompareCache, Prepared, check_same_architecture, compare, distance_rows, prepare
 from numdev.atomic import write_text
@@ -54,6 +58,7 @@ from numdev.run_layout import (
     record_path,
     sibling_csv_path,
 )
+from numdev.run_lock import is_held
 from numdev.snapshot_store import (
     SnapshotError,
     SortedValuesError,
@@ -64,6 +69,7 @@ from numdev.snapshot_store import (
 )
 from numdev.train.snapshots import WeightSnapshots
 
+log = logging.getLogger(__name__)
 FINISHED = ("finished", "failed", "stopped")
 HISTOGRAM_VALUES = 1 << 18
 
@@ -99,6 +105,8 @@ class SiblingDistance(pl.Callback):
         self._cache = CompareCache()
         self._snapshots: WeightSnapshots | None = None
         self.stored_problem: str | None = None  # why the sibling's sorted values were last set aside (said once)
+        self._trainer = None  # for its SIGTERM flag while waiting
+        self._seen_dead = False  # the sibling looked dead at the previous poll
 
     @property
     def active(self) -> bool:
@@ -123,6 +131,7 @@ class SiblingDistance(pl.Callback):
             raise SiblingError("callbacks.sibling compares at the snapshot steps: it needs callbacks.snapshots (do not set it to null)")
         snapshots.subscribe(self)
         self._snapshots = snapshots
+        self._trainer = trainer
 
     # -- the snapshot callback's listener -------------------------------------------------------------
 
@@ -145,7 +154,7 @@ class SiblingDistance(pl.Callback):
             try:
                 rows = read_distances_csv(self.csv_path)
             except ValueError as error:  # an older format, or damaged: the snapshots hold the truth
-                print(f"[sibling] {error}; recomputing its rows from the snapshots", flush=True)
+                log.info("[sibling] %s; recomputing its rows from the snapshots", error)
         self.rows = [r for r in rows if r["step"] <= step]
         have = {r["step"] for r in self.rows}
         missing = [s for s in list_snapshots(self.run_dir) if s <= step and s not in have]
@@ -155,7 +164,7 @@ class SiblingDistance(pl.Callback):
         self.rows.sort(key=lambda r: r["step"])
         self.write_rows()
         if missing:
-            print(f"[sibling] {self.csv_path}: computed the rows of steps {missing} from the snapshots", flush=True)
+            log.info("[sibling] %s: computed the rows of steps %s from the snapshots", self.csv_path, missing)
 
     # -- the comparison ---------------------------------------------------------------------------------
 
@@ -187,8 +196,8 @@ class SiblingDistance(pl.Callback):
                 prepared = prepare(theirs, rows, self.threads, previous, stored)
             problem = prepared.stored_problem
         if problem is not None and self.stored_problem is None:
-            print(f"[sibling] not using the sibling's sorted values ({problem}); sorting its values here instead "
-                  "(the same results, slower; said once)", flush=True)
+            log.debug("[sibling] not using the sibling's sorted values (%s); sorting its values here instead "
+                      "(the same results, slower; said once)", problem)
         if problem is not None:
             self.stored_problem = problem
         return prepared
@@ -241,10 +250,22 @@ class SiblingDistance(pl.Callback):
                 )
             if waited - announced >= 30:
                 announced = waited
-                print(f"[sibling] waiting for {self.reference} step {step} ({waited:.0f} of {self.timeout_s:g} s)", flush=True)
-            time.sleep(self.poll_s)
+                log.info("[sibling] waiting for %s step %d (%.0f of %g s)", self.reference, step, waited, self.timeout_s)
+            self._sleep(self.poll_s)
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep in short slices; Lightning's SIGTERM handler only sets a flag, checked between them."""
+        end = time.monotonic() + seconds
+        while True:
+            if getattr(self._trainer, "received_sigterm", False):
+                raise SIGTERMException
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.1))
 
     def _try_load(self, step: int) -> tuple[dict[str, torch.Tensor], str] | None:
+        self._check_alive(step)
         if not index_path(self.reference).is_file():
             # A sibling still starting up has a run.json before its first snapshot: wait for it.
             if self._status() in FINISHED:
@@ -254,6 +275,11 @@ class SiblingDistance(pl.Callback):
         if step in steps:
             return load_snapshot_entry(self.reference, step)
         status = self._status()
+        if status == "failed":
+            raise SiblingError(
+                f"sibling {self.reference} failed before step {step} ({self._error()}): this run cannot be compared "
+                f"past step {max(steps) if steps else 0}; continue the sibling (resume=auto), then this run"
+            )
         if status in FINISHED or (steps and max(steps) > step):
             raise SiblingError(
                 f"sibling {self.reference} ({status or 'running'}) has no snapshot at step {step}; it has steps "
@@ -261,12 +287,31 @@ class SiblingDistance(pl.Callback):
             )
         return None
 
-    def _status(self) -> str | None:
+    def _check_alive(self, step: int) -> None:
+        """A sibling whose run.json says "running" while no process holds its run lock was killed
+        without a word (a live run writes its final record before it lets the lock go, so the lock is
+        probed first). Seen at two polls in a row (a resumed sibling takes the lock at once)."""
+        dead = not is_held(self.reference) and self._status() == "running"
+        if dead and self._seen_dead:
+            raise SiblingError(
+                f"sibling {self.reference} is dead: its run.json says running but no process holds its run lock "
+                f"(killed?), so its snapshot of step {step} will never come; continue it with resume=auto, then this run"
+            )
+        self._seen_dead = dead
+
+    def _record(self) -> dict:
         try:
             record = json.loads(record_path(self.reference).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-            return None
-        return record.get("status") if isinstance(record, dict) else None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def _status(self) -> str | None:
+        status = self._record().get("status")
+        return status if isinstance(status, str) else None
+
+    def _error(self) -> str:
+        return str(self._record().get("error") or "its run.json names no error")[:200]
 
     def _describe(self) -> str:
         if not self.reference.exists():

@@ -1,0 +1,241 @@
+"""The lifecycle of a parallel sweep and of the study (hydra/launcher=parallel, numdev.launcher): a
+failed analysis exits non-zero, SIGTERM / Ctrl-C / a SIGKILLed worker end the sweep with every run.json
+final and no process left behind, a sweep listing a value twice is refused before it starts, and a
+comparing run stops waiting for a dead reference and honours SIGTERM while it waits.
+
+Real signals to the real numdev-train command; every wait is on observable state (a snapshot index,
+a run lock, a record), with a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from numdev.sweep_jobs import duplicate_values
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+# The study's first roles on the micro model, running until stopped (max_steps far beyond the test).
+ENDLESS_STUDY = ["experiment=flash_stability_smoke", "study.replicate=0", "trainer.max_steps=100000",
+                 "snapshot.every_n_steps=20", "callbacks.checkpoint.every_n_steps=20"]
+
+
+def _numdev_train() -> list[str]:
+    script = Path(sys.executable).with_name("numdev-train")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    # Its own session: what it starts can be found afterwards, and Ctrl-C can reach its whole group.
+    return subprocess.Popen([*_numdev_train(), *args], cwd=cwd, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _snapshot_steps(run_dir: Path) -> list[int]:
+    try:
+        return [e["step"] for e in json.loads((run_dir / "weights" / "index.json").read_text())["snapshots"]]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return []
+
+
+def _wait_for(process: subprocess.Popen, reached, what: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not reached():
+        if process.poll() is not None:
+            raise AssertionError(f"ended before {what}: {process.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            _kill_session(process)
+            raise AssertionError(f"not {what} within {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def _session_processes(sid: int) -> list[str]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+            if os.getsid(int(entry.name)) == sid and stat[stat.rindex(")") + 2] != "Z":
+                found.append((entry / "cmdline").read_text().replace("\0", " ")[:200])
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _no_process_left(sid: int, timeout_s: float = 30) -> list[str]:
+    """The session's processes, polled until there are none (loky's resource tracker exits a moment
+    after the command, when its pipe closes) or timeout_s passes."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _session_processes(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _kill_session(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _statuses(sweep: Path) -> dict[str, str]:
+    return {str(p.parent.relative_to(sweep)): json.loads(p.read_text())["status"] for p in sorted(sweep.glob("**/run.json"))}
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("numdev-train: error: ")]
+
+
+# ----------------------------------------------------------------------------- refused before it starts
+
+
+def test_a_value_listed_twice_is_found_in_the_command_line_and_in_the_config():
+    assert "study.replicate=0,0" in duplicate_values(["study=truth,reference", "study.replicate=0,0"])
+    assert "lists 1 more than once" in duplicate_values(["seed.init=0,1,2,1"])
+    assert duplicate_values(["study=truth,reference", "study.replicate=0,1", "threads=1"]) is None
+    # The command line replaces a key the config's sweeper params set (as Hydra's basic sweeper does).
+    assert duplicate_values(["study.replicate=0,0", "study.replicate=0,1"]) is None
+    assert duplicate_values(["study.replicate=0,1", "study.replicate=3"]) is None
+
+
+def test_a_sweep_with_a_duplicate_job_is_refused_before_anything_runs(tmp_path):
+    sweep = tmp_path / "study"
+    result = subprocess.run([*_numdev_train(), "experiment=flash_stability_smoke", "study.replicate=0,0",
+                             f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert _errors(result.stderr) == [
+        "numdev-train: error: study.replicate=0,0: lists 0 more than once, so the sweep would run the same job twice "
+        "(in one directory): list each value of study.replicate once"]
+    assert "Traceback" not in result.stderr
+    assert not sweep.exists()
+
+
+# ----------------------------------------------------------------------------- the analysis
+
+
+def test_a_study_whose_analysis_cannot_run_exits_non_zero_with_one_line(tmp_path, capsys):
+    from numdev.analysis.study import StudyAnalysis
+
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})  # a study with no finished role
+    with pytest.raises(SystemExit) as stopped:
+        StudyAnalysis().on_multirun_end(config)
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("numdev-train: error: the study's analysis did not run: ")
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_an_analysis_that_breaks_is_not_swallowed_as_a_warning(tmp_path, capsys, monkeypatch):
+    """Hydra only warns about an exception in a callback and exits 0: the study's analysis turns any
+    failure into one line and exit 1."""
+    from numdev.analysis import study
+
+    def broken(*args, **kwargs):
+        raise KeyError("fig7")
+
+    monkeypatch.setattr(study, "analyse", broken)
+    with pytest.raises(SystemExit) as stopped:
+        study.StudyAnalysis().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err.startswith("numdev-train: error: the study's analysis failed (KeyError: 'fig7')")
+
+
+# ----------------------------------------------------------------------------- signals to a running study
+
+
+def _start_study(tmp_path: Path, roles: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+    sweep = tmp_path / "study"
+    process = _start([*ENDLESS_STUDY, f"study={roles}", f"hydra.sweep.dir={sweep}", *extra], cwd=tmp_path)
+    return process, sweep
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_a_stopped_study_leaves_every_record_final_and_no_process_behind(how, tmp_path):
+    process, sweep = _start_study(tmp_path, "truth,reference")
+    try:
+        # Both roles training: the reference has compared a snapshot beyond step 0 with the truth's.
+        _wait_for(process, lambda: max(_snapshot_steps(sweep / "r0" / "reference"), default=0) > 0, "both roles training")
+        if how == "SIGTERM":
+            process.send_signal(signal.SIGTERM)
+        else:  # the terminal's Ctrl-C: SIGINT to the whole foreground process group, workers included
+            os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        _kill_session(process)
+    signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert _errors(stderr)[-1] == (
+        f"numdev-train: error: the sweep was stopped by {signum.name}; to continue, rerun the same command with hydra.sweep.dir={sweep} resume=auto")
+    assert _statuses(sweep) == {"r0/truth": "failed", "r0/reference": "failed"}
+    for role in ("truth", "reference"):  # each stopped by the SIGTERM the launcher forwarded, and resumable
+        assert json.loads((sweep / "r0" / role / "run.json").read_text())["error"].startswith("interrupted by SIGTERM at step ")
+    assert _no_process_left(process.pid) == []
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_one_line_naming_its_job_and_every_record_is_final(tmp_path):
+    process, sweep = _start_study(tmp_path, "truth,reference,flash", "hydra.launcher.n_jobs=3")
+    try:
+        _wait_for(process, lambda: _snapshot_steps(sweep / "r0" / "flash") != [], "all three roles training")
+        worker = int((sweep / "r0" / "reference" / ".lock").read_text())  # the run lock names its process
+        os.kill(worker, signal.SIGKILL)
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        _kill_session(process)
+    assert process.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr, stderr[-3000:]
+    last = _errors(stderr)[-1]
+    assert last.startswith("numdev-train: error: job #1 (study=reference study.replicate=0 ") and "was killed (SIGKILL" in last
+    assert last.endswith(f"to continue, rerun the same command with hydra.sweep.dir={sweep} resume=auto")
+    assert set(_statuses(sweep).values()) == {"failed"} and len(_statuses(sweep)) == 3
+    killed = json.loads((sweep / "r0" / "reference" / "run.json").read_text())
+    assert killed["error"].startswith("interrupted: its process ended without recording it")
+    assert _no_process_left(process.pid) == []
+
+
+# ----------------------------------------------------------------------------- a run waiting for its reference
+
+
+def _comparing_run(tmp_path: Path, reference: Path) -> list[str]:
+    return ["experiment=train_smoke", "trainer.max_steps=4", f"sibling.reference={reference}", "sibling.timeout_s=600",
+            "callbacks.samples.num_samples=2", "threads=1", f"hydra.run.dir={tmp_path / 'run'}"]
+
+
+def test_a_run_stops_waiting_for_a_dead_reference(tmp_path):
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    # What a SIGKILLed run leaves: run.json "running", its run lock held by no process.
+    (reference / "run.json").write_text(json.dumps({"status": "running"}))
+    (reference / ".lock").write_text("12345\n")
+    start = time.monotonic()
+    result = subprocess.run([*_numdev_train(), *_comparing_run(tmp_path, reference)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]  # a sibling that cannot be compared with: exit 2
+    assert time.monotonic() - start < 120  # not sibling.timeout_s
+    (line,) = _errors(result.stderr)
+    assert f"sibling {reference} is dead: its run.json says running but no process holds its run lock" in line
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_run_waiting_for_its_reference_honours_sigterm(tmp_path):
+    reference = tmp_path / "reference"  # not started yet: the run waits for its snapshot of step 0
+    process = _start(_comparing_run(tmp_path, reference), cwd=tmp_path)
+    run_dir = tmp_path / "run"
+    try:
+        _wait_for(process, lambda: _snapshot_steps(run_dir) == [0], "waiting at step 0")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        _kill_session(process)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "failed" and run["error"] == "interrupted by SIGTERM at step 0"
