@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.train.evaluation import agreement_text
-from numdev.train.run import train
+from numdev.train.run import check_config, train
 from numdev.workers import stop_worker_pools
 
 # conf/hydra/launcher/{joblib,submitit_local,submitit_slurm}.yaml carry numdev's defaults under the
@@ -26,7 +26,7 @@ from numdev.workers import stop_worker_pools
 warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 
 
-@checked_overrides("numdev-train", "train")
+@checked_overrides("numdev-train", "train", check_config)
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
 def run(cfg: DictConfig) -> None:
