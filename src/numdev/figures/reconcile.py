@@ -353,12 +353,15 @@ def summarise(rows, out_dir: Path) -> dict:
     _draw_grid(r, blocks, n, (s1, s4, s2, s3), out_dir)
     verdict = combine(parts) if parts else unmeasurable("the paper-like cell and the real kernels", "not in this grid")
     table = ["| inputs | variant | formats | key/value blocks | max ratio [spread] | mean ratio [spread] |", "|---|---|---|---|---|---|"]
-    for key in sorted(r):
+    deciding = []  # the table rows the verdict reads: the paper-like cell over the blocks, the real kernels
+    for i, key in enumerate(sorted(r)):
+        if key[0] != "flash" or (key[1], key[2], key[3]) == ("uniform", "fa1", "paper"):
+            deciding.append(i)
         table.append(f"| {key[1]} | {key[2] if key[0] == 'flash' else key[0]} | {key[3] if key[0] == 'flash' else '-'} | "
                      f"{blocks.get(key[4], '-') if key[0] == 'flash' else '-'} | {_x(r[key]['max_abs'])} | {_x(r[key]['mean_abs'])} |")
     caption = (f"{s1} {s4} {s2} {s3} Grid cells divide by {BASELINES['paper']}; real kernels by both Baselines. "
                f"{spread_sentence(select(rows, 'vs_golden', 'baseline'))}")
-    return summary("reconcile", caption, verdict, rows, parts=parts, note=note, sentences=[s1, s4, s2, s3], table="\n".join(table),
+    return summary("reconcile", caption, verdict, rows, parts=parts, note=note, sentences=[s1, s4, s2, s3], table="\n".join(table), deciding_rows=deciding,
                    ratio={"/".join(k): {m: e.as_dict() for m, e in v.items()} for k, v in r.items()},
                    ratio_vs_eager={"/".join(k): {m: e.as_dict() for m, e in v.items()} for k, v in r_eager.items()},
                    kv_blocks=blocks, seq_q=n)
