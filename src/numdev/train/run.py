@@ -254,7 +254,7 @@ def _resume_mode(cfg: DictConfig, run_dir: Path):
 
 def _results(trainer) -> dict:
     out = {"world_size": int(trainer.world_size)}
-    loss = trainer.callback_metrics.get("train/loss")
+    loss = trainer.callback_metrics.get("loss/train")
     if loss is not None:
         out["final_loss"] = float(loss)
     for callback in trainer.callbacks:
