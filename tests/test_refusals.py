@@ -96,6 +96,18 @@ def test_a_refused_training_run_leaves_no_run_directory(tmp_path, monkeypatch, c
             assert run_dir.is_dir()
 
 
+def test_every_job_of_an_experiment_sweep_is_checked_before_the_first_runs():
+    """experiment=flash_stability_smoke sweeps its roles and replicates by itself (hydra.mode=MULTIRUN in
+    the experiment, no -m): a bad value set for all of them is refused naming the first job."""
+    from numdev import preflight
+    from numdev.train.run import check_config
+
+    problem = preflight.problem("train", ["experiment=flash_stability_smoke", "optim.optimizer.lr=-1"], check_config)
+    assert problem == ("sweep job 0 (study=truth study.replicate=0): optim.optimizer.lr=-1 must be a positive number; "
+                       "no job was run")
+    assert preflight.problem("train", ["experiment=flash_stability_smoke"], check_config) is None
+
+
 def test_an_added_constructor_argument_it_does_not_take_is_named(tmp_path, monkeypatch, capsys):
     from numdev.train import app
 

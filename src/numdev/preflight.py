@@ -48,16 +48,15 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
         parsed = OverridesParser.create().parse_overrides(given)
     except HydraException:
         return None  # a syntax error: Hydra's own message
-    multirun = bool({"-m", "--multirun"} & set(args))
     try:
         with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
-            jobs = _jobs(app, parsed, multirun, compose)
+            jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
             if jobs is None:
                 return None
             added = _added_key_problem(app, parsed, compose)
             if added:
                 return added
-            configs = [compose(config_name=app, overrides=overrides) for overrides in jobs]
+            configs = _configs(app, jobs, compose)
     except HydraException:
         return None  # a composition error (an unknown option or key): Hydra's own message
     for index, (overrides, cfg) in enumerate(zip(jobs, configs)):
@@ -74,17 +73,19 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
     return None
 
 
-def _jobs(app: str, parsed, multirun: bool, compose) -> list[list[str]] | None:
-    """The override list of every job the command would run (None: a sweep this cannot expand)."""
+def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | None, bool]:
+    """The override list of every job the command would run (None: a sweep this cannot expand), and
+    whether it is a sweep (-m, or hydra.mode=MULTIRUN set by an experiment such as flash_stability)."""
     plain = [o.input_line for o in parsed if not o.is_sweep_override()]
-    swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()} if multirun else {}
-    if not multirun:
-        return [plain]
+    swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
     first = [f"{key}={values[0]}" for key, values in swept.items()]
     try:
         hydra_cfg = compose(config_name=app, overrides=[*plain, *first], return_hydra_config=True).hydra
     except Exception:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
-        return None
+        return None, multirun
+    multirun = multirun or str(hydra_cfg.get("mode")) in ("MULTIRUN", "RunMode.MULTIRUN")
+    if not multirun:
+        return [plain], False
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = hydra_cfg.sweeper.get("params")
@@ -94,7 +95,7 @@ def _jobs(app: str, parsed, multirun: bool, compose) -> list[list[str]] | None:
                 for o in from_config}, **swept}  # the command line wins, as in Hydra's basic sweeper
     keys = list(swept)
     if not keys:
-        return [plain]
+        return [plain], True
     total = 1
     for values in swept.values():
         total *= len(values)
@@ -105,7 +106,36 @@ def _jobs(app: str, parsed, multirun: bool, compose) -> list[list[str]] | None:
         for i, key in enumerate(keys):
             for value in swept[key][1:]:
                 combos.append(tuple(value if j == i else swept[k][0] for j, k in enumerate(keys)))
-    return [[*plain, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in combos]
+    return [[*plain, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in combos], True
+
+
+def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
+    """Each job's config. Composing is what costs (~0.2 s each): jobs that differ only in plain values
+    (numerics.precision=bf16,fp16; study.replicate=0,1,2) share one composition of their config
+    groups and get their values set on a copy, as Hydra's override would set them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from numdev.config_groups import conf_dir
+
+    parser = OverridesParser.create()
+    composed: dict[tuple, DictConfig] = {}
+    configs = []
+    for overrides in jobs:
+        parsed = parser.parse_overrides(overrides)
+        plain = [o for o in parsed if not (o.is_add() or o.is_delete() or o.is_force_add() or o.package is not None)
+                 and "/" not in o.key_or_group and not ("." not in o.key_or_group and (conf_dir() / o.key_or_group).is_dir())
+                 and not o.key_or_group.startswith("hydra")]
+        structural = tuple(o.input_line for o in parsed if o not in plain)
+        if structural not in composed:
+            composed[structural] = compose(config_name=app, overrides=list(structural))
+        cfg = composed[structural].copy()
+        try:
+            for o in plain:
+                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False, force_add=False)
+        except Exception:  # noqa: BLE001 - a key the copy cannot take as Hydra would: compose it
+            cfg = compose(config_name=app, overrides=overrides)
+        configs.append(cfg)
+    return configs
 
 
 def _added_key_problem(app: str, parsed, compose) -> str | None:
