@@ -190,6 +190,8 @@ def _why(s: Section, out_dir: Path | None) -> str:
     summary = "How the verdict was reached"
     if s.parts:
         summary += ": " + ", ".join(f"{name} {part.get('status', '')}" for name, part in s.parts.items())
+    elif s.verdict and len(_plain_verdict(s.verdict)) <= 160:  # short enough to be the line itself
+        summary = "Why: " + _plain_verdict(s.verdict)
     return f"<details class='why'><summary>{html.escape(summary)}</summary>{''.join(inside)}</details>"
 
 
