@@ -123,6 +123,8 @@ def report_of_a_study(tmp_path_factory):
 def test_the_report_of_a_study_has_its_marked_sections(report_of_a_study):
     page = report_of_a_study.read_text()
     assert "<header id='provenance'>" in page and "Every result in this report was measured on" in page
+    assert "different machines" not in page  # the bench and the study ran here, whatever their thread counts
+    assert report_of_a_study.stat().st_size < 2_000_000  # figures embedded at page size
     for anchor in (LOSS_CURVES, SAMPLES):
         if not _study_has(anchor):
             pytest.skip(f"the study's report has no section id {anchor!r} in this tree yet (report/study.py)")
