@@ -745,7 +745,7 @@ CATALOGUE += [
                                  ("above-one", "[0.9,1.5]", "[0.9, 1.5]"), ("negative", "[-0.1,0.9]", "[-0.1, 0.9]"),
                                  ("string", "abc", "'abc'"), ("strings", "[a,b]", "['a', 'b']"))),
     Case("train-optimizer-unknown-key", "numdev-train", [*TRAIN, "+optim.optimizer.foo=1"],
-         "optim.optimizer: TypeError: AdamW.__init__() got an unexpected keyword argument 'foo'"),
+         "+optim.optimizer.foo=1: optim.optimizer (torch.optim.AdamW) has no setting foo, so nothing would read it"),
     Case("train-optimizer-eps-negative", "numdev-train", [*TRAIN, "+optim.optimizer.eps=-1"], "optim.optimizer.eps=-1 must be a positive number"),
     *(Case(f"train-seed-{key}-{bits}bits", "numdev-train", [*TRAIN, f"{key}={2**bits + 1}"],
            f"{key}={2**bits + 1} must be a non-negative integer below 2^64")

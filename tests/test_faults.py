@@ -101,9 +101,9 @@ def test_resume_auto_of_a_finished_run_keeps_its_records(tmp_path):
     overrides = ["trainer.max_steps=4", "callbacks.samples.every_n_steps=1000", "resume=auto"]
     first = subprocess.run(_command(run_dir, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    # Every record; not the run's log (app.log), which tells the requeue too.
+    # Every record; not the run's log (app.log), which tells the requeue too, nor TensorBoard's event files.
     files = {p: p.read_bytes() for p in run_dir.rglob("*")
-             if p.is_file() and "tensorboard" not in p.parts and p.name not in (".lock", "app.log")}
+             if p.is_file() and not p.name.startswith("events.out.tfevents.") and p.name not in (".lock", "app.log")}
     run = json.loads((run_dir / "run.json").read_text())
     assert {"eval", "final_loss", "snapshot_write_seconds"} <= set(run)
 

@@ -10,6 +10,7 @@ from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from numdev.models.attention import Attention
+from numdev.run_layout import events_dir
 from numdev.snapshot_store import list_snapshots, load_snapshot
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.instability import LossSpikeDetector
@@ -115,7 +116,7 @@ def test_a_loss_spike_is_logged_to_json_and_tensorboard(tmp_path, monkeypatch):
     (spike,) = _events(tmp_path)
     assert spike["kind"] == "loss_spike" and spike["step"] == 5 and spike["action"] == "recorded"
     assert spike["magnitude"] > 10 and spike["loss"] == pytest.approx(spike["magnitude"] * spike["average"])
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events = EventAccumulator(str(events_dir(tmp_path)))
     events.Reload()
     (scalar,) = events.Scalars("instability/loss_spike")
     assert scalar.step == 5 and scalar.value == pytest.approx(spike["magnitude"])

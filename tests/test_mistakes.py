@@ -173,6 +173,7 @@ def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monk
     from numdev.train import app
 
     monkeypatch.setattr("numdev.config_groups.override_mistake", lambda app, args: None)
+    monkeypatch.setattr("numdev.preflight.problem", lambda app, args, check: None)
     monkeypatch.setattr(sys, "argv", ["numdev-train", "+data.root=/x", "experiment=train_smoke", f"output_root={tmp_path}",
                                       "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
     with pytest.raises(SystemExit) as exit_:

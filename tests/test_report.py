@@ -123,6 +123,8 @@ def report_of_a_study(tmp_path_factory):
 def test_the_report_of_a_study_has_its_marked_sections(report_of_a_study):
     page = report_of_a_study.read_text()
     assert "<header id='provenance'>" in page and "Every result in this report was measured on" in page
+    assert "different machines" not in page  # the bench and the study ran here, whatever their thread counts
+    assert report_of_a_study.stat().st_size < 2_000_000  # figures embedded at page size
     for anchor in (LOSS_CURVES, SAMPLES):
         if not _study_has(anchor):
             pytest.skip(f"the study's report has no section id {anchor!r} in this tree yet (report/study.py)")
@@ -158,3 +160,55 @@ def test_a_damaged_study_summary_is_one_line_naming_the_file(tmp_path, content, 
     with pytest.raises(ValueError, match=message) as error:
         study_sections(tmp_path)
     assert str(tmp_path / "summary.json") in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_thread_count_is_not_another_origin(tmp_path):
+    """bench on 2 threads, study on 1 (threads=1): one machine, one commit: no warning, the threads said plainly."""
+    block = provenance(seeds=[0])
+    one_thread = json.loads(json.dumps(block))
+    one_thread["machine"]["torch_threads"] = 1
+    block["machine"]["torch_threads"] = 2
+    page = build_report([_sweep(tmp_path, "fig3", block), _sweep(tmp_path, "fig4", one_thread)], None, tmp_path / "report").read_text()
+    assert "different machines" not in page and "different code" not in page
+    assert ("torch threads per result (a setting of each run, not another machine): 2: Fig. 3 — precision sweep; "
+            "1: Fig. 4 — against the FP64 golden value") in page
+
+
+def test_each_verdict_once_with_contents_links_and_folded_long_tables(tmp_path):
+    from numdev.report.html import FOLD_ROWS, Section, render
+
+    table = "| a | b |\n| --- | --- |\n" + "\n".join(f"| row{i} | {i} |" for i in range(FOLD_ROWS + 5))
+    sections = [
+        Section(title="Fig. 3 — precision sweep", claim="c", measured="see arXiv:2405.02803", status="holds",
+                verdict="✓ holds: slope -0.66", rule="a t-test", figure=None),
+        Section(title="Reconciliation — where", claim="c", measured="m", status="partly", table_markdown=table,
+                deciding_rows=[2, 7], parts={"cell": {"status": "holds", "detail": "✓ holds: 11x", "rule": "r"},
+                                             "kernel": {"status": "fails", "detail": "✗ fails: 0.9x", "rule": "r"}},
+                files=[("the run", tmp_path)]),
+    ]
+    page = render("t", "s", sections, out_dir=tmp_path / "report")
+    body = page.split("<nav id='contents'>", 1)[1]
+    nav, rest = body.split("</nav>", 1)
+    assert "<a href='#fig-3'>Fig. 3 — precision sweep</a>" in nav and "<a href='#reconciliation'>" in nav
+    assert rest.count("✓") == 1 and rest.count("◐") == 1  # each symbol once: in its section's heading
+    assert "<h2>Fig. 3 — precision sweep <span class='badge holds'>✓ holds</span></h2>" in rest
+    assert "slope -0.66" in rest and "✓ holds: slope" not in rest  # the detail without a second verdict
+    assert "The rows the verdict rests on (2 of 20):" in rest and "<summary>All 20 rows</summary>" in rest
+    shown = rest.split("<details><summary>All 20 rows", 1)[0]
+    assert "row2" in shown and "row7" in shown and "row3" not in shown
+    assert "<a href='https://arxiv.org/abs/2405.02803'>arXiv:2405.02803</a>" in rest
+    assert "<a href='..'>the run</a>" in rest  # relative to the page
+
+
+@pytest.mark.parametrize("low, high, expect", [(0.10, 0.40, True), (0.40, 0.60, False), (0.01, 0.05, False)])
+def test_an_agreement_score_whose_interval_contains_chance_is_at_chance(low, high, expect):
+    from numdev.report.study import _agreement_cell, at_chance
+    from numdev.stats import Estimate
+    from numdev.train.evaluation import CHANCE
+
+    assert CHANCE == {"colour": 1 / 6, "shape": 1 / 3, "position": 1 / 9}
+    mean = Estimate(value=(low + high) / 2, low=low, high=high, n=3, method="t")
+    assert at_chance("shape_accuracy", mean) is expect
+    cell = _agreement_cell("shape_accuracy", {"mean": mean.as_dict(), "difference_to_reference": mean.as_dict()})
+    assert (cell == f"at chance ({mean.value:.2f})") is expect  # no interval, no difference shown
+    assert ("[" in cell) is not expect

@@ -228,7 +228,8 @@ def test_the_report_shows_verdicts_loss_curves_samples_and_the_terminals_scores(
     assert "numdev-train experiment=flash_stability_smoke" in page
     # The terminal and the report give the same agreement scores for the same run.
     record = json.loads((study_dir / "r0" / "reference" / "run.json").read_text())["eval"]
-    line = f"colour {record['colour_accuracy']:.0%}, shape {record['shape_accuracy']:.0%}, position {record['position_accuracy']:.0%}"
+    line = (f"colour {record['colour_accuracy']:.0%} (chance 17%), shape {record['shape_accuracy']:.0%} (chance 33%), "
+            f"position {record['position_accuracy']:.0%} (chance 11%)")  # each beside what a guess scores
     assert line in result.stdout and line in page
 
 

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from numdev.errors import user_facing
 from numdev.models.attention import Attention
+from numdev.run_layout import events_dir
 from numdev.snapshot_store import list_snapshots, load_snapshot
 from numdev.train.module import DiffusionModule
 from numdev.train.run import build_trainer, train
@@ -52,13 +53,13 @@ def test_every_cpu_backend_trains_and_writes_the_run_layout(backend_runs, name):
     assert set(state) == set(index["param_shapes"]) and "text.encoder.token_embedding.weight" in state
     assert all(t.dtype == torch.float32 for t in state.values())
     assert "pos_embed" not in state  # buffers are not snapshotted
-    for path in ("checkpoints/last.ckpt", "config.yaml", "samples.png", "eval.json", "tensorboard"):
+    for path in ("checkpoints/last.ckpt", "config.yaml", "samples.png", "eval.json"):
         assert (run_dir / path).exists(), path
     assert torch.isfinite(torch.tensor(record["final_loss"]))
-    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events = EventAccumulator(str(events_dir(run_dir)))
     events.Reload()
     tags = events.Tags()
-    assert {"train/loss", "train/grad_norm", "lr-AdamW", "eval/colour_accuracy"} <= set(tags["scalars"])
+    assert {"loss/train", "train/grad_norm", "lr-AdamW", "samples/colour_accuracy"} <= set(tags["scalars"])
     assert "samples" in tags["images"]
 
 

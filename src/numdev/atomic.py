@@ -71,6 +71,7 @@ def write_buffers(path: str | os.PathLike, buffers) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, file_mode())  # mkstemp's 0600 would keep others on a shared machine (or a web server) out
         with os.fdopen(fd, "wb") as handle:
             for data in buffers:
                 handle.write(data)
@@ -83,6 +84,18 @@ def write_buffers(path: str | os.PathLike, buffers) -> None:
         if isinstance(error, OSError) and not isinstance(error, WriteError):
             raise WriteError(path, error) from error
         raise
+
+
+def file_mode() -> int:
+    """The mode a plain open() would give a new file: 0666 less the process umask (0644 under the usual 022).
+    The umask is read from /proc (setting it to read it back would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):  # not Linux
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
 
 
 def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
@@ -120,7 +133,7 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     check_regular_target(path)  # opening a FIFO for append would block
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask
     except OSError as error:
         raise WriteError(path, error) from error
     try:

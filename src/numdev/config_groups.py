@@ -188,7 +188,7 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             fix = f"{group}={having[0]}"
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
                     f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
-    return None
+    return unknown_group(app, overrides)
 
 
 def top_level_keys(app: str) -> set[str]:
@@ -240,10 +240,38 @@ def unknown_top_level_key(app: str, overrides) -> str | None:
         if not (o.is_add() or o.is_force_add()) or name.startswith("hydra") or top in known or top in groups:
             continue
         leaf = name.rsplit(".", 1)[-1]
-        similar = _leaf_paths(app).get(leaf, [])
+        similar = _leaf_paths(app).get(leaf, []) or ([] if "." in name else nearest(top, sorted(known | groups)))
         hint = f"; did you mean {similar[0]}={o.input_line.split('=', 1)[-1]}?" if similar else ""
         return (f"{o.input_line}: {top} is not a setting of numdev-{app}, and nothing would read it{hint} "
                 f"(numdev-{app} --help lists its groups; --cfg job shows every key)")
+    return None
+
+
+def nearest(name: str, known: list[str]) -> list[str]:
+    """The known names closest to a misspelled one (difflib), best first."""
+    import difflib
+
+    return difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+
+
+def unknown_group(app: str, overrides) -> str | None:
+    """`numeric=fa2`: a group or key that the app does not have, set without `+`. Hydra's message
+    suggests appending it (`+numeric=fa2`), which would then run silently on the defaults; the fix
+    is almost always a spelling: this names the nearest groups and keys."""
+    known = top_level_keys(app)
+    groups = set(app_defaults(app))
+    for o in overrides:
+        name = o.key_or_group
+        top = name.split(".")[0].split("/")[0]
+        if o.is_add() or o.is_force_add() or o.is_delete() or o.package is not None or name.startswith("hydra"):
+            continue
+        if top in known or top in groups:
+            continue
+        near = nearest(top, sorted(known | groups))
+        value = o.input_line.split("=", 1)[-1]
+        hint = f"did you mean {' or '.join(f'{n}{name[len(top):]}={value}' for n in near)}? " if near else ""
+        return (f"{o.input_line}: numdev-{app} has no group or setting {top}: {hint}"
+                f"(its groups: {', '.join(app_defaults(app))}; numdev-{app} --help lists them)")
     return None
 
 

@@ -85,11 +85,12 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
-def checked_overrides(program: str, app: str):
+def checked_overrides(program: str, app: str, check=None):
     """Decorate a Hydra app's entry point (outside @hydra.main): before Hydra composes, an override
     whose key belongs to another option of its group or to the other app is one line naming the fix
-    (numdev.config_groups.override_mistake), where Hydra's own hint would point the wrong way."""
-    from numdev import config_groups
+    (numdev.config_groups.override_mistake), where Hydra's own hint would point the wrong way; then
+    every job's config is checked by `check` (numdev.preflight) before Hydra creates a directory."""
+    from numdev import config_groups, preflight
 
     config_groups.register_resolver()  # --help lists the app's own groups (conf/hydra/help/numdev.yaml)
 
@@ -97,9 +98,13 @@ def checked_overrides(program: str, app: str):
         @functools.wraps(main)
         def wrapper(*args, **kwargs):
             if not args and not kwargs:  # the command line, not a test passing a config
-                mistake = config_groups.override_mistake(app, sys.argv[1:]) or output_dir_problem(sys.argv[1:])
+                given = sys.argv[1:]
+                mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
+                if not mistake and check is not None:
+                    mistake = preflight.problem(app, given, check)
                 if mistake:
                     _exit(program, mistake)
+                _note_existing_run_dir(given)
             return main(*args, **kwargs)
 
         return wrapper
@@ -164,8 +169,49 @@ def one_line(error: BaseException | str) -> str:
     return " ".join(text.split("\n")).strip()
 
 
+_EXISTING_RUN_DIRS: set[str] = set()  # hydra.run.dir given on the command line that existed before: never removed
+HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+
+
+def _note_existing_run_dir(args: list[str]) -> None:
+    import os
+
+    for arg in args:
+        if arg.startswith("hydra.run.dir=") and os.path.isdir(arg.split("=", 1)[1]):
+            _EXISTING_RUN_DIRS.add(os.path.realpath(arg.split("=", 1)[1]))
+
+
+def remove_refused_run_dir() -> None:
+    """A single run refused before it started: Hydra created its run directory (with .hydra/ and the
+    log) before numdev saw the config; remove it when it holds nothing else and did not exist before,
+    so a refused command leaves no empty run behind. Sweeps are checked before Hydra starts (numdev.preflight)."""
+    import os
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from numdev.run_lock import LOCK
+
+    if not HydraConfig.initialized():
+        return
+    config = HydraConfig.get()
+    if config.mode != RunMode.RUN:
+        return
+    run_dir = config.runtime.output_dir
+    if not run_dir or not os.path.isdir(run_dir) or os.path.realpath(run_dir) in _EXISTING_RUN_DIRS:
+        return
+    entries = set(os.listdir(run_dir))
+    hydra_dir = os.path.join(run_dir, config.output_subdir or ".hydra")
+    only_hydra = all(e.endswith(".log") or e == LOCK or os.path.join(run_dir, e) == hydra_dir for e in entries)
+    if only_hydra and (not os.path.isdir(hydra_dir) or set(os.listdir(hydra_dir)) <= HYDRA_FILES):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def _exit(program: str, error: BaseException | str, code: int = 2):
     message = one_line(error)  # one line, whatever the exception's text
+    if code == 2:
+        remove_refused_run_dir()
     print(f"{program}: error: {message}", file=sys.stderr)
     if logging.getLogger().hasHandlers():  # the job's log (app.log) ends with it too; the console has it already
         logging.getLogger("numdev.errors").error("%s: error: %s", program, message, extra={"console": False})

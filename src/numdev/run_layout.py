@@ -11,7 +11,8 @@ One home for the contract that train/ writes and analysis/ reads (docs/run_layou
     <run_dir>/sibling/<label>.csv       weight distances to a sibling run (DISTANCE_COLUMNS)
     <run_dir>/checkpoints/last.ckpt     the resume checkpoint
     <run_dir>/checkpoints/last.ckpt.sha256   its checksum (numdev.train.checkpoint_io)
-    <run_dir>/instability.json, shadow.csv, eval.json, samples.png, tensorboard/
+    <run_dir>/instability.json, shadow.csv, eval.json, samples.png
+    <run_dir>/<overrides>/events.out.tfevents.*   TensorBoard (numdev.train.tensorboard; a study: in <run_dir>)
 
 Nothing here imports train/ or analysis/: both import this.
 """
@@ -125,6 +126,14 @@ def checkpoint_digest_path(checkpoint: str | Path) -> Path:
 
 def token_rows_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / TOKEN_ROWS
+
+
+def events_dir(run_dir: str | Path) -> Path | None:
+    """The directory holding a run's TensorBoard event files: the run directory itself (a study), the
+    directory named by its overrides below it (numdev.train.tensorboard), or tensorboard/ (older runs)."""
+    run_dir = Path(run_dir)
+    places = [run_dir, *sorted(p for p in run_dir.iterdir() if p.is_dir())] if run_dir.is_dir() else []
+    return next((p for p in places if any(p.glob("events.out.tfevents.*"))), None)
 
 
 def sibling_csv_path(run_dir: str | Path, label: str) -> Path:

@@ -189,7 +189,7 @@ VERDICT = FileSchema("verdict", required={"status": str, "rule": str}, optional=
 FIGURE_SUMMARY = FileSchema(  # <sweep>/<figure>.json (numdev.bench.figures), what the report reads
     "figure summary", required={"figure": str},
     optional={"caption": str, "verdict": str, "verdict_rule": str, "claim_holds": bool, "status": str, "table": str,
-              "provenance": dict, "jobs": int, "sweep": str},
+              "provenance": dict, "jobs": int, "sweep": str, "parts": dict, "deciding_rows": list},
 )
 ESTIMATE = FileSchema("estimate", required={"value": (FINITE, type(None)), "n": int},
                       optional={"low": FINITE, "high": FINITE})

@@ -36,7 +36,7 @@ from numdev.analysis.growth import GROWTH_MEASURE, fit_growth
 from numdev.atomic import WriteError, write_json
 from numdev.errors import fail
 from numdev.provenance import provenance
-from numdev.run_layout import EVAL, HELDOUT, RUN_RECORD, read_shadow_csv, sibling_csv_path
+from numdev.run_layout import EVAL, HELDOUT, RUN_RECORD, events_dir, read_shadow_csv, sibling_csv_path
 from numdev.run_layout import MODEL_ROW as MODEL
 from numdev.run_layout import read_distances_csv as read_csv
 from numdev.snapshot_store import list_snapshots
@@ -547,18 +547,21 @@ def _samples(run: dict) -> dict:
 
 
 def _loss_curve(run_dir: Path) -> dict | None:
-    """train/loss from the run's TensorBoard events (in the run directory or its tensorboard/)."""
+    """The training loss from the run's TensorBoard events: in the run directory (a study), a
+    directory of its own below it (numdev.train.tensorboard) or tensorboard/ (older runs); its tag
+    is loss/train (train/loss in older runs)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # Its directory watcher logs "No path found after <event file>" (INFO) at the end of every file it reads.
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    for where in (run_dir, run_dir / "tensorboard"):
-        if not any(where.glob("events.out.tfevents.*")):
-            continue
-        events = EventAccumulator(str(where), size_guidance={"scalars": 0})
-        events.Reload()
-        if "train/loss" in events.Tags().get("scalars", []):
-            points = events.Scalars("train/loss")
+    where = events_dir(run_dir)
+    if where is None:
+        return None
+    events = EventAccumulator(str(where), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in ("loss/train", "train/loss"):
+        if tag in events.Tags().get("scalars", []):
+            points = events.Scalars(tag)
             return {"steps": [p.step for p in points], "loss": [p.value for p in points]}
     return None
 

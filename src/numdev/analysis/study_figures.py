@@ -159,7 +159,9 @@ def fig8(summary: dict, path: Path) -> None:
                 continue
             slope = stats.Estimate(**entry["slope"])
             _band(ax, entry["steps"], entry["values"], f"C{roles.index(role) % 10}", f"{role} (slope {slope.value:.1e})")
-        ax.set_yscale("symlog", linthresh=_linthresh(summary["pairs"][against], metric))
+        linthresh = _linthresh(summary["pairs"][against], metric)
+        ax.set_yscale("symlog", linthresh=linthresh)
+        _decade_ticks(ax, linthresh)
         ax.set_xlabel("training step")
         ax.set_ylabel(f"{_labels().get(metric, metric)} to the {against} run")
         ax.set_title("(c) the late, shared regime: the whole run (OLS slope in the legend)", fontsize=10)
@@ -167,6 +169,19 @@ def fig8(summary: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle("Fig. 8 — how big is Flash's deviation? The ladder gives units; early on a log axis; late, every role alike")
     save_png(fig, path)
+
+
+def _decade_ticks(ax, linthresh: float) -> None:
+    """0 and the decades above the linear region: symlog's own ticks put 0 and 10^k (k = the linear
+    threshold's decade) one tick apart, where their labels overlap."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    top = ax.get_ylim()[1]
+    if not (linthresh > 0 and top > linthresh):
+        return
+    first, last = math.ceil(math.log10(linthresh)) + 1, math.floor(math.log10(top))
+    ax.yaxis.set_major_locator(FixedLocator([0.0, *(10.0 ** k for k in range(first, last + 1))]))
+    ax.yaxis.set_minor_locator(NullLocator())
 
 
 def _linthresh(pairs: dict, metric: str) -> float:

@@ -27,7 +27,7 @@ from numdev import logs
 from numdev.atomic import append_jsonl, read_jsonl, write_json
 from numdev.bench.echo import settings_line
 from numdev.bench.gather import INTERRUPTED, record_key
-from numdev.bench.runner import run_bench
+from numdev.bench.runner import check_config, run_bench
 from numdev.config_schema import BENCH, validate
 from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.provenance import provenance
@@ -36,7 +36,7 @@ from numdev.workers import stop_worker_pools
 log = logging.getLogger("numdev.bench.app")  # by name: also when run as python -m numdev.bench.app
 
 
-@checked_overrides("numdev-bench", "bench")
+@checked_overrides("numdev-bench", "bench", check_config)
 @hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
 @user_facing("numdev-bench")
 def run(cfg: DictConfig) -> None:

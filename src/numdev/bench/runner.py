@@ -15,6 +15,7 @@ from numdev.attention.checks import count_nonfinite
 from numdev.bench import memory
 from numdev.bench.inputs import Shape
 from numdev.bench.metrics import deviation
+from numdev.config_schema import BENCH, validate
 from numdev.numerics import round_input
 
 
@@ -26,17 +27,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
     (numdev.bench.memory) exceeds memory_limit_gb (null: the memory available now) is not run: its
     record is `"kind": "skipped"` with the reason, and so are the pairs that involve it.
     """
-    shape = Shape(**cfg.shape)
-    formats = instantiate(cfg.numerics)
-    generator = instantiate(cfg.inputs)
-    methods = {label: instantiate(node) for label, node in cfg.methods.items() if node is not None}
-    pairs = [tuple(pair) for pair in cfg.pairs]
-    for pair in pairs:
-        missing = [label for label in pair if label not in methods]
-        if len(pair) != 2 or missing:
-            raise ValueError(f"pair {list(pair)} must name two of the methods {', '.join(methods)}")
-    if not cfg.seeds:
-        raise ValueError("seeds is empty: give at least one seed, e.g. seeds=[0]")
+    shape, formats, generator, methods, pairs = _build(cfg)
 
     common = {
         "experiment": cfg.get("experiment_name"),
@@ -101,6 +92,29 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
             )
             log(f"seed {seed} {a} vs {b}: max {metrics['max_abs']:.3e}  mean {metrics['mean_abs']:.3e}")
     return records
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every value a run reads is valid: the schema's types and ranges, then what the run builds
+    from them (formats, inputs, methods, pairs). Called on every job before a sweep starts (numdev.preflight)."""
+    validate(cfg, BENCH)
+    _build(cfg)
+
+
+def _build(cfg: DictConfig):
+    """The shape, number formats, input generator, methods and pairs of a run, each checked."""
+    shape = Shape(**cfg.shape)
+    formats = instantiate(cfg.numerics)
+    generator = instantiate(cfg.inputs)
+    methods = {label: instantiate(node) for label, node in cfg.methods.items() if node is not None}
+    pairs = [tuple(pair) for pair in cfg.pairs]
+    for pair in pairs:
+        missing = [label for label in pair if label not in methods]
+        if len(pair) != 2 or missing:
+            raise ValueError(f"pair {list(pair)} must name two of the methods {', '.join(methods)}")
+    if not cfg.seeds:
+        raise ValueError("seeds is empty: give at least one seed, e.g. seeds=[0]")
+    return shape, formats, generator, methods, pairs
 
 
 def _check_inputs(q, k, v, formats) -> None:

@@ -82,7 +82,10 @@ def bench_section(sweep: Path) -> Section:
         holds=summary.get("claim_holds"),
         verdict=summary.get("verdict", ""),
         status=summary.get("status"),
-        extra=[f"Verdict: {summary['verdict']}", f"Rule: {summary['verdict_rule']}"] if summary.get("verdict_rule") else [],
+        rule=summary.get("verdict_rule", ""),
+        parts=summary.get("parts") or {},
+        deciding_rows=summary.get("deciding_rows") or [],
+        files=[("the run", sweep), ("its figure summary", summaries[0]), ("table.csv", sweep / "table.csv")],
         provenance=summary.get("provenance") or _first_record_provenance(sweep),
     )
 
@@ -150,7 +153,8 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         sections,
         intro="Each section regenerates a figure of 'Is Flash Attention Stable?' (Golden et al., 2024) or its "
         "neighbours, beside the paper's claim." + "".join(f" Note: {note}." for note in notes or []),
-        header=report_provenance.header_html(sources, provenance()),
+        header=report_provenance.header_html(sources, provenance(), out_dir),
+        out_dir=out_dir,
     )
     index = out_dir / "index.html"
     write_text(index, page)

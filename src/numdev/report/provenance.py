@@ -26,14 +26,19 @@ def machine_line_or_unknown(block: dict | None) -> str:
 
 
 def origin(block: dict | None) -> tuple | None:
-    """What makes two results comparable: the machine (CPU, threads, GPU) and the code (versions, commit)."""
+    """What makes two results comparable: the machine (CPU, logical CPUs, GPU) and the code (versions,
+    commit). The torch thread count is a setting of each run (threads=), not a different origin."""
     if not isinstance(block, dict):
         return None
     machine, versions, git = block.get("machine") or {}, block.get("versions") or {}, block.get("git") or {}
     return (
-        machine.get("cpu"), machine.get("torch_threads"), machine.get("logical_cpus"), machine.get("gpu"),
+        machine.get("cpu"), machine.get("logical_cpus"), machine.get("gpu"),
         versions.get("torch"), versions.get("numdev"), git.get("commit"), git.get("dirty"),
     )
+
+
+def _threads(block: dict | None) -> str:
+    return str(((block or {}).get("machine") or {}).get("torch_threads", "unknown"))
 
 
 def _rows(block: dict) -> list[tuple[str, str]]:
@@ -54,7 +59,14 @@ def _rows(block: dict) -> list[tuple[str, str]]:
     ]
 
 
-def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
+def _labels(labels: list[str], out_dir) -> str:
+    """The sources, each with the path in its label linked relative to the report (where it exists)."""
+    from numdev.report.html import _text
+
+    return _text(", ".join(labels), out_dir)
+
+
+def header_html(sources: dict[str, dict | None], generated_by: dict, out_dir=None) -> str:
     """The <header id="provenance"> at the top of the report (a header, not a <section>: sections are figures).
 
     sources: what the report shows (e.g. "Fig. 3 sweep") -> the provenance block of its file (None: unknown).
@@ -68,10 +80,17 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
         (key, labels), = groups.items()
         block = sources[labels[0]]
         parts.append(f"<p>Every result in this report was measured on: <b>{html.escape(machine_line_or_unknown(block))}</b></p>")
+        threads = {}
+        for label in labels:
+            threads.setdefault(_threads(sources[label]), []).append(label)
+        if len(threads) > 1:  # a run setting, said plainly: not a different origin
+            parts.append("<p class='machine'>torch threads per result (a setting of each run, not another machine): " + "; ".join(
+                f"{n}: {html.escape(', '.join(name.split(' (')[0] for name in names))}" for n, names in threads.items()) + "</p>")
+        parts.append(f"<p class='machine'>Results: {_labels(labels, out_dir)}</p>")
         if key is not None:
-            parts.append(_details("the full block", block))
+            parts.append(_details("the full block", block, open_=False))
     else:
-        machines = {key[:4] if key else None for key in groups}
+        machines = {key[:3] if key else None for key in groups}
         what = "different machines" if len(machines) > 1 else "one machine but different code (versions or commits)"
         parts.append(
             f"<p class='warn'>The results in this report come from {what} ({len(groups)} origins): compare numbers "
@@ -80,7 +99,7 @@ def header_html(sources: dict[str, dict | None], generated_by: dict) -> str:
         for key, labels in groups.items():
             block = sources[labels[0]]
             parts.append(
-                f"<li><b>{html.escape(machine_line_or_unknown(block))}</b>: {html.escape(', '.join(labels))}"
+                f"<li><b>{html.escape(machine_line_or_unknown(block))}</b>: {_labels(labels, out_dir)}"
                 + (_details("the full block", block, open_=False) if key is not None else "")
                 + "</li>"
             )

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from numdev.analysis.study import METRIC_LABELS, SUMMARY, analyse
 from numdev.atomic import read_json
-from numdev.commands import script
+from numdev.commands import script, tensorboard
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import LOSS_CURVES, SAMPLES, Section
 from numdev.schemas import STUDY_SUMMARY
 from numdev.stats import Estimate
-from numdev.train.evaluation import agreement_text
+from numdev.train.evaluation import CHANCE, agreement_text
 from numdev.verdicts import Verdict
 
 COMMAND = "experiment=flash_stability"
@@ -115,13 +115,32 @@ def _side_of_one(verdict: Verdict) -> str:
     return "not measurable: " + ("a curve does not grow" if "does not grow" in verdict.detail else "contains 1 or one replicate")
 
 
+def at_chance(outcome: str, mean: Estimate) -> bool:
+    """An agreement score that cannot be told from a guess: its interval over replicates contains the
+    chance level. (Without an interval, one replicate, nothing can be told: the value is shown as such.)"""
+    chance = CHANCE[outcome.removesuffix("_accuracy")]
+    return mean.has_interval and mean.low <= chance <= mean.high
+
+
+def _agreement_cell(outcome: str, row: dict) -> str:
+    """A caption-agreement score beside its chance level; at chance: no interval and no difference."""
+    mean = Estimate(**row["mean"])
+    if at_chance(outcome, mean):
+        return f"at chance ({mean.value:.2f})"
+    cell = mean.text(".2f")
+    if "difference_to_reference" in row and mean.has_interval:
+        cell += f" (Δ {_estimate(row['difference_to_reference'], '+.2f')})"
+    return cell
+
+
 def downstream_table(summary: dict) -> str:
     """Markdown: per role, each outcome's mean over replicates and its paired difference to the reference."""
     outcomes = [o for o in ("heldout_loss", "colour_accuracy", "shape_accuracy", "position_accuracy") if o in summary["downstream"]]
     if not outcomes:
         return ""
     head = "| role | " + " | ".join(
-        f"{summary['downstream'][o]['label']} (Δ to reference)" for o in outcomes
+        f"{summary['downstream'][o]['label']} (Δ to reference)" if o == "heldout_loss"
+        else f"{summary['downstream'][o]['label']} (chance {CHANCE[o.removesuffix('_accuracy')]:.2f})" for o in outcomes
     ) + " |\n| --- |" + " --- |" * len(outcomes)
     rows = []
     for role in summary["role_order"]:
@@ -132,6 +151,9 @@ def downstream_table(summary: dict) -> str:
                 cells.append("–")
                 continue
             fmt = ".4f" if outcome == "heldout_loss" else ".2f"
+            if outcome != "heldout_loss":
+                cells.append(_agreement_cell(outcome, row))
+                continue
             cell = _estimate(row["mean"], fmt)
             if "difference_to_reference" in row:
                 cell += f" (Δ {_estimate(row['difference_to_reference'], '+.2e' if outcome == 'heldout_loss' else '+' + fmt)})"
@@ -142,6 +164,9 @@ def downstream_table(summary: dict) -> str:
         for o in outcomes if summary["downstream"][o].get("seed_spread") is not None
     ]
     note = f"\n\nSeed-to-seed spread (std of the reference over replicates): {', '.join(spreads)}." if spreads else ""
+    note += ("\n\nCaption agreement beside chance (a guess: 1 of the dataset's colours, shapes, 3 x 3 positions); "
+             "'at chance': the score's interval over replicates contains the chance level, so it is not told "
+             "from guessing and no interval or difference is shown.")
     return head + "\n" + "\n".join(rows) + note
 
 
@@ -162,13 +187,14 @@ def study_sections(study_dir: Path) -> list[Section]:
     metric = summary["primary_metric"]
     fig7, fig8 = (Verdict(**summary["verdicts"][k]) for k in ("fig7", "fig8"))
     late = Verdict(**summary["verdicts"]["fig8_late"]) if "fig8_late" in summary["verdicts"] else None
-    extra7 = [f"Verdict: {fig7.text()}", f"Rule: {fig7.rule}.", f"Measure: {summary['growth_measure']}"]
+    extra7 = [f"Measure: {summary['growth_measure']}"]
     shadow = summary.get("shadow")
     if shadow and "out" in shadow:
         line = f"Per call (the reference's attention computed beside every Flash call): output max |Δ| {shadow['out']['max_abs']:.2e} (in {shadow['out']['max_abs_layer']}), mean {shadow['out']['mean_abs']:.2e}"
         if "dq" in shadow:
             line += "; gradients max |Δ| " + ", ".join(f"{q} {shadow[q]['max_abs']:.2e}" for q in ("dq", "dk", "dv") if q in shadow)
         extra7.append(line + ".")
+    files = [("the study", study_dir), ("summary.json", path)]
     title7, claim7 = STUDY_CLAIMS["fig7"]
     title8, claim8 = STUDY_CLAIMS["fig8"]
     paper_metric = summary["paper_metric"]
@@ -179,22 +205,24 @@ def study_sections(study_dir: Path) -> list[Section]:
     if early_rows:
         tables8 += "The early phase (panel b):\n\n" + early_rows + "\n\n"
     tables8 += "The late, shared regime (panel c; the paper's slope ratios):\n\n" + roles_table(summary)
-    extra8 = [f"Verdict (early measures): {fig8.text()}", f"Rule: {fig8.rule}."]
+    parts8 = {"early measures (the verdict)": fig8.as_dict()}
+    extra8 = []
     if late is not None:
-        extra8 += [f"Late, shared regime (second panel): {late.text()}", summary["captions"].get("fig8_late", "")]
+        parts8["late, shared regime (second panel)"] = late.as_dict()
+        extra8.append(summary["captions"].get("fig8_late", ""))
     extra8.append(f"Distances: {METRIC_LABELS.get(metric, metric)} (primary).")
     if paper_metric != metric:
         tables8 += f"\n\nThe same by the paper's metric, {METRIC_LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
     sections = [
         Section(
             title=title7, claim=claim7, measured=summary["captions"].get("fig7", "") + f" ({setting}).",
-            figure=study_dir / "fig7.png", status=fig7.status, verdict=fig7.status, extra=extra7, command=command,
-            provenance=origin,
+            figure=study_dir / "fig7.png", status=fig7.status, verdict=fig7.detail, rule=fig7.rule, extra=extra7, command=command,
+            provenance=origin, files=files, tensorboard=tensorboard(study_dir),
         ),
         Section(
             title=title8, claim=claim8, measured=summary["captions"]["fig8"], figure=study_dir / "fig8.png",
-            table_markdown=tables8, status=fig8.status, verdict=fig8.status, extra=extra8, command=command,
-            provenance=origin,
+            table_markdown=tables8, status=fig8.status, parts=parts8, rule=fig8.rule, extra=extra8, command=command,
+            provenance=origin, files=files, tensorboard=tensorboard(study_dir),
         ),
     ]
     sections.append(Section(
@@ -203,7 +231,7 @@ def study_sections(study_dir: Path) -> list[Section]:
         "a sibling's difference to the reference beside the seed-to-seed spread.",
         measured=summary["captions"].get("downstream", "no held-out loss or caption scores in these runs"),
         figure=study_dir / "downstream.png", table_markdown=downstream_table(summary), command=command,
-        provenance=origin,
+        provenance=origin, files=files,
     ))
     if summary.get("optimizations"):  # experiment=optimizations (numdev.analysis.optimizations)
         table = summary["optimizations"]
@@ -226,6 +254,7 @@ def study_sections(study_dir: Path) -> list[Section]:
         claim="What a reader of the paper cannot see: the runs behind the curves.",
         measured=f"Training loss of every run, one panel per role ({setting}).",
         figure=study_dir / "loss_curves.png", command=command, provenance=origin, anchor=LOSS_CURVES,
+        tensorboard=tensorboard(study_dir), files=files,
     ))
     sections.append(Section(
         title="The runs — samples with their captions",

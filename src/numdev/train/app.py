@@ -19,13 +19,13 @@ from omegaconf import DictConfig
 from numdev import logs
 from numdev.errors import RunFailed, checked_overrides, user_facing
 from numdev.train.evaluation import agreement_text
-from numdev.train.run import train
+from numdev.train.run import check_config, train
 from numdev.workers import stop_worker_pools
 
 log = logging.getLogger("numdev.train.app")  # by name: also when run as python -m numdev.train.app
 
 
-@checked_overrides("numdev-train", "train")
+@checked_overrides("numdev-train", "train", check_config)
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
 @user_facing("numdev-train")
 def run(cfg: DictConfig) -> None:

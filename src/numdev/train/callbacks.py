@@ -45,7 +45,7 @@ class SampleGrid(pl.Callback):
     """Generate images for fixed captions every `every_n_steps` steps and at the end.
 
     Each time: a figure of the samples with their captions to TensorBoard ("samples"), and for
-    shapes captions their agreement (numdev.train.evaluation) as eval/* scalars. At the end also
+    shapes captions their agreement (numdev.train.evaluation) as samples/* scalars. At the end also
     samples.png and eval.json in the run directory. The sampling noise comes from its own
     generator (`seed`), the same every time and for every run, so it never touches training's.
     """
@@ -97,7 +97,7 @@ class SampleGrid(pl.Callback):
         if experiment is not None and hasattr(experiment, "add_figure"):
             experiment.add_figure("samples", self.figure(self.last), global_step=step, close=True)
         if trainer.logger and scores["scored"]:
-            metrics = {f"eval/{k}": scores[k] for k in ("colour_accuracy", "shape_accuracy", "position_accuracy")}
+            metrics = {f"samples/{k}": scores[k] for k in ("colour_accuracy", "shape_accuracy", "position_accuracy")}
             trainer.logger.log_metrics(metrics, step=step)
         return self.last
 

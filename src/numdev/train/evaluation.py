@@ -17,8 +17,10 @@ from collections import Counter
 
 import torch
 
-from numdev.data.shapes import COLOURS, POSITIONS, parse_caption
+from numdev.data.shapes import COLOURS, POSITIONS, SHAPES, parse_caption
 
+# What a guess scores: one of the dataset's colours, shapes and 3 x 3 positions at random.
+CHANCE = {"colour": 1 / len(COLOURS), "shape": 1 / len(SHAPES), "position": 1 / len(POSITIONS)}
 FOREGROUND = 0.3  # brightest channel, in [0, 1]
 MIN_PIXELS_FRACTION = 0.01  # less foreground than this: "no object"
 # Fill ratio of the bounding box: square 1.0, circle 0.785, triangle 0.5 (boundaries halfway).
@@ -71,5 +73,6 @@ def score_shapes(images: torch.Tensor, captions: list[str]) -> dict:
 
 
 def agreement_text(scores: dict) -> str:
-    """'colour 83%, shape 33%, position 11%': how the terminal and the report both say it."""
-    return ", ".join(f"{key} {scores[f'{key}_accuracy']:.0%}" for key in ("colour", "shape", "position"))
+    """'colour 83% (chance 17%), shape 33% (chance 33%), position 11% (chance 11%)': how the terminal
+    and the report both say it, each score beside what a guess would score."""
+    return ", ".join(f"{key} {scores[f'{key}_accuracy']:.0%} (chance {CHANCE[key]:.0%})" for key in ("colour", "shape", "position"))

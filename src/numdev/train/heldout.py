@@ -3,7 +3,7 @@
 Every run of a study evaluates the same images (the data module's `heldout_dataset`), the same
 evenly spaced timesteps and the same noise (from `seed`), with captions kept, in the run's own
 precision and attention: the numbers of two sibling runs differ only because their weights do.
-At the end of training: heldout.json in the run directory and eval/heldout_loss in TensorBoard.
+At the end of training: heldout.json in the run directory and loss/heldout in TensorBoard.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class HeldOutLoss(pl.Callback):
         self.result = {"step": int(trainer.global_step), "heldout_loss": loss, "images": self.num_images, "seed": self.seed}
         write_json(self.run_dir / HELDOUT, self.result)
         if trainer.logger:
-            trainer.logger.log_metrics({"eval/heldout_loss": loss}, step=trainer.global_step)
+            trainer.logger.log_metrics({"loss/heldout": loss}, step=trainer.global_step)
 
     @torch.no_grad()
     def evaluate(self, trainer, pl_module, dataset) -> float:

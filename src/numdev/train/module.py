@@ -58,7 +58,7 @@ class DiffusionModule(pl.LightningModule):
         predicted = self.model(x_t, t, self.model.encode_text(tokens))
         loss = diffusion_loss(predicted, training_target(self.schedule, self.prediction, images, noise, t))
         distributed = self._world()[1] > 1
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(captions), sync_dist=distributed)
+        self.log("loss/train", loss, prog_bar=True, batch_size=len(captions), sync_dist=distributed)
         return loss
 
     def _world(self) -> tuple[int, int]:

@@ -85,7 +85,8 @@ def _seed(cfg: DictConfig, name: str) -> int:
     return value
 
 
-def _check_config(cfg: DictConfig) -> None:
+def check_config(cfg: DictConfig) -> None:
+    """Every value the run reads from its config is valid (also called on every job before a sweep starts: numdev.preflight)."""
     validate(cfg, TRAIN)  # every declared key's type and range (numdev.config_schema)
     steps = cfg.trainer.get("max_steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
@@ -154,7 +155,7 @@ def _hangup_ends_the_run():
 
 def train(cfg: DictConfig) -> dict:
     """Train as `cfg` says; returns the run record (also in <run_dir>/run.json)."""
-    _check_config(cfg)
+    check_config(cfg)
     run_dir = Path(cfg.run_dir)
     if cfg.get("threads") is not None:
         torch.set_num_threads(cfg.threads)
@@ -274,7 +275,7 @@ def _resume_mode(cfg: DictConfig, run_dir: Path):
 
 def _results(trainer) -> dict:
     out = {"world_size": int(trainer.world_size)}
-    loss = trainer.callback_metrics.get("train/loss")
+    loss = trainer.callback_metrics.get("loss/train")
     if loss is not None:
         out["final_loss"] = float(loss)
     for callback in trainer.callbacks:

@@ -8,9 +8,12 @@ the final step) it gets the same gathered float32 state, loads the sibling's sna
 and for the model (the token-embedding rows neither run's captions index, from both runs'
 token_rows.json, are their own set), and logs them to TensorBoard:
 
-    sibling/<label>/<metric>                                   the model row (numdev.run_layout.MODEL_ROW)
-    sibling_tensors/<label>/<set>/<metric>                     per weight set
+    distance/<label>/<metric>                                  the model row (numdev.run_layout.MODEL_ROW)
+    per_tensor/<label>/<set>/<metric>                          per weight set (per_tensor=true only: the CSV has them)
     sibling_diff/<label>/model, sibling_diff/<label>/<tensor>   histograms of the differences (sampled)
+
+(`distance/` sorts first among TensorBoard's groups, so the distances are the first cards; the
+label is the reference directory's name, or "reference" where that name is a timestamp or a job number.)
 
 and keeps the rows in <run_dir>/sibling/<label>.csv (numdev.run_layout.DISTANCE_COLUMNS, the
 columns of numdev-compare's CSV). `seconds` keeps what each comparison cost.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -74,6 +78,13 @@ FINISHED = ("finished", "failed", "stopped")
 HISTOGRAM_VALUES = 1 << 18
 
 
+def default_label(reference: Path) -> str:
+    """The comparison's name: the reference directory's, unless that is a timestamp or a job number
+    (outputs/train/default/2026-01-01_12-00-00_..., <sweep>/0), which says nothing: then "reference"."""
+    name = reference.name
+    return "reference" if re.match(r"\d{4}-\d{2}-\d{2}_|\d+$", name) else name
+
+
 class SiblingError(ValueError):
     """The sibling run is missing, not a run, or does not match this one: the message says which and how."""
 
@@ -88,6 +99,7 @@ class SiblingDistance(pl.Callback):
         poll_s: float = 1.0,
         histograms: str = "model",  # "model", "all" (also per tensor) or "none"
         threads: int | None = None,  # for sorting and the metrics; None: torch's intra-op threads
+        per_tensor: bool = False,  # also every weight set's distances in TensorBoard (hundreds of cards; the CSV has them)
     ):
         self.run_dir = Path(run_dir)
         self.reference = Path(reference) if reference is not None else None
@@ -96,7 +108,8 @@ class SiblingDistance(pl.Callback):
         if timeout_s < 0:
             raise ValueError(f"sibling.timeout_s={timeout_s} must be >= 0")
         self.timeout_s, self.poll_s, self.histograms, self.threads = timeout_s, poll_s, histograms, threads
-        self.label = label or (self.reference.name if self.reference is not None else "")
+        self.label = label or (default_label(self.reference) if self.reference is not None else "")
+        self.per_tensor = per_tensor
         self.rows: list[dict] = []
         self.seconds: list[float] = []
         # The latest prepared (sorted) weights of each side: a set unchanged since then is not sorted again.
@@ -209,9 +222,9 @@ class SiblingDistance(pl.Callback):
         if not trainer.logger:
             return
         label = self.label
-        metrics = {f"sibling/{label}/{k}": v for k, v in distances["model"].items() if k != "numel"}
-        for name, values in distances["per_tensor"].items():
-            metrics.update({f"sibling_tensors/{label}/{name}/{k}": v for k, v in values.items() if k not in ("numel", "pooled_wasserstein")})
+        metrics = {f"distance/{label}/{k}": v for k, v in distances["model"].items() if k != "numel"}
+        for name, values in distances["per_tensor"].items() if self.per_tensor else ():
+            metrics.update({f"per_tensor/{label}/{name}/{k}": v for k, v in values.items() if k not in ("numel", "pooled_wasserstein")})
         trainer.logger.log_metrics(metrics, step=step)
         experiment = getattr(trainer.logger, "experiment", None)
         if self.histograms != "none" and hasattr(experiment, "add_histogram"):

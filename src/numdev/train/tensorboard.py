@@ -1,0 +1,75 @@
+"""numdev's TensorBoard logger: runs named by what they change, the cards that matter first, an HParams view.
+
+Lightning's TensorBoardLogger, with three differences:
+
+  - where the event files go, and so what TensorBoard calls the run: a directory named by the run's
+    command-line overrides (Hydra's job.override_dirname, e.g. `attention=sdpa_flash,seed.init=1`)
+    inside the run directory, so a sweep's runs read `0/attention=baseline,seed.init=0` rather than
+    `0/tensorboard`; a run without overrides gets `run_name` (run_name="" puts the files in the run
+    directory itself, as the study does: its runs are named r<replicate>/<role> by their directories);
+  - Lightning's automatic `epoch` scalar is not written: TensorBoard sorts its cards by tag group,
+    and numdev's groups are chosen so that `distance/` (weight distances to the sibling) and `loss/`
+    come first; an `epoch` card would sit between them and says nothing for step-based training;
+  - log_hyperparams also writes TensorBoard's HParams summary (the resolved config, flattened, with
+    the run's loss and caption-agreement tags as its metrics), so the HParams tab lists every run
+    of a sweep with its settings beside its final loss.
+"""
+
+from __future__ import annotations
+
+import re
+
+from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
+
+HPARAM_METRICS = ("loss/train", "loss/heldout", "samples/colour_accuracy", "samples/shape_accuracy", "samples/position_accuracy")
+MAX_NAME = 120  # characters of a run's directory name (file systems allow 255)
+
+
+def run_name(default: str = "run") -> str:
+    """The run's command-line overrides as Hydra's override dirname (keys hydra/default.yaml excludes
+    left out), or `default` when there are none or outside a Hydra job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    name = HydraConfig.get().job.override_dirname if HydraConfig.initialized() else ""
+    name = re.sub(r"[/\\\x00]", "_", name or "")[:MAX_NAME]
+    return name or default
+
+
+class TensorBoardLogger(LightningTensorBoardLogger):
+    def __init__(self, save_dir: str, run_name_default: str | None = "run", **kwargs):
+        """run_name_default: the directory name when the run has no overrides; None or "": the event
+        files go into save_dir itself."""
+        version = run_name(run_name_default) if run_name_default else ""
+        kwargs.setdefault("name", "")
+        kwargs["version"] = version
+        super().__init__(save_dir, **kwargs)
+
+    def log_metrics(self, metrics, step=None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+
+    def log_hyperparams(self, params, metrics=None) -> None:
+        super().log_hyperparams(params, metrics)  # hparams.yaml (default_hp_metric=false: no summary of its own)
+        if metrics is not None:
+            return  # Lightning wrote the HParams summary with these metrics
+        from torch.utils.tensorboard.summary import hparams
+
+        flat = _flatten(params if isinstance(params, dict) else vars(params))
+        # The metric values are read by TensorBoard from the run's scalars of these tags (the last value).
+        experiment, start, end = hparams(flat, {tag: 0.0 for tag in HPARAM_METRICS})
+        writer = self.experiment._get_file_writer()  # noqa: SLF001 - how Lightning itself writes it
+        for summary in (experiment, start, end):
+            writer.add_summary(summary)
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    """{"model.hidden": 64, ...}: HParams takes numbers, strings and booleans; lists and None are shown as text."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
