@@ -87,7 +87,7 @@ def block_text(summary: dict, command: str, result: Path = RESULT, doc: Path = R
         f"{Verdict(**summary['verdicts']['fig8']).text()}.",
         "",
         f"Distance to the reference by {METRIC_LABELS.get(metric, metric)} (the primary measure; growth = OLS slope per "
-        "step, per replicate; intervals: 95% bootstrap over replicates; a ratio is judged only when both curves grow):",
+        "step, per replicate; intervals: the 95% percentile bootstrap over replicates from 5, else the range of n; a ratio is judged only when both curves grow):",
         "",
         roles_table(summary, metric),
     ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -35,6 +36,16 @@ def pytest_terminal_summary(terminalreporter):
 def _deterministic_threads():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _loggers_enabled_again():
+    """An in-process Hydra run with hydra/job_logging=disabled (Hydra's own config: disable_existing_loggers)
+    disables every logger that exists; later tests reading numdev's log lines (caplog) would see nothing."""
+    yield
+    for logger in logging.Logger.manager.loggerDict.values():
+        if isinstance(logger, logging.Logger):
+            logger.disabled = False
 
 
 def run_cli(module: str, *args: str, cwd: Path, check: bool = True, timeout: int = 600):

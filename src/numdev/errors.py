@@ -85,6 +85,20 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
+def _register_launcher() -> None:
+    """hydra/launcher=parallel's plugin class, registered by Hydra's public API: Hydra finds plugins by
+    scanning the hydra_plugins package, which an editable install's import hook (pip install -e)
+    hides from that scan, so a sweep would fail with "Unknown plugin class"."""
+    from hydra.core.plugins import Plugins
+    from hydra_plugins.numdev_launcher.parallel_launcher import ParallelLauncher
+
+    Plugins.instance().register(ParallelLauncher)
+
+
+# Hydra's own tools, whose argument is not an override: `-sc install=bash` (shell completion).
+HYDRA_TOOL_FLAGS = {"-sc", "--shell-completion"}
+
+
 def checked_overrides(program: str, app: str, check=None):
     """Decorate a Hydra app's entry point (outside @hydra.main): before Hydra composes, an override
     whose key belongs to another option of its group or to the other app is one line naming the fix
@@ -93,12 +107,13 @@ def checked_overrides(program: str, app: str, check=None):
     from numdev import config_groups, preflight
 
     config_groups.register_resolver()  # --help lists the app's own groups (conf/hydra/help/numdev.yaml)
+    _register_launcher()
 
     def decorate(main):
         @functools.wraps(main)
         def wrapper(*args, **kwargs):
-            if not args and not kwargs:  # the command line, not a test passing a config
-                given = sys.argv[1:]
+            if not args and not kwargs and not HYDRA_TOOL_FLAGS & set(sys.argv[1:]):  # a run's command line (not a test
+                given = sys.argv[1:]  # passing a config, not Hydra's shell completion)
                 mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
                 if not mistake and check is not None:
                     mistake = preflight.problem(app, given, check)

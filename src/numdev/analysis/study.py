@@ -505,7 +505,7 @@ def captions(summary: dict) -> dict:
             + (f" (seed-to-seed spread: std {spread:.2g})" if spread is not None else " (one replicate: no spread)")
         )
     if parts:
-        lines["downstream"] = "Downstream, each role minus its replicate's reference (mean [95% CI]): " + "; ".join(parts)
+        lines["downstream"] = "Downstream, each role minus its replicate's reference (mean [interval: 95% from 5 replicates, else the range of n]): " + "; ".join(parts)
     return {key: _no_interval_once(line) for key, line in lines.items()}
 
 

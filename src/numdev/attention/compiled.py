@@ -68,7 +68,7 @@ def _compiled(step, formats: StageFormats):
     # A fresh code object per (step, formats): dynamo keeps its cache, and its recompile limit,
     # per code object, so a sweep over many format sets never spills into silent eager fallback.
     fresh = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__)
-    fresh.__kwdefaults__ = {"f": formats}
+    fresh.__kwdefaults__ = {**(step.__kwdefaults__ or {}), "f": formats}  # the step's other keyword defaults kept
     fast = torch.compile(
         fresh,
         dynamic=True,  # sequence lengths and ragged last tiles vary in sweeps: one graph for all

@@ -30,8 +30,8 @@ def roles_table(summary: dict, metric: str | None = None) -> str:
     metric = metric or summary["primary_metric"]
     under_test = summary["under_test"]
     head = (
-        f"| role | kind | what differs from the reference | slope / step [95% CI] | at step {summary['steps']} [95% CI] "
-        f"| slope ratio to {under_test} [95% CI] | ratio's interval |\n| --- | --- | --- | --- | --- | --- | --- |"
+        f"| role | kind | what differs from the reference | slope / step [interval] | at step {summary['steps']} [interval] "
+        f"| slope ratio to {under_test} [interval] | ratio's interval |\n| --- | --- | --- | --- | --- | --- | --- |"
     )
     rows = []
     for role in summary["role_order"]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 HPARAM_METRICS = ("loss/train", "loss/heldout", "samples/colour_accuracy", "samples/shape_accuracy", "samples/position_accuracy")
 MAX_NAME = 120  # characters of a run's directory name (file systems allow 255)
@@ -47,6 +48,7 @@ class TensorBoardLogger(LightningTensorBoardLogger):
     def log_metrics(self, metrics, step=None) -> None:
         super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
 
+    @rank_zero_only  # as Lightning's own: other DDP ranks have no event file to write to
     def log_hyperparams(self, params, metrics=None) -> None:
         super().log_hyperparams(params, metrics)  # hparams.yaml (default_hp_metric=false: no summary of its own)
         if metrics is not None:
