@@ -23,7 +23,7 @@ from numdev.docblocks import replace_block
 from numdev.provenance import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "optimizations.md"
+DOC, README = REPO / "docs" / "optimizations.md", REPO / "README.md"
 RESULT = REPO / "docs" / "results" / "optimizations_summary.json"
 BENCH = REPO / "docs" / "results" / "bench_study_optimizations.json"
 COMMAND = ".venv/bin/numdev-train experiment=optimizations"
@@ -69,6 +69,20 @@ def ordering_text(summary: dict, result: Path, command: str) -> str:
     return "\n".join(lines)
 
 
+def findings_sentence(summary: dict, result: Path, command: str) -> str:
+    """README's third opening sentence: which optimizations stay below the floor, the others' eps*, and which are faster here."""
+    entries = ordering(summary["optimizations"]["rows"])
+    below = [e["label"] for e in entries if e["below_floor"]]
+    sized = [f"{e['label']} {e['eps_text']}" for e in entries if not e["below_floor"] and e["eps"] is not None]
+    faster = [e["label"] for e in entries if e["faster"]]
+    floor = summary["calibration"]["floor"]["text"].split(" (")[0]
+    sentence = (f"**Other optimizations, same scale (fp32 reference, the first {summary['steps']} steps, {len(summary['replicates'])} replicates, "
+                f"as eps*): {', '.join(below) or 'none'} stay below the resolution floor ({floor}); "
+                f"{'; '.join(sized)}. Faster than their baseline on this CPU: {', '.join(faster) or 'none of them'}.**")
+    return (f"{sentence}\n\nFrom `{command}` on {machine_line(summary['provenance'], commit=False)}; the table with phase-1 deviations "
+            f"and step-time ratios: [docs/optimizations.md](docs/optimizations.md).")
+
+
 def budget_text(bench: dict, path: Path) -> str:
     repeat = bench["repeats"][0]
     runs = repeat["runs_s"]
@@ -99,7 +113,8 @@ def main() -> None:
     replace_block(DOC, "optimization-catalogue", catalogue_text())
     replace_block(DOC, "optimizations-table", table_text(summary, source, args.command))
     replace_block(DOC, "optimizations-ordering", ordering_text(summary, source, args.command))
-    blocks = ["optimization-catalogue", "optimizations-table", "optimizations-ordering"]
+    replace_block(README, "findings-optimizations", findings_sentence(summary, source, args.command))
+    blocks = ["optimization-catalogue", "optimizations-table", "optimizations-ordering", "README.md: findings-optimizations"]
     if args.bench is not None:
         replace_block(DOC, "optimizations-budget", budget_text(json.loads(args.bench.read_text(encoding="utf-8")), args.bench.resolve()))
         blocks.append("optimizations-budget")

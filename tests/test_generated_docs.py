@@ -67,3 +67,15 @@ def test_user_text_has_no_session_history(doc):
     assert "this session" not in text.lower()
     if doc == README:
         assert not re.search(r"\b(commit|@) [0-9a-f]{7,40}\b", text), "a commit hash in README.md's text"
+
+
+def test_the_optimizations_table_and_sentence_are_the_scripts_from_the_committed_summary():
+    table = _script("optimization_table")
+    summary = json.loads(table.RESULT.read_text(encoding="utf-8"))
+    assert read_block(README, "findings-optimizations") == table.findings_sentence(summary, table.RESULT, table.COMMAND).strip()
+    assert read_block(table.DOC, "optimizations-table") == table.table_text(summary, table.RESULT, table.COMMAND).strip()
+
+
+def test_the_configuration_reference_lists_every_option_in_conf():
+    reference = _script("config_reference")
+    assert read_block(reference.DOC, reference.BLOCK) == reference.text().strip()
