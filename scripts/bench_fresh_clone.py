@@ -2,6 +2,7 @@
 
     python scripts/bench_fresh_clone.py --which demo     # git clone HEAD, then `make demo` (install included)
     python scripts/bench_fresh_clone.py --which test     # git clone HEAD, then `CI=true bash .ci/run` (install included)
+    python scripts/bench_fresh_clone.py --which demo --keep-outputs /tmp/demo-outputs   # keep what the demo made
 
 The clone is of the committed HEAD (uncommitted changes are not measured: the JSON says so), into a
 temporary directory removed afterwards. The JSON gives the wall time end to end, the CPU seconds of
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +36,10 @@ PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([\d.]+)s", re
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--which", choices=sorted(COMMANDS), required=True)
+    parser.add_argument("--keep-outputs", type=Path, help="move the clone's outputs/ here afterwards (a directory that does not exist yet)")
     args = parser.parse_args()
+    if args.keep_outputs is not None and args.keep_outputs.exists():
+        parser.error(f"--keep-outputs {args.keep_outputs}: already exists; give a new directory")
     state = git_state()
     with tempfile.TemporaryDirectory(prefix="numdev-fresh-") as tmp:
         clone = Path(tmp) / "numdev"
@@ -47,6 +52,8 @@ def main() -> None:
         done = subprocess.run(COMMANDS[args.which], cwd=clone, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
         cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if args.keep_outputs is not None and (clone / "outputs").is_dir():
+            shutil.move(clone / "outputs", args.keep_outputs)
     summary = PYTEST_SUMMARY.findall(done.stdout)
     print(json.dumps({
         "which": args.which,
