@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from numdev import schemas
+from numdev import logs, schemas
 from numdev.atomic import WriteError, check_regular_target, write_bytes, write_text
 from numdev.commands import script
 from numdev.errors import fail
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--study", help="a study directory (default: the latest under OUTPUTS/train/*/multirun_*)")
     parser.add_argument("-o", "--out", help="report directory (default: OUTPUTS/report)")
     args = parser.parse_args(argv)
+    logs.console()
     root = Path(args.outputs)
     notes: list[str] = []
     try:
@@ -177,8 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-report", error)
     for note in notes:  # also on the page
-        print(f"numdev-report: note: {note}")
-    print(f"report: {index.resolve()}")
+        log.info("numdev-report: note: %s", note)
+    log.info("report: %s", index.resolve())
 
 
 def _study_provenance(study_dir: Path) -> dict | None:
