@@ -91,8 +91,10 @@ def _label(s: Section) -> tuple[str, str] | None:
     return None
 
 
-def slug(title: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", title.lower().split("—")[0]).strip("-") or "section"
+def slug(title: str, whole: bool = False) -> str:
+    """The title's part before its dash ("Fig. 3 — precision sweep" -> fig-3); whole: all of it."""
+    text = title.lower() if whole else title.lower().split("—")[0]
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "section"
 
 
 def _text(text: str, out_dir: Path | None) -> str:
@@ -216,8 +218,11 @@ def render(title: str, subtitle: str, sections: list[Section], intro: str = "", 
     ids, seen = [], set()
     for s in sections:
         anchor = s.anchor or slug(s.title)
+        if anchor in seen:  # "GEMM — by format", "GEMM — by K": the whole title tells them apart
+            anchor = slug(s.title, whole=True)
+        base, n = anchor, 2
         while anchor in seen:
-            anchor += "-2"
+            anchor, n = f"{base}-{n}", n + 1
         seen.add(anchor)
         ids.append(anchor)
     parts.append(_contents(sections, ids))
