@@ -78,9 +78,14 @@ def findings_sentence(summary: dict, result: Path, command: str) -> str:
     floor = summary["calibration"]["floor"]["text"].split(" (")[0]
     sentence = (f"**Other optimizations, same scale (fp32 reference, the first {summary['steps']} steps, {len(summary['replicates'])} replicates, "
                 f"as eps*): {', '.join(below) or 'none'} stay below the resolution floor ({floor}); "
-                f"{'; '.join(sized)}. Faster than their baseline on this CPU: {', '.join(faster) or 'none of them'}.**")
-    return (f"{sentence}\n\nFrom `{command}` on {machine_line(summary['provenance'], commit=False)}; the table with phase-1 deviations "
-            f"and step-time ratios: [docs/optimizations.md](docs/optimizations.md).")
+                f"{'; '.join(sized)}. Faster than their baseline on this CPU: {', '.join(faster) or 'none of them'}.")
+    judged = [row for row in summary["optimizations"]["rows"] if "more_than_a_seed" in row["downstream"] and row["kind"] != "control"]
+    if judged:
+        more = [row["label"] for row in judged if row["downstream"]["more_than_a_seed"]]
+        sentence += (f" Changing held-out loss at step {summary['steps']} more than another data order does "
+                     f"(mean |Δ| over replicates): {', '.join(more) or f'none of the {len(judged)}'}.")
+    return (f"{sentence}**\n\nFrom `{command}` on {machine_line(summary['provenance'], commit=False)}; the table with phase-1 deviations, "
+            f"step-time ratios and held-out loss: [docs/optimizations.md](docs/optimizations.md).")
 
 
 def budget_text(bench: dict, path: Path) -> str:
@@ -93,7 +98,8 @@ def budget_text(bench: dict, path: Path) -> str:
             f"{repeat['cpu_s'] / 60:.1f} CPU-minutes ({repeat['cpu_s'] / 120:.1f} min of 2 cores if nothing else ran), "
             f"{len(runs)} runs, 2 at a time with 1 thread each; load averages (1, 5, 15 min) "
             f"{', '.join(f'{x:.1f}' for x in repeat['load_average_before'])} before and "
-            f"{', '.join(f'{x:.1f}' for x in repeat['load_average_after'])} after (the machine is shared).")
+            f"{', '.join(f'{x:.1f}' for x in repeat['load_average_after'])} after"
+            + (" (others' work was running: it is in the wall time)." if repeat["load_average_before"][0] > 1.0 else "."))
 
 
 def main() -> None:

@@ -592,6 +592,11 @@ CATALOGUE += [
     Case("train-checkpoint-checksum-garbage", "numdev-train", RESUME, "{tmp}/run/checkpoints/last.ckpt.sha256: not a checksum record",
          setup=lambda tmp: _trained_run(tmp) or (tmp / "run/checkpoints/last.ckpt.sha256").write_bytes(b"\x00\xff garbage"),
          intact=CKPT_KEPT, refused_before_start=False),
+    *(Case(f"train-checkpoint-checksum-deleted-{mode}", "numdev-train", [*TRAIN, "trainer.max_steps=4", f"resume={mode}"],
+           "{tmp}/run/checkpoints/last.ckpt: its checksum file last.ckpt.sha256 is missing",
+           setup=lambda tmp: _trained_run(tmp) or (tmp / "run/checkpoints/last.ckpt.sha256").unlink(),
+           intact=CKPT_KEPT, refused_before_start=False)
+      for mode in ("true", "auto")),
     *(Case(f"compare-snapshot-as-{dtype}", "numdev-compare", ["{tmp}/a", "{tmp}/b"],
            f"step_00000002.safetensors: tensor 'w' is {dtype}, not float32", setup=_rewrite_snapshot(dtype))
       for dtype in ("int32", "float16", "bfloat16", "float64", "int8", "int64", "uint8")),

@@ -206,15 +206,11 @@ def test_a_kill_between_the_checksum_and_the_checkpoint_write_still_resumes(shor
     assert load_checkpoint(path)["global_step"] == 3
 
 
-def test_a_checkpoint_without_a_checksum_file_loads_with_a_warning(short_run, monkeypatch):
-    import numdev.train.checkpoint_io as checkpoint_io
-
-    warned = []  # the module's logger, whatever logging configuration an earlier test left behind
-    monkeypatch.setattr(checkpoint_io.log, "warning", lambda msg, *args: warned.append(msg % args))
+def test_a_checkpoint_without_its_checksum_file_is_refused_naming_both(short_run):
     digest = short_run / "checkpoints" / "last.ckpt.sha256"
     digest.unlink()
-    assert load_checkpoint(short_run / "checkpoints" / "last.ckpt")["global_step"] == 2
-    assert any("cannot be verified" in w for w in warned)
+    with pytest.raises(CheckpointError, match=r"last\.ckpt: its checksum file last\.ckpt\.sha256 is missing.*resume=auto"):
+        load_checkpoint(short_run / "checkpoints" / "last.ckpt")
 
 
 def test_removing_a_checkpoint_removes_its_checksum(tmp_path):

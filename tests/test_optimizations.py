@@ -340,6 +340,7 @@ def test_the_smoke_catalogue_writes_the_table_and_the_report_shows_it(tmp_path):
     assert rows["flash"]["phase1"]["status"] == "measured" and rows["flash"]["phase1"]["max_abs"]["mean"] > 0
     for row in rows.values():
         assert row["step_time_ratio"]["estimate"]["n"] == 3 and row["equivalent"]["text"]
+        assert row["downstream"]["heldout_loss"]["n"] == 3 and "held-out loss" in row["downstream"]["text"]
     report = build_report([], study, tmp_path / "report")
     assert "opt_fp8_linear" in Path(report).read_text()
 
@@ -355,3 +356,29 @@ def test_the_phase1_cell_of_a_matrix_product_row_is_one_linear_call_against_fp64
     # e4m3 keeps 3 mantissa bits (relative step 2^-4) against fp32's 24: orders of magnitude apart
     assert fp8["mean_abs"]["mean"] > 1e3 * none["mean_abs"]["mean"]
     assert none["max_abs"]["high"] < 1e-5 and fp8["max_abs"]["low"] > 1e-3
+
+
+def test_the_downstream_cell_is_the_held_out_change_against_the_rows_own_baseline():
+    """Paired by replicate against the row's baseline (the tie fix against the emulator, not the
+    reference), set against another data order's |Δ|; 3 replicates give a range, labelled so."""
+    from numdev.analysis.optimizations import YARDSTICK, _downstream, _heldout_change
+
+    values = {"reference": [1.00, 1.10, 1.20], YARDSTICK: [1.05, 1.02, 1.26],  # |Δ| 0.05, 0.08, 0.06
+              "attn_flash_emulated": [1.01, 1.12, 1.19], "opt_flash_tie_fix": [1.01, 1.12, 1.19],
+              "opt_fp8_linear": [1.30, 1.35, 1.50]}
+    heldout = {role: {"per_replicate": {str(r): v for r, v in enumerate(vs)}} for role, vs in values.items()}
+    yardstick = _heldout_change(heldout, YARDSTICK, "reference")
+    assert yardstick["mean_abs"] == pytest.approx((0.05 + 0.08 + 0.06) / 3)
+
+    tie = _downstream(heldout, "opt_flash_tie_fix", "attn_flash_emulated", yardstick)
+    assert tie["heldout_loss"]["estimate"]["value"] == 0.0 and tie["more_than_a_seed"] is False
+    fp8 = _downstream(heldout, "opt_fp8_linear", "reference", yardstick)
+    assert fp8["heldout_loss"]["estimate"]["value"] == pytest.approx(np.mean([0.30, 0.25, 0.30]))
+    assert fp8["more_than_a_seed"] is True and "range of 3" in fp8["text"] and "more than a seed" in fp8["text"]
+    assert "yardstick" in _downstream(heldout, YARDSTICK, "reference", yardstick)["text"]
+    assert "not measured" in _downstream({}, "opt_fp8_linear", "reference", None)["text"]
+
+
+def test_the_catalogue_measures_held_out_loss():
+    cfg = compose_train("experiment=optimizations", smoke=False)
+    assert cfg.callbacks.heldout is not None and cfg.callbacks.samples is None

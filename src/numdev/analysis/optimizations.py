@@ -18,7 +18,10 @@ Per row:
   compared with that role's runs of the same replicate (from the snapshots);
 - **step time ratio**: the run's median step time over its baseline's (run.json step_seconds,
   measured in the same study), per replicate, geometric mean with the t interval (ranges below 5);
-- **downstream**: the early study (64 steps) does not measure it (docs/study.md#early).
+- **downstream**: the held-out diffusion loss at the run's last step (numdev.train.heldout), the row
+  minus its baseline per replicate, mean with its interval; its mean |Δ| is set against the `data`
+  control's (another data order against the reference: the seed-to-seed yardstick). Caption
+  agreement needs samples, which the catalogue does not draw (64 steps: docs/study.md#early).
 """
 
 from __future__ import annotations
@@ -36,18 +39,22 @@ ROW_KINDS = ("under_test", "proxy", "optimization", "control")
 PHASE1_SEEDS = 5
 PHASE1_BATCH = 8
 NOT_ONE_CALL = "phase 1: not one call (changes the whole training step)"
-DOWNSTREAM = "not measured in the early study (64 steps; docs/study.md#early)"
+HELDOUT = "heldout_loss"  # numdev.analysis.study.DOWNSTREAM's outcome the table reads
+YARDSTICK = "data"  # the control whose |Δ| to the reference is the seed-to-seed yardstick
 GEMM_OPTIMIZATIONS = ("matmul_bf16", "fp8_linear", "mxfp8_linear")
 EMULATED_BACKENDS = ("flash_emulated", "baseline", "output_noise")
 
 
-def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print) -> dict:
+def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print, downstream: dict | None = None) -> dict:
     """{"rows": [...], "markdown": the table, "rules": ...}: see the module's docstring.
 
     runs: numdev.analysis.study.discover's; curves: against the reference (role -> replicate -> curve);
-    pair_curves(run_dir, baseline_dir, baseline_role) -> curve of a run against another role's run.
+    pair_curves(run_dir, baseline_dir, baseline_role) -> curve of a run against another role's run;
+    downstream: numdev.analysis.study.downstream's (per outcome, role: per-replicate values).
     """
     reference = next(role for role, by_rep in runs.items() if _first(by_rep)["kind"] == "reference")
+    heldout = (downstream or {}).get(HELDOUT, {}).get("roles", {})
+    yardstick = _heldout_change(heldout, YARDSTICK, reference) if YARDSTICK != reference else None
     rows = []
     for role, by_rep in runs.items():
         first = _first(by_rep)
@@ -64,11 +71,14 @@ def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print) -
             "equivalent": _equivalent(role, baseline, reference, runs, curves, calibration, pair_curves),
             "step_time_ratio": step_time_ratio(by_rep, runs[baseline]),
             "first_step_s": _spread_of(by_rep, "first"),
-            "downstream": DOWNSTREAM,
+            "downstream": _downstream(heldout, role, baseline, yardstick),
         })
     return {"rows": rows, "markdown": markdown(rows, calibration), "rules": {
         "equivalent": "eps*: " + early.FLOOR_RULE + "; " + early.CALIBRATION_RULE,
         "step_time": "median step time of the run over its baseline's, per replicate; " + stats.LOG_RULE,
+        "downstream": "held-out diffusion loss at the last step (numdev.train.heldout), the row minus its baseline "
+                      f"per replicate: mean [{stats.RULE}; from fewer than {stats.MIN_BOOTSTRAP} replicates the range]; "
+                      f"'more than a seed' when its mean |Δ| exceeds the {YARDSTICK} control's mean |Δ| to the reference",
         "phase1": f"one attention call against FP64 (golden_attention), image self-attention shape, N(0,1) inputs; "
                   f"matrix-product rows: one hidden x hidden linear call against the FP64 product, N(0,1) inputs, "
                   f"nn.Linear's weight range; {PHASE1_SEEDS} seeds: mean over seeds [range]",
@@ -85,6 +95,34 @@ def kernel_of(record: dict) -> str:
     if kernel != "none":
         return kernel
     return "emulated" if record.get("backend") in EMULATED_BACKENDS else "real"
+
+
+def _heldout_change(heldout: dict, role: str, baseline: str) -> dict | None:
+    """The role's held-out loss minus its baseline's, paired by replicate: {"estimate", "mean_abs", "n"}."""
+    mine, theirs = (heldout.get(r, {}).get("per_replicate", {}) for r in (role, baseline))
+    common = sorted(set(mine) & set(theirs), key=int)
+    if not common:
+        return None
+    diffs = [mine[r] - theirs[r] for r in common]
+    return {"estimate": stats.mean_interval(diffs).as_dict(), "mean_abs": float(np.mean(np.abs(diffs))), "n": len(diffs)}
+
+
+def _downstream(heldout: dict, role: str, baseline: str, yardstick: dict | None) -> dict:
+    change = _heldout_change(heldout, role, baseline)
+    if change is None:
+        return {"text": "not measured (no heldout.json: callbacks.heldout was off)"}
+    estimate = stats.Estimate(**change["estimate"])
+    text = f"held-out loss Δ {estimate.text('+.2g')}" if estimate.n > 1 else f"held-out loss Δ {estimate.value:+.2g} (one replicate)"
+    out = {"heldout_loss": change}
+    if role == YARDSTICK:
+        text += " (the seed-to-seed yardstick)"
+    elif yardstick is not None:
+        more = change["mean_abs"] > yardstick["mean_abs"]
+        out["more_than_a_seed"] = more
+        text += (f"; mean |Δ| {change['mean_abs']:.2g} vs {yardstick['mean_abs']:.2g} for another data order: "
+                 f"{'more' if more else 'no more'} than a seed")
+    out["text"] = text
+    return out
 
 
 def _spread_of(by_rep: dict, key: str) -> dict | None:
@@ -219,7 +257,7 @@ def markdown(rows: list[dict], calibration: dict) -> str:
         spread = row.get("first_step_s")
         first = f"{spread['median']:.2g} [{spread['min']:.2g}, {spread['max']:.2g}]" if spread else "–"
         lines.append(f"| {row['label']} (`{row['role']}`) | {row['kernel']} | {row['baseline']} | " + " | ".join(cells)
-                     + f" | {row['equivalent']['text']} | {row['step_time_ratio']['text']} | {first} | {row['downstream']} |")
+                     + f" | {row['equivalent']['text']} | {row['step_time_ratio']['text']} | {first} | {row['downstream']['text']} |")
     floor = (calibration.get("floor") or {}).get("text")
     if floor:
         lines.append("")

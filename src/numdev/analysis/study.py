@@ -345,7 +345,7 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True) -> dic
 
         summary["optimizations"] = optimizations.table(
             runs, curves["reference"], summary["calibration"],
-            lambda run, baseline, label: model_curves(pair_rows(run, baseline, label, log)), log)
+            lambda run, baseline, label: model_curves(pair_rows(run, baseline, label, log)), log, summary["downstream"])
     summary["headline"] = headline(summary)
     summary["verdicts"] = claim_verdicts(summary, curves["reference"])
     summary["captions"] = captions(summary)

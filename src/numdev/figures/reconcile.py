@@ -417,7 +417,7 @@ def _draw_grid(r, blocks, n, texts, out_dir: Path) -> None:
                         key=lambda vf: (vf[0], order.index(vf[1]) if vf[1] in order else 99))
     tiles = _tile_order({k[4] for k in r if k[0] == "flash"}, blocks)
     width = max(1, len(inputs))
-    fig, axes = plt.subplots(1, width, figsize=(4.6 * width + 2.5, 0.36 * len(row_labels) + 4.6), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, width, figsize=(4.6 * width + 2.5, 0.44 * len(row_labels) + 4.6), squeeze=False, sharey=True)
     image = None
     for ax, inp in zip(axes[0], inputs):
         grid = np.full((len(row_labels), len(tiles)), np.nan)
@@ -426,16 +426,18 @@ def _draw_grid(r, blocks, n, texts, out_dir: Path) -> None:
                 e = r.get(("flash", inp, variant, formats, tile))
                 if e is not None:
                     grid[i, j] = e["max_abs"].value
-                    ax.text(j, i, f"{e['max_abs'].value:.2g}/{e['mean_abs'].value:.2g}", ha="center", va="center", fontsize=7)
+                    dark = abs(math.log10(e["max_abs"].value)) > 0.55 if e["max_abs"].value > 0 else False  # deep red or blue
+                    ax.text(j, i, f"{e['max_abs'].value:.2g}/{e['mean_abs'].value:.2g}", ha="center", va="center",
+                            fontsize=9, color="white" if dark else "black")
         image = ax.imshow(np.log10(grid), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
         ax.set_xticks(range(len(tiles)), [f"{blocks.get(t, '?')} blocks" + ("\n(FA1 SRAM)" if t.startswith("sram") else "")
-                                          for t in tiles], fontsize=8)
-        ax.set_title(f"{inp} inputs", fontsize=9)
-    axes[0][0].set_yticks(range(len(row_labels)), [f"{v} {f if f in ('paper', 'fa2') else 'paper, ' + f + ' fp32'}" for v, f in row_labels], fontsize=8)
+                                          for t in tiles], fontsize=10)
+        ax.set_title(f"{inp} inputs", fontsize=11)
+    axes[0][0].set_yticks(range(len(row_labels)), [f"{v} {f if f in ('paper', 'fa2') else 'paper, ' + f + ' fp32'}" for v, f in row_labels], fontsize=10)
     if image is not None:
         fig.colorbar(image, cax=fig.add_axes([0.875, 0.3, 0.012, 0.55]), label="log10 flash/paper-baseline max |Δ| vs FP64")
     fig.suptitle(f"Reconciliation grid at N={n}, bf16: flash / paper-baseline deviation from FP64 (cell: max/mean |Δ| ratio, mean over seeds)", fontsize=10)
-    fig.text(0.01, 0.005, "\n".join(_wrap(f"{i}. {s}", 190) for i, s in enumerate(texts, start=1)), fontsize=6.5, va="bottom")
+    fig.text(0.01, 0.005, "\n".join(_wrap(f"{i}. {s}", 190) for i, s in enumerate(texts, start=1)), fontsize=8.5, va="bottom")
     fig.subplots_adjust(bottom=0.3, top=0.88, left=0.12, right=0.86, wspace=0.08)
     save_png(fig, out_dir / "reconcile_grid.png")
 

@@ -12,8 +12,9 @@ Integrity: beside each checkpoint, `<name>.sha256` (run_layout.checkpoint_digest
 before the checkpoint, so whenever a kill falls between the two writes the checkpoint on disk is
 one of the two it lists; a checkpoint matching neither was changed after it was written (a bit
 flip, an edit, a copy gone wrong) and is refused at every load, resume=true and resume=auto alike,
-with what to do. A checkpoint without the file (written before numdev checksummed them) loads
-with a warning that it could not be verified.
+with what to do. A checkpoint without the file is refused too: numdev writes the file before every
+checkpoint, so its absence means the pair was separated (a copy of the checkpoint alone, a deletion)
+and nothing says the weights are the ones that were written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import logging
 import pickle
 import zipfile
 from pathlib import Path
@@ -32,8 +32,6 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from numdev.atomic import write_bytes, write_json
 from numdev.run_layout import checkpoint_digest_path
-
-log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -54,8 +52,11 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
 def _check_digest(path: Path, data: bytes) -> None:
     digest_path = checkpoint_digest_path(path)
     if not digest_path.is_file():
-        log.warning("%s has no checksum file %s (written by an older numdev): it cannot be verified", path, digest_path.name)
-        return
+        raise CheckpointError(
+            f"{path}: its checksum file {digest_path.name} is missing, so the checkpoint cannot be verified (numdev "
+            "writes it before every checkpoint); copy it along with the checkpoint, or move the checkpoints/ directory "
+            "aside and rerun with resume=auto to train again from step 0 (the snapshots come out the same)"
+        )
     try:
         record = json.loads(digest_path.read_bytes().decode("utf-8"))
         known = {record["sha256"], record.get("previous")} - {None}

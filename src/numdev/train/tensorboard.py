@@ -58,7 +58,9 @@ class TensorBoardLogger(LightningTensorBoardLogger):
         flat = _flatten(params if isinstance(params, dict) else vars(params))
         # The metric values are read by TensorBoard from the run's scalars of these tags (the last value).
         experiment, start, end = hparams(flat, {tag: 0.0 for tag in HPARAM_METRICS})
-        writer = self.experiment._get_file_writer()  # noqa: SLF001 - how Lightning itself writes it
+        writer = self.experiment.file_writer  # SummaryWriter's public attribute, opened at its construction
+        if writer is None:
+            raise RuntimeError(f"{self.log_dir}: the TensorBoard writer was closed before the hyperparameters were logged")
         for summary in (experiment, start, end):
             writer.add_summary(summary)
 
