@@ -99,7 +99,7 @@ def budget_text(bench: dict, path: Path) -> str:
             f"{len(runs)} runs, 2 at a time with 1 thread each; load averages (1, 5, 15 min) "
             f"{', '.join(f'{x:.1f}' for x in repeat['load_average_before'])} before and "
             f"{', '.join(f'{x:.1f}' for x in repeat['load_average_after'])} after"
-            + (" (others' work was running: it is in the wall time)." if repeat["load_average_before"][0] > 1.0 else "."))
+            + (" (the machine was not idle at the start)." if repeat["load_average_before"][0] > 1.0 else "."))
 
 
 def main() -> None:
