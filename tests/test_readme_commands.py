@@ -55,6 +55,7 @@ def demo_commands() -> list[str]:
     return [
         *(demo.bench_command(e, root) for e in demo.BENCH_FIGURES),
         demo.study_command(root),
+        demo.catalogue_command(root),
         demo.report_command(root),
         tensorboard("outputs/train/flash_stability/multirun_2026-01-01_00-00-00"),
     ]

@@ -3,6 +3,7 @@ stable section ids, and the page as headless Chromium renders it."""
 
 from __future__ import annotations
 
+import html
 import inspect
 import json
 import re
@@ -212,3 +213,35 @@ def test_an_agreement_score_whose_interval_contains_chance_is_at_chance(low, hig
     cell = _agreement_cell("shape_accuracy", {"mean": mean.as_dict(), "difference_to_reference": mean.as_dict()})
     assert (cell == f"at chance ({mean.value:.2f})") is expect  # no interval, no difference shown
     assert ("[" in cell) is not expect
+
+
+def _analysed(root: Path, name: str, stamp: str, summary: Path) -> Path:
+    study = root / "train" / name / f"multirun_{stamp}"
+    study.mkdir(parents=True)
+    shutil.copyfile(summary, study / "summary.json")
+    return study
+
+
+def test_the_report_finds_the_study_and_the_catalogue_apart_and_shows_the_catalogues_table(tmp_path):
+    """The demo runs the early study and then the catalogue: the newest study is not the catalogue, a
+    damaged older summary is skipped with a note, and the catalogue adds its table only."""
+    from numdev.report.app import latest_study
+
+    results = REPO / "docs" / "results"
+    study = _analysed(tmp_path, "flash_stability_early", "2026-01-01_00-00-00", results / "flash_stability_early_summary.json")
+    catalogue = _analysed(tmp_path, "optimizations", "2026-01-02_00-00-00", results / "optimizations_summary.json")
+    damaged = _analysed(tmp_path, "flash_stability", "2026-01-03_00-00-00", results / "flash_stability_summary.json")
+    (damaged / "summary.json").write_text('{"truncated": ')
+    notes: list[str] = []
+    assert latest_study(tmp_path, notes) == study and latest_study(tmp_path, catalogue=True) == catalogue
+    assert any(str(damaged) in note for note in notes)
+
+    page = build_report([], None, tmp_path / "report", catalogue=catalogue).read_text()
+    assert page.count("<section") == 1 and "id='optimizations'" in page
+    rows = json.loads((catalogue / "summary.json").read_text())["optimizations"]["rows"]
+    for row in rows:  # every row whole: its cells' own "|" (as in "mean |Δ|") do not split it
+        assert f"<td>{html.escape(row['downstream']['text'], quote=False)}</td>" in page, row["role"]
+    assert "<th>phase 1 vs FP64: max |d|</th>" in page  # an escaped | is not a cell boundary
+    assert f"numdev-report --study <a href=" in page and f">{catalogue}</a>" in page  # where its own Figs. 7-8 are
+    with pytest.raises(ValueError, match="no optimizations table"):
+        build_report([], None, tmp_path / "report2", catalogue=study)

@@ -8,11 +8,15 @@
    experiment=flash_stability_early study.replicate=0,1,2: every role and rung, 64 steps; from 3
    replicates every interval is the range of the 3, labelled "range of 3": the study itself, 10
    replicates, is the same command without study.replicate=...);
-3. numdev-report over both, then where the report is and how to open TensorBoard.
+3. the optimizations catalogue, 3 replicates of the first 16 steps (numdev-train experiment=optimizations
+   study.replicate=0,1,2 trainer.max_steps=16: every optimization beside its baseline on the fp32
+   low-floor study, eps* read at step 2 as in the full catalogue, held-out loss at step 16; the
+   catalogue itself is 5 replicates of 64 steps: docs/optimizations.md);
+4. numdev-report over all three, then where the report is and how to open TensorBoard.
 
 Everything goes through the real command lines, so each step can be rerun by hand:
 
-    numdev-demo [--outputs DIR] [--skip-bench] [--skip-study]
+    numdev-demo [--outputs DIR] [--skip-bench] [--skip-study] [--skip-catalogue]
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ def study_command(output_root: Path) -> str:
     return command("numdev-train", *STUDY, *_root(output_root))
 
 
+def catalogue_command(output_root: Path) -> str:
+    return command("numdev-train", *CATALOGUE, *_root(output_root))
+
+
 def report_command(output_root: Path) -> str:
     return command("numdev-report", "--outputs", output_root)
 
@@ -104,11 +112,31 @@ def run_study(output_root: Path) -> Path:
     return study
 
 
+# The catalogue at demo size: 3 of its 5 replicates, the first 16 of its 64 steps (eps* is read at step 2).
+CATALOGUE = ("experiment=optimizations", "study.replicate=0,1,2", "trainer.max_steps=16")
+CATALOGUE_NAME = "optimizations"
+
+
+def run_catalogue(output_root: Path) -> Path:
+    log.info(f"[catalogue] {catalogue_command(output_root)} (every optimization beside its baseline; 3 replicates of 5 "
+             "and 16 steps of 64: intervals are ranges of 3, held-out loss is at step 16)")
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "numdev.train.app", *CATALOGUE, f"output_root={output_root}", "trainer.enable_progress_bar=false",
+         *(["-v"] if logs.VERBOSE else [])],
+        check=True,
+    )
+    catalogue = latest_sweep(output_root, "train", CATALOGUE_NAME)
+    log.info(f"[catalogue] {time.perf_counter() - start:.0f} s -> {catalogue}")
+    return catalogue
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-demo", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default="outputs", help="where runs land (default: outputs)")
     parser.add_argument("--skip-bench", action="store_true", help="reuse the latest bench sweeps")
     parser.add_argument("--skip-study", action="store_true", help="reuse the latest study")
+    parser.add_argument("--skip-catalogue", action="store_true", help="reuse the latest optimizations catalogue")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show the libraries' messages and each run's progress")
     args = parser.parse_args(argv)
     logs.console(args.verbose)
@@ -118,12 +146,14 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_bench:
             run_bench_figures(output_root)
         study = None if args.skip_study else run_study(output_root)
+        catalogue = None if args.skip_catalogue else run_catalogue(output_root)
     except subprocess.CalledProcessError as error:
         fail("numdev-demo", f"{' '.join(error.cmd[2:])} failed with exit status {error.returncode} (its message is above)")
     from numdev.report.app import build_report, latest_bench_sweeps, latest_study
 
     study = study or latest_study(output_root)
-    index = build_report(latest_bench_sweeps(output_root), study, output_root / "report")
+    catalogue = catalogue or latest_study(output_root, catalogue=True)
+    index = build_report(latest_bench_sweeps(output_root), study, output_root / "report", catalogue=catalogue)
     minutes = (time.perf_counter() - start) / 60
     log.info(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
     if study is not None:

@@ -241,6 +241,11 @@ def _cell(phase: dict, key: str) -> str:
     return f"{entry['mean']:.2e} [{entry['low']:.2e}, {entry['high']:.2e}]"
 
 
+def _escaped(text: str) -> str:
+    """A table cell's text: its | (as in "mean |Δ|") would end the cell."""
+    return text.replace("\\|", "|").replace("|", "\\|")
+
+
 def markdown(rows: list[dict], calibration: dict) -> str:
     """The table as Markdown (summary.json carries it; scripts/optimization_table.py and numdev-report show it)."""
     lines = [
@@ -256,8 +261,9 @@ def markdown(rows: list[dict], calibration: dict) -> str:
             cells = [p["text"], "", ""]
         spread = row.get("first_step_s")
         first = f"{spread['median']:.2g} [{spread['min']:.2g}, {spread['max']:.2g}]" if spread else "–"
-        lines.append(f"| {row['label']} (`{row['role']}`) | {row['kernel']} | {row['baseline']} | " + " | ".join(cells)
-                     + f" | {row['equivalent']['text']} | {row['step_time_ratio']['text']} | {first} | {row['downstream']['text']} |")
+        texts = [_escaped(t) for t in (row["equivalent"]["text"], row["step_time_ratio"]["text"], first, row["downstream"]["text"])]
+        lines.append(f"| {row['label']} (`{row['role']}`) | {row['kernel']} | {row['baseline']} | "
+                     + " | ".join([*map(_escaped, cells), *texts]) + " |")
     floor = (calibration.get("floor") or {}).get("text")
     if floor:
         lines.append("")

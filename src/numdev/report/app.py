@@ -2,6 +2,7 @@
 
     numdev-report                         # the latest sweep of every figure under outputs/
     numdev-report --bench outputs/bench/fig4/multirun_... --study outputs/train/flash_stability/multirun_... -o my_report
+    numdev-report --study outputs/train/flash_stability_early/multirun_... --catalogue outputs/train/optimizations/multirun_...
 
 Each paper figure is shown next to the paper's claim and our measured numbers, with the
 configuration that produced it and the command that reruns it. The page embeds its figures (it is
@@ -120,8 +121,10 @@ def _task_overrides(multirun_yaml: Path) -> list[str]:
     return list(hydra_cfg.get("overrides", {}).get("task", []))
 
 
-def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path, notes: list[str] | None = None) -> Path:
-    """Every section is built (every file read and checked) before anything is written."""
+def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path, notes: list[str] | None = None,
+                 catalogue: Path | None = None) -> Path:
+    """Every section is built (every file read and checked) before anything is written. `catalogue`: an
+    optimizations catalogue study (experiment=optimizations) whose table joins the study's sections."""
     sections = [bench_section(sweep) for sweep in bench_sweeps]
     sources = {f"{s.title.split(':')[0]} ({sweep})": s.provenance for s, sweep in zip(sections, bench_sweeps)}
     if study_dir is not None:
@@ -137,6 +140,11 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
             section.provenance = section.provenance or study_provenance
             sections.append(section)
         sources[f"the study ({study_dir})"] = study_provenance
+    if catalogue is not None:
+        from numdev.report.study import catalogue_sections
+
+        sections += catalogue_sections(catalogue)
+        sources[f"the optimizations catalogue ({catalogue})"] = _study_provenance(Path(catalogue))
     if not sections:
         raise FileNotFoundError("nothing to report: no finished bench sweep or study found (run `make demo` first)")
     check_regular_target(out_dir / "index.html")  # -o onto a file, a FIFO or a device: one line, nothing written
@@ -166,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--outputs", default="outputs", help="where runs landed (default: outputs)")
     parser.add_argument("--bench", nargs="*", help="bench sweep directories (default: the latest of each figure)")
     parser.add_argument("--study", help="a study directory (default: the latest under OUTPUTS/train/*/multirun_*)")
+    parser.add_argument("--catalogue", help="an optimizations catalogue study (experiment=optimizations) whose table joins "
+                        "the report (default, without --study: the latest under OUTPUTS/train/*/multirun_*)")
     parser.add_argument("-o", "--out", help="report directory (default: OUTPUTS/report)")
     args = parser.parse_args(argv)
     logs.console()
@@ -174,7 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         bench = [Path(p) for p in args.bench] if args.bench is not None else latest_bench_sweeps(root, notes)
         study = Path(args.study) if args.study else latest_study(root, notes)
-        index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes)
+        catalogue = Path(args.catalogue) if args.catalogue else None if args.study else latest_study(root, catalogue=True)
+        if study is None:  # only a catalogue was run: it is the study, every section of it
+            study, catalogue = catalogue, None
+        index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes, catalogue)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-report", error)
     for note in notes:  # also on the page
@@ -194,18 +207,33 @@ def _study_provenance(study_dir: Path) -> dict | None:
     return None
 
 
-def latest_study(root: Path, notes: list[str] | None = None) -> Path | None:
-    """The newest analysed study (numdev-train experiment=flash_stability) under root/train; where a
-    newer study has no summary.json (unfinished, failed, not analysed), `notes` says so."""
-    done = sorted((p.parent for p in (root / "train").glob("*/multirun_*/summary.json")), key=lambda p: p.name)
+def latest_study(root: Path, notes: list[str] | None = None, catalogue: bool = False) -> Path | None:
+    """The newest analysed study under root/train (numdev-train experiment=flash_stability...), or with
+    catalogue=True the newest optimizations catalogue (experiment=optimizations: a summary with an
+    optimizations table); where a newer study has no summary.json (unfinished, failed, not analysed),
+    `notes` says so."""
+    from numdev.analysis.study import SUMMARY
+
+    done = sorted((p.parent for p in (root / "train").glob(f"*/multirun_*/{SUMMARY}")), key=lambda p: p.name)
+    done = [p for p in done if _kind_of(p / SUMMARY, notes) == ("catalogue" if catalogue else "study")]
     if not done:
         return None
-    newer = [p for p in (root / "train").glob("*/multirun_*") if p.is_dir() and p not in done and p.name > done[-1].name
-             and (p / "multirun.yaml").is_file() and any(p.glob("r*/*/config.yaml"))]
+    newer = [p for p in (root / "train").glob("*/multirun_*") if p.is_dir() and not (p / SUMMARY).is_file()
+             and p.name > done[-1].name and (p / "multirun.yaml").is_file() and any(p.glob("r*/*/config.yaml"))]
     if newer:
         _fell_back(notes, f"the study: the newest {max(newer, key=lambda p: p.name)} has no summary.json (unfinished, failed "
                    f"or not analysed: numdev-study DIR): reporting the older {done[-1]}")
     return done[-1]
+
+
+def _kind_of(summary: Path, notes: list[str] | None) -> str | None:
+    """"catalogue" (a summary with an optimizations table), "study", or None for a summary that cannot
+    be read (skipped, and `notes` says so: an older damaged study does not stop the report)."""
+    try:
+        return "catalogue" if schemas.read_study_summary(summary).get("optimizations") else "study"
+    except ValueError as error:
+        _fell_back(notes, f"skipped {summary.parent}: {error}")
+        return None
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def _markdown_tables(text: str, deciding: list[int], out_dir: Path | None) -> st
         if not block.lstrip().startswith("|"):
             parts.append(f"<p>{_text(block.strip(), out_dir)}</p>")
             continue
-        lines = [line.strip().strip("|").split("|") for line in block.strip().splitlines() if line.strip()]
+        lines = [_cells(line) for line in block.strip().splitlines() if line.strip()]
         if len(lines) < 2:
             continue
         head, body = lines[0], lines[2:]
@@ -145,6 +145,14 @@ def _markdown_tables(text: str, deciding: list[int], out_dir: Path | None) -> st
             parts.append(f"<p>The rows the verdict rests on ({len(shown)} of {len(body)}):</p>" + _table(head, shown))
         parts.append(f"<details><summary>All {len(body)} rows</summary>{_table(head, body)}</details>")
     return "".join(parts)
+
+
+def _cells(line: str) -> list[str]:
+    """A Markdown table row's cells: split at | but not at an escaped \\| (as in "max \\|d\\|"), which becomes |."""
+    line = line.strip()
+    line = line[1:] if line.startswith("|") else line
+    line = line[:-1] if line.endswith("|") and not line.endswith("\\|") else line
+    return [cell.replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)]
 
 
 def _table(head: list[str], body: list[list[str]]) -> str:

@@ -234,16 +234,7 @@ def study_sections(study_dir: Path) -> list[Section]:
         provenance=origin, files=files,
     ))
     if summary.get("optimizations"):  # experiment=optimizations (numdev.analysis.optimizations)
-        table = summary["optimizations"]
-        sections.append(Section(
-            title="Optimizations — how far each moves the weights, next to what it costs",
-            claim="Not in the paper, which closes by asking how other optimizations compare: each optimization as a role "
-            "against its own baseline with the same seeds.",
-            measured=f"Per optimization: one call against FP64 (phase 1), the equivalent initial-weight perturbation eps* "
-            f"(phase 2) and the step-time ratio to its baseline measured in the same study ({setting}).",
-            table_markdown=table["markdown"], extra=[f"Rule ({k}): {v}." for k, v in table["rules"].items()],
-            command=command, provenance=origin, anchor="optimizations",
-        ))
+        sections.append(_optimizations_section(summary, setting, command, origin))
     samples = [
         (Path(s["path"]), f"{role} (replicate {s['replicate']}): samples at step {summary['steps']} with their captions"
          + (f"; they match them: {agreement_text(s['scores'])}" if s["scores"].get("scored") else ""))
@@ -263,6 +254,39 @@ def study_sections(study_dir: Path) -> list[Section]:
         images=samples, command=command, provenance=origin, anchor=SAMPLES,
     ))
     return sections
+
+
+def catalogue_sections(study_dir: Path) -> list[Section]:
+    """An optimizations catalogue (experiment=optimizations) beside another study: its table only
+    (its own Figs. 7-8, of the fp32 low-floor setting: numdev-report --study DIR)."""
+    study_dir = Path(study_dir)
+    path = study_dir / SUMMARY
+    summary = STUDY_SUMMARY.check(path, read_json(path, "study summary"))
+    if not summary.get("optimizations"):
+        raise ValueError(f"{path}: no optimizations table: not a summary of experiment=optimizations "
+                         f"(give it as --study, or rerun numdev-study {study_dir})")
+    overrides = _extra_overrides(study_dir)
+    args = overrides if any(o.startswith("experiment=") for o in overrides) else ["experiment=optimizations", *overrides]
+    setting = (f"{summary['precision']} reference, {summary['model']}, {summary['steps']} steps, "
+               f"{len(summary['replicates'])} replicate(s)")
+    section = _optimizations_section(summary, setting, " ".join([script("numdev-train"), *args]), summary.get("provenance"))
+    section.files = [("the catalogue", study_dir), ("summary.json", path)]
+    section.extra.append(f"The catalogue's own Figs. 7-8 and runs: {script('numdev-report')} --study {study_dir}")
+    return [section]
+
+
+def _optimizations_section(summary: dict, setting: str, command: str, origin: dict | None) -> Section:
+    table = summary["optimizations"]
+    return Section(
+        title="Optimizations — how far each moves the weights, next to what it costs",
+        claim="Not in the paper, which closes by asking how other optimizations compare: each optimization as a role "
+        "against its own baseline with the same seeds.",
+        measured=f"Per optimization: one call against FP64 (phase 1), the equivalent initial-weight perturbation eps* "
+        f"(phase 2), the step-time ratio to its baseline measured in the same study and the held-out loss change "
+        f"against another data order's ({setting}).",
+        table_markdown=table["markdown"], extra=[f"Rule ({k}): {v}." for k, v in table["rules"].items()],
+        command=command, provenance=origin, anchor="optimizations",
+    )
 
 
 def _extra_overrides(study_dir: Path) -> list[str]:
