@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from helpers import compose_train
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
@@ -310,6 +312,13 @@ CATALOGUE = [
          setup=lambda tmp: _records(tmp, '{"method": "fl')),
     # numdev-report
     Case("report-nothing", "numdev-report", ["--outputs", "{tmp}/outputs", "-o", "{tmp}/report"], "nothing to report"),
+    Case("report-catalogue-missing", "numdev-report", ["--bench", "{tmp}/sweep", "--catalogue", "{tmp}/nowhere", "-o", "{tmp}/report"],
+         "{tmp}/nowhere/summary.json does not exist: give the multirun directory of a finished numdev-train experiment=optimizations",
+         setup=lambda tmp: _report_sweep(tmp)),
+    Case("report-catalogue-not-one", "numdev-report", ["--bench", "{tmp}/sweep", "--catalogue", "{tmp}/study", "-o", "{tmp}/report"],
+         "{tmp}/study/summary.json: no optimizations table",
+         setup=lambda tmp: _report_sweep(tmp) or (tmp / "study").mkdir() or shutil.copyfile(
+             REPO / "docs/results/flash_stability_early_summary.json", tmp / "study/summary.json")),
     Case("report-missing-run-dir", "numdev-report", ["--bench", "{tmp}/nowhere", "-o", "{tmp}/report"],
          "{tmp}/nowhere has no figure summary"),
     Case("report-corrupt-summary", "numdev-report", ["--bench", "{tmp}/sweep", "-o", "{tmp}/report"],

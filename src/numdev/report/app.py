@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         bench = [Path(p) for p in args.bench] if args.bench is not None else latest_bench_sweeps(root, notes)
         study = Path(args.study) if args.study else latest_study(root, notes)
         catalogue = Path(args.catalogue) if args.catalogue else None if args.study else latest_study(root, catalogue=True)
-        if study is None:  # only a catalogue was run: it is the study, every section of it
+        if study is None and not args.catalogue:  # only a catalogue was run: it is the study, every section of it
             study, catalogue = catalogue, None
         index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes, catalogue)
     except (FileNotFoundError, ValueError, WriteError) as error:

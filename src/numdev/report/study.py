@@ -261,6 +261,9 @@ def catalogue_sections(study_dir: Path) -> list[Section]:
     (its own Figs. 7-8, of the fp32 low-floor setting: numdev-report --study DIR)."""
     study_dir = Path(study_dir)
     path = study_dir / SUMMARY
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: give the multirun directory of a finished numdev-train "
+                                "experiment=optimizations (analysed: numdev-study DIR --no-truth)")
     summary = STUDY_SUMMARY.check(path, read_json(path, "study summary"))
     if not summary.get("optimizations"):
         raise ValueError(f"{path}: no optimizations table: not a summary of experiment=optimizations "
