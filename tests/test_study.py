@@ -4,6 +4,7 @@ the real command line (experiment=flash_stability_smoke: every role, two replica
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -127,6 +128,22 @@ def test_a_directory_that_is_not_a_study_is_a_one_line_error(tmp_path):
     result = run_cli("numdev.analysis.study", str(tmp_path), cwd=tmp_path, check=False)
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0 and "is not a finished study" in result.stderr
+
+
+def test_the_jobs_a_study_lacks_are_named_from_its_sweep_and_its_replicates(tmp_path):
+    """A role missing at one replicate, a role the sweep lists that never ran, a replicate given on the
+    command line (range() and lists in Hydra's own grammar)."""
+    from numdev.analysis.study import missing_jobs
+
+    runs = {"reference": {0: {}, 1: {}}, "flash": {0: {}, 1: {}}, "data": {0: {}}}
+    assert missing_jobs(tmp_path, runs) == ["r1/data"]  # no multirun.yaml: the replicates the other roles have
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "sweeper": {"params": {"study": "reference,flash,data,ulp", "study.replicate": "range(0,5)"}},
+        "overrides": {"task": ["experiment=flash_stability", "study.replicate=0,1,2"]}}}))
+    assert missing_jobs(tmp_path, runs) == ["r0/ulp", "r1/data", "r1/ulp", "r2/data", "r2/flash", "r2/reference", "r2/ulp"]
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"sweeper": {"params": {"study": "reference,(flash"}}}}))
+    with pytest.raises(ValueError, match=r"multirun.yaml: its sweep of study .* cannot be read"):
+        missing_jobs(tmp_path, runs)
 
 
 # ----------------------------------------------------------------------------- the whole study (minutes: slow)
@@ -267,3 +284,21 @@ def test_held_out_loss_is_reproducible_and_sees_other_weights(tmp_path):
     data.setup()
     heldout = data.heldout_dataset(8)
     assert all(not torch.equal(heldout[i]["image"], data.dataset[i]["image"]) for i in range(8))
+
+
+@pytest.mark.slow
+def test_a_study_missing_a_job_is_refused_by_name_and_analysed_with_partial(study, tmp_path):
+    """numdev-study on a study one of whose jobs has no run: one line naming r<replicate>/<role>;
+    with --partial the summary and the report list it."""
+    study_dir, _ = study
+    copy = tmp_path / "copy"
+    shutil.copytree(study_dir, copy, ignore=shutil.ignore_patterns("summary.json", "*.png"))
+    victim = sorted(copy.glob("r*/flash"))[-1]
+    shutil.rmtree(victim)
+    name = f"{victim.parent.name}/flash"
+    refused = run_cli("numdev.analysis.study", str(copy), cwd=tmp_path, check=False)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert f"1 job(s) of the study have no run: {name}" in refused.stderr and not (copy / "summary.json").exists()
+    run_cli("numdev.analysis.study", str(copy), "--partial", cwd=tmp_path)
+    assert json.loads((copy / "summary.json").read_text())["missing"] == [name]
+    assert f"Analysed without 1 job(s) of the study (numdev-study --partial): {name}" in build_report([], copy, tmp_path / "r").read_text()

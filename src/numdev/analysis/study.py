@@ -109,6 +109,43 @@ def discover(study_dir: Path) -> dict[str, dict[int, dict]]:
     return dict(sorted(runs.items(), key=lambda item: (_kind_rank(_kind(item[1])), item[0])))
 
 
+def missing_jobs(study_dir: Path, runs: dict) -> list[str]:
+    """The r<replicate>/<role> jobs of this study that have no run here: every role at every replicate
+    another role has, and every role and replicate the sweep lists (multirun.yaml: the experiment's
+    sweeper params, overridden by the command line's), parsed with Hydra's own override grammar."""
+    roles, replicates = set(runs), {r for by_rep in runs.values() for r in by_rep}
+    swept = _swept(Path(study_dir) / "multirun.yaml")
+    roles |= set(swept.get("study", []))
+    replicates |= {int(r) for r in swept.get("study.replicate", []) if str(r).lstrip("-").isdigit()}
+    return [f"r{r}/{role}" for r in sorted(replicates) for role in sorted(roles) if r not in runs.get(role, {})]
+
+
+def _swept(path: Path) -> dict[str, list[str]]:
+    """{"study": [...], "study.replicate": [...]} as the multirun swept them; {} without a readable multirun.yaml."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if not path.is_file():
+        return {}
+    config = _read_yaml(path)
+    hydra = (config.get("hydra") or {}) if isinstance(config, dict) else {}
+    params = {str(k): str(v) for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()}
+    for override in (hydra.get("overrides") or {}).get("task") or []:
+        key, _, value = str(override).partition("=")
+        params[key.lstrip("+~")] = value
+    out = {}
+    parser = OverridesParser.create()
+    for key in ("study", "study.replicate"):
+        if key not in params:
+            continue
+        try:
+            (override,) = parser.parse_overrides([f"{key}={params[key]}"])
+        except HydraException as error:
+            raise ValueError(f"{path}: its sweep of {key} ({params[key]!r}) cannot be read ({error}): the file is corrupt") from None
+        out[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(override.value())]
+    return out
+
+
 def _kind(by_replicate: dict) -> str:
     return next(iter(by_replicate.values()))["kind"]
 
@@ -277,13 +314,22 @@ def downstream(runs: dict) -> dict:
 # ----------------------------------------------------------------------------- the analysis
 
 
-def analyse(study_dir: str | Path, log=print, against_truth: bool = True) -> dict:
+def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partial: bool = False) -> dict:
     """Fit, judge, draw and summarise a study: summary.json and the figures, in the study directory.
 
     against_truth=False compares only the reference with the truth run (the early study: the ladder's
     many runs are read against the reference alone; every other truth pair would be computed offline)."""
     study_dir = Path(study_dir)
     runs = discover(study_dir)
+    missing = missing_jobs(study_dir, runs)
+    if missing and not partial:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise FileNotFoundError(
+            f"{study_dir}: {len(missing)} job(s) of the study have no run: {shown}; rerun the study's command with "
+            f"hydra.sweep.dir={study_dir} resume=auto to finish them (finished runs are left as they are), or analyse "
+            "what is there with numdev-study DIR --partial (the summary then lists them)")
+    if missing:
+        log(f"warning: analysing {study_dir} without {len(missing)} job(s): {', '.join(missing)}")
     curves = study_curves(study_dir, runs, log, against_truth)
     reference, under_test = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, UNDER_TEST)
     metrics = _metrics_present(curves)
@@ -318,6 +364,7 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True) -> dic
         "parameters": _parameters(_first(runs[reference])["dir"]),
         "steps": reference_run.get("final_step"),
         "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
+        "missing": missing,  # jobs of the sweep without a run (numdev-study --partial)
         "role_order": list(runs),
         "paper_roles": {_first(by_rep)["paper"]: role for role, by_rep in runs.items() if _first(by_rep)["paper"]},  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
         "roles": {
@@ -622,11 +669,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: summary.json and its figures")
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
     parser.add_argument("--no-truth", action="store_true", help="compare only the reference with the truth run (as experiment=flash_stability_early does)")
+    parser.add_argument("--partial", action="store_true", help="analyse a study some of whose jobs have no run (the summary lists them)")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show each run's progress and the libraries' messages")
     args = parser.parse_args(argv)
     logs.console(args.verbose)
     try:
-        analyse(args.study_dir, log=_log_step, against_truth=not args.no_truth)
+        analyse(args.study_dir, log=_log_step, against_truth=not args.no_truth, partial=args.partial)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
 

@@ -188,6 +188,9 @@ def study_sections(study_dir: Path) -> list[Section]:
     fig7, fig8 = (Verdict(**summary["verdicts"][k]) for k in ("fig7", "fig8"))
     late = Verdict(**summary["verdicts"]["fig8_late"]) if "fig8_late" in summary["verdicts"] else None
     extra7 = [f"Measure: {summary['growth_measure']}"]
+    if summary.get("missing"):  # numdev-study --partial
+        extra7.append(f"Analysed without {len(summary['missing'])} job(s) of the study (numdev-study --partial): "
+                      + ", ".join(summary["missing"]) + ".")
     shadow = summary.get("shadow")
     if shadow and "out" in shadow:
         line = f"Per call (the reference's attention computed beside every Flash call): output max |Δ| {shadow['out']['max_abs']:.2e} (in {shadow['out']['max_abs_layer']}), mean {shadow['out']['mean_abs']:.2e}"
