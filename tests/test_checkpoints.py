@@ -219,3 +219,12 @@ def test_removing_a_checkpoint_removes_its_checksum(tmp_path):
     assert (tmp_path / "other.ckpt.sha256").is_file()
     SafeCheckpointIO().remove_checkpoint(path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_keeps_only_numdevs_checkpoint_and_none_without_it(_run, tmp_path):
+    """Lightning adds its own ModelCheckpoint when none is given: a study's short runs
+    (callbacks.checkpoint=null) would each write a 20+ MB checkpoints/epoch=...ckpt nobody reads."""
+    assert sorted(p.name for p in (_run / "checkpoints").iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
+    run_dir = tmp_path / "no_checkpoint"
+    train(compose_train("trainer.max_steps=2", "callbacks.checkpoint=null", run_dir=run_dir))
+    assert not (run_dir / "checkpoints").exists()

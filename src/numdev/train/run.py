@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
@@ -126,11 +126,16 @@ def build_trainer(cfg: DictConfig):
     logger = instantiate(cfg.logger) if cfg.get("logger") else None
     if logger is None:  # nothing to log learning rates to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    # Without numdev's checkpoint callback (callbacks.checkpoint=null: the studies' short runs),
+    # Lightning would add its own ModelCheckpoint and write checkpoints/epoch=...ckpt into every run.
+    checkpointing = {} if "enable_checkpointing" in cfg.trainer else {
+        "enable_checkpointing": any(isinstance(c, ModelCheckpoint) for c in callbacks)}
     trainer = instantiate(
         cfg.trainer,
         plugins=[precision_plugin(cfg), SafeCheckpointIO()],  # atomic writes, weights_only reads
         callbacks=callbacks,
         logger=logger or False,
+        **checkpointing,
     )
     return trainer, logger
 
