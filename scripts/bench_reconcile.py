@@ -3,6 +3,7 @@
     python scripts/bench_reconcile.py                       # the default sweep, once
     python scripts/bench_reconcile.py --repeats 3           # median of 3
     python scripts/bench_reconcile.py -- shape.seq_q=2048   # any overrides after --, e.g. the demo size
+    python scripts/bench_reconcile.py --keep outputs/reconcile   # keep the sweep's output (one repeat)
 
 Each repeat is a fresh `numdev-bench` process (imports included, as a user runs it) writing into a
 temporary directory. The sweep pins torch to the thread count in its config (threads=1); the JSON
@@ -25,11 +26,15 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--keep", type=Path, help="run the sweep into this new directory and keep it (one repeat)")
     parser.add_argument("overrides", nargs="*", help="numdev-bench overrides (after --)")
     args = parser.parse_args()
+    if args.keep is not None and (args.repeats != 1 or args.keep.exists()):
+        parser.error(f"--keep {args.keep}: takes one repeat and a directory that does not exist yet")
     seconds, summary = [], {}
     for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory() as root:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = args.keep.resolve() if args.keep is not None else Path(tmp)
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "numdev.bench.app", "experiment=reconcile", f"output_root={root}", *args.overrides],
                            check=True, stdout=subprocess.DEVNULL)
