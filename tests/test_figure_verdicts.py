@@ -166,7 +166,7 @@ def test_registry_lists_every_figure_once_with_its_module():
 def test_a_flat_curve_is_not_measurable_not_nan():
     from numdev.verdicts import monotone_verdict
 
-    verdict = monotone_verdict([1, 2, 3], [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], "increasing")
+    verdict = monotone_verdict([1, 2, 3], {seed: [0.5, 0.5, 0.5] for seed in range(3)}, "increasing")
     assert verdict.status == NOT_MEASURABLE and "flat" in verdict.detail
 
 

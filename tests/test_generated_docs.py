@@ -79,3 +79,18 @@ def test_the_optimizations_table_and_sentence_are_the_scripts_from_the_committed
 def test_the_configuration_reference_lists_every_option_in_conf():
     reference = _script("config_reference")
     assert read_block(reference.DOC, reference.BLOCK) == reference.text().strip()
+
+
+@pytest.mark.parametrize(("block", "result", "writer"), [
+    ("emulator-speed", "bench_emulator.json", "write_table"),
+    ("kernel-model-speed", "bench_kernel_model.json", "write_kernel_model_table"),
+])
+def test_the_speed_tables_are_the_benchmarks_from_the_committed_timings(tmp_path, block, result, writer):
+    """docs/microbenchmark.md's speed blocks, sentences included, are what bench_emulator.py writes from its JSON."""
+    bench = _script("bench_emulator")
+    doc = REPO / "docs" / "microbenchmark.md"
+    copy = tmp_path / doc.name
+    copy.write_text(doc.read_text(encoding="utf-8"), encoding="utf-8")
+    source = REPO / "docs" / "results" / result
+    getattr(bench, writer)(json.loads(source.read_text(encoding="utf-8")), copy, source)
+    assert read_block(doc, block) == read_block(copy, block)

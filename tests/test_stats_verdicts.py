@@ -5,6 +5,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from numdev.provenance import machine_line, provenance
 from numdev.stats import mean_interval, ratio_interval, statistic_interval
@@ -82,19 +83,41 @@ def test_range_verdict_for_a_paper_range():
     assert range_verdict(straddle, 2, 5).status == NOT_MEASURABLE
 
 
+def _seeds(values_by_x) -> dict:
+    """{seed: curve} from the values at each x (one column per seed)."""
+    columns = np.asarray(values_by_x, dtype=np.float64).T
+    return {seed: list(column) for seed, column in enumerate(columns)}
+
+
 def test_monotone_verdict_on_synthetic_trends():
     rng = np.random.default_rng(2)
     x = [256, 512, 1024, 2048, 4096]
-    rising = [np.exp(0.5 * i) + rng.normal(0, 0.05, 3) for i in range(5)]
+    rising = _seeds([np.exp(0.5 * i) + rng.normal(0, 0.05, 3) for i in range(5)])
     assert monotone_verdict(x, rising, "increasing").status == HOLDS
     assert monotone_verdict(x, rising, "decreasing").status == FAILS
-    flat = [rng.normal(1.0, 0.5, 3) for _ in range(5)]
+    flat = _seeds([rng.normal(1.0, 0.5, 5) for _ in range(5)])
     assert monotone_verdict(x, flat, "increasing").status == NOT_MEASURABLE
-    assert monotone_verdict(x[:2], rising[:2], "increasing").status == NOT_MEASURABLE
-    # a 'holds' with a reversal in the seed-means says so
-    bumpy = [np.full(3, v) + rng.normal(0, 1e-3, 3) for v in (1, 2, 1.5, 3, 4, 5)]
+    assert monotone_verdict(x[:2], {seed: curve[:2] for seed, curve in rising.items()}, "increasing").status == NOT_MEASURABLE
+    # a 'holds' with reversals says how many
+    bumpy = _seeds([np.full(3, v) + rng.normal(0, 1e-3, 3) for v in (1, 2, 1.5, 3, 4, 5)])
     verdict = monotone_verdict(list(range(6)), bumpy, "increasing")
-    assert verdict.status == HOLDS and "1 of 5 steps" in verdict.detail
+    assert verdict.status == HOLDS and "3 of 15 steps" in verdict.detail and "range of 3" in verdict.detail
+
+
+def test_monotone_verdict_tests_over_seeds_not_over_the_points_of_one_cumulative_curve():
+    """Driftless random walks: a Kendall test over the points of the seeds' curves (serially dependent)
+    calls 'only grows' far more often than its 5%; one tau per seed tested over seeds holds its size."""
+    rng = np.random.default_rng(0)
+    x = np.arange(1, 41)
+    pooled, per_seed, trials = 0, 0, 400
+    for _ in range(trials):
+        walks = np.cumsum(rng.normal(size=(5, len(x))), axis=1)
+        pooled += scipy_stats.kendalltau(np.tile(x, 5), walks.ravel(), alternative="greater").pvalue < 0.05
+        per_seed += monotone_verdict(x, dict(enumerate(walks)), "increasing").status == HOLDS
+    assert pooled / trials > 0.2  # the pooled test's false-positive rate on walks with no drift
+    assert per_seed / trials < 0.09  # 5% nominal; 400 trials put a binomial 99.9% bound near 8.4%
+    drifting = {seed: np.cumsum(rng.normal(0.5, 1.0, len(x))) for seed in range(5)}
+    assert monotone_verdict(x, drifting, "increasing").status == HOLDS
 
 
 def test_combine_is_never_green_on_half_a_claim():
