@@ -25,7 +25,7 @@ bench-figures: $(STAMP)
 	for e in $$($(BIN)/numdev-figure --list bench); do $(BIN)/numdev-bench experiment=$$e || exit 1; done
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q --durations=15
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "not gpu" -q

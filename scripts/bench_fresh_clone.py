@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {"demo": ["make", "demo"], "test": ["bash", ".ci/run"]}
 BUDGET_S = {"demo": 720, "test": 900}
 PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([\d.]+)s", re.M)
+PYTEST_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", re.M)  # `make test`'s --durations lines
 
 
 def main() -> None:
@@ -65,7 +66,9 @@ def main() -> None:
         "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "pytest": {"summary": summary[-1][0], "tests_s": float(summary[-1][1])} if summary else None,
+        "pytest": {"summary": summary[-1][0], "tests_s": float(summary[-1][1]),
+                   "slowest": [{"s": float(s), "phase": phase, "test": test} for s, phase, test in PYTEST_DURATION.findall(done.stdout)]}
+        if summary else None,
         "output_tail": (done.stdout + done.stderr)[-2000:] if done.returncode else "",
         "budget_s": BUDGET_S[args.which],
         "within_budget": done.returncode == 0 and wall <= BUDGET_S[args.which],
