@@ -98,6 +98,8 @@ def test_monotone_verdict_on_synthetic_trends():
     flat = _seeds([rng.normal(1.0, 0.5, 5) for _ in range(5)])
     assert monotone_verdict(x, flat, "increasing").status == NOT_MEASURABLE
     assert monotone_verdict(x[:2], {seed: curve[:2] for seed, curve in rising.items()}, "increasing").status == NOT_MEASURABLE
+    ragged = {**rising, 0: rising[0][:-1]}
+    assert "4 values for 5 x values" in monotone_verdict(x, ragged, "increasing").detail
     # a 'holds' with reversals says how many
     bumpy = _seeds([np.full(3, v) + rng.normal(0, 1e-3, 3) for v in (1, 2, 1.5, 3, 4, 5)])
     verdict = monotone_verdict(list(range(6)), bumpy, "increasing")

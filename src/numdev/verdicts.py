@@ -121,7 +121,7 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
     for values in values_by_seed.values():
         ys = np.asarray(values, dtype=np.float64)
         if len(ys) != len(x):
-            raise ValueError(f"monotone_verdict: a seed has {len(ys)} values for {len(x)} x values")
+            return Verdict(NOT_MEASURABLE, rule, f"a seed's curve has {len(ys)} values for {len(x)} x values")
         if len(set(x.tolist())) < 3:
             continue
         if not np.isfinite(ys).all():
