@@ -161,9 +161,17 @@ def headline_text(early: dict, early_result: Path, full: dict | None, full_resul
         f"From {link(early_result, doc)} (`.venv/bin/{command}` on {machine_line(early['provenance'], commit=False)})"
         + (f" and {link(full_result, doc)} (`.venv/bin/numdev-train experiment=flash_stability` on "
            f"{machine_line(full['provenance'], commit=False)})" if full is not None else "")
-        + f"; intervals: {early['early']['interval_rule'].split(';')[0]}. The resolution floor, the verdicts and every role's "
-        f"equivalent size: [{details.split('#')[0]}]({details})."
+        + f"; intervals: {interval_words(early)}. The resolution floor, the verdicts and every role's "
+        f"equivalent size: {f'[{details.split(chr(35))[0]}]({details})' if details else 'the tables below'}."
     )
+
+
+def interval_words(early: dict) -> str:
+    """How the headline's intervals were made: the t interval's rule, or, from fewer than 5
+    replicates, that they are the replicates' ranges (as each number's label says)."""
+    t_rule = early["early"]["interval_rule"].split(";")[0]
+    n = len(early["replicates"])
+    return t_rule if n >= 5 else f"the range of the {n} replicates' values, labelled 'range of {n}' (from 5 replicates: {t_rule})"
 
 
 def early_block(early: dict, result: Path, command: str = "numdev-train experiment=flash_stability_early", doc: Path = RESULTS_DOC) -> str:
@@ -207,7 +215,7 @@ def main() -> None:
         head_block, table_block = args.early_blocks.split(",")
         doc = args.doc.resolve()
         headline_doc = README if doc == RESULTS_DOC else doc  # a variant study keeps its headline in its own page
-        details = "docs/results.md#phase-2-the-weights" if doc == RESULTS_DOC else f"#{table_block}"
+        details = "docs/results.md#phase-2-the-weights" if doc == RESULTS_DOC else ""  # the tables follow in the same doc
         replace_block(headline_doc, head_block, headline_text(early, early_result, full, RESULT, command, headline_doc, details))
         replace_block(doc, table_block, early_block(early, early_result, command, doc))
         replace_block(REPO / "docs" / "study.md", ROLES_BLOCK, roles_text())
