@@ -242,3 +242,13 @@ def test_a_claim_true_by_construction_is_never_green():
     assert combine({"a": held, "b": built}).status == PARTLY
     assert combine({"b": built}).status == BY_CONSTRUCTION
     assert combine({"a": Verdict(FAILS, "r"), "b": built}).status == FAILS
+
+
+def test_study_figures_name_their_bands_by_the_house_rule():
+    """A band over fewer than 5 replicates is their range (numdev.stats.mean_interval), and the title says so."""
+    from numdev.analysis.study_figures import spread_words
+
+    assert spread_words(3) == "range of the 3 replicates"
+    assert spread_words(5) == "95% bootstrap interval of the mean"
+    assert spread_words(1).startswith("no interval")
+    assert mean_interval([1.0, 2.0, 4.0]).method == "range"

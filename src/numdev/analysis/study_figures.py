@@ -1,13 +1,14 @@
 """The study's figures, drawn from summary.json's numbers (nothing is recomputed here).
 
-fig7.png            Flash vs Baseline over training: every replicate, their mean and its 95% band
+fig7.png            Flash vs Baseline over training: every replicate, their mean and its band
 fig8.png            (a) the calibration ladder: D at the calibration step against the rung's size, and every
                     role's equivalent size eps* on it; (b) the early-phase curves on log axes; (c) the late,
                     shared regime: every role's distance over the whole run (the paper's slope panel)
 loss_curves.png     the training loss of every run, one panel per role, replicates overlaid
 downstream.png      held-out loss and caption agreement of every run, per role
 
-Bands are the per-step 95% bootstrap interval of the mean over replicates (numdev.stats); with one
+Bands are the per-step spread of the mean over replicates by the house rule (numdev.stats: the 95%
+bootstrap interval from 5 replicates, else their range), and each title says which; with one
 replicate there is no band, only the line.
 """
 
@@ -35,6 +36,13 @@ def _labels():
     return METRIC_LABELS
 
 
+def spread_words(replicates: int) -> str:
+    """What a band or error bar over `replicates` replicates is (numdev.stats.mean_interval's rule)."""
+    if replicates >= stats.MIN_BOOTSTRAP:
+        return "95% bootstrap interval of the mean"
+    return f"range of the {replicates} replicates" if replicates > 1 else "no interval (one replicate)"
+
+
 def _band(ax, steps, values_by_rep: dict, colour, label: str, thin: bool = False) -> None:
     curves = np.array(list(values_by_rep.values()), dtype=np.float64)  # (replicates, steps)
     mean = curves.mean(axis=0)
@@ -60,7 +68,7 @@ def fig7(summary: dict, path: Path) -> None:
         ax.set_ylabel(_labels().get(metric, metric))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Fig. 7 — Flash vs Baseline weights over training (whole model; band: 95% interval of the mean)")
+    fig.suptitle(f"Fig. 7 — Flash vs Baseline weights over training (whole model; band: {spread_words(len(summary['replicates']))})")
     save_png(fig, path)
 
 
@@ -164,7 +172,8 @@ def fig8(summary: dict, path: Path) -> None:
         _decade_ticks(ax, linthresh)
         ax.set_xlabel("training step")
         ax.set_ylabel(f"{_labels().get(metric, metric)} to the {against} run")
-        ax.set_title("(c) the late, shared regime: the whole run (OLS slope in the legend)", fontsize=10)
+        ax.set_title(f"(c) the late, shared regime: the whole run\n(OLS slope in the legend; bands: "
+                     f"{spread_words(len(summary['replicates']))})", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Fig. 8 — how big is Flash's deviation? The ladder gives units; early on a log axis; late, every role alike")
@@ -242,5 +251,5 @@ def downstream(summary: dict, path: Path) -> None:
         ax.set_xticks(range(len(roles)), roles, rotation=45, fontsize=8)
         ax.set_title(entry["label"], fontsize=10)
         ax.grid(alpha=0.3)
-    fig.suptitle("Downstream: every run (grey) and the mean over replicates with its 95% interval")
+    fig.suptitle(f"Downstream: every run (grey) and the mean over replicates with its spread ({spread_words(len(summary['replicates']))})")
     save_png(fig, path)
