@@ -31,7 +31,7 @@ from pathlib import Path
 from numdev.analysis.study import METRIC_LABELS
 from numdev.docblocks import replace_block
 from numdev.provenance import machine_line
-from numdev.stats import Estimate
+from numdev.stats import MIN_CI, Estimate
 from numdev.report.study import downstream_table, early_table, equivalent_table, roles_table
 from numdev.verdicts import Verdict
 
@@ -156,13 +156,14 @@ def headline_text(early: dict, early_result: Path, full: dict | None, full_resul
         down = downstream_sentence(full)
         if down:
             sentence += f"; and over the full {full['steps']}-step study ({len(full['replicates'])} replicates) Flash changes " + down
+    where = f"[{details.split('#')[0]}]({details})" if details else "the tables below"
     return (
         f"**{sentence}.**\n\n"
         f"From {link(early_result, doc)} (`.venv/bin/{command}` on {machine_line(early['provenance'], commit=False)})"
         + (f" and {link(full_result, doc)} (`.venv/bin/numdev-train experiment=flash_stability` on "
            f"{machine_line(full['provenance'], commit=False)})" if full is not None else "")
         + f"; intervals: {interval_words(early)}. The resolution floor, the verdicts and every role's "
-        f"equivalent size: {f'[{details.split(chr(35))[0]}]({details})' if details else 'the tables below'}."
+        f"equivalent size: {where}."
     )
 
 
@@ -171,7 +172,7 @@ def interval_words(early: dict) -> str:
     replicates, that they are the replicates' ranges (as each number's label says)."""
     t_rule = early["early"]["interval_rule"].split(";")[0]
     n = len(early["replicates"])
-    return t_rule if n >= 5 else f"the range of the {n} replicates' values, labelled 'range of {n}' (from 5 replicates: {t_rule})"
+    return t_rule if n >= MIN_CI else f"the range of the {n} replicates' values, labelled 'range of {n}' (from {MIN_CI} replicates: {t_rule})"
 
 
 def early_block(early: dict, result: Path, command: str = "numdev-train experiment=flash_stability_early", doc: Path = RESULTS_DOC) -> str:

@@ -246,7 +246,7 @@ def test_a_claim_true_by_construction_is_never_green():
 
 def test_study_figures_name_their_bands_by_the_house_rule():
     """A band over fewer than 5 replicates is their range (numdev.stats.mean_interval), and the title says so."""
-    from numdev.analysis.study_figures import spread_words
+    from numdev.stats import mean_spread_words as spread_words
 
     assert spread_words(3) == "range of the 3 replicates"
     assert spread_words(5) == "95% bootstrap interval of the mean"

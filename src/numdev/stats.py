@@ -81,6 +81,13 @@ class Estimate:
         return f"range over {self.n} seeds" if self.method == "range" else "95% interval over seeds"
 
 
+def mean_spread_words(replicates: int) -> str:
+    """What `mean_interval` gives over `replicates` replicates, in words for a figure's title."""
+    if replicates >= MIN_BOOTSTRAP:
+        return f"{int(CONFIDENCE * 100)}% bootstrap interval of the mean"
+    return f"range of the {replicates} replicates" if replicates > 1 else "no interval (one replicate)"
+
+
 def _finite(values) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64).ravel()
     if array.size == 0:

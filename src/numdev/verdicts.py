@@ -117,16 +117,17 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
             f"p < {MONOTONE_ALPHA} ({direction}): holds; every tau at or below 0, or significant the other way: fails")
     sign = 1 if direction == "increasing" else -1
     x = np.asarray(x, dtype=np.float64)
+    enough_x = len(np.unique(x)) >= 3
+    order = np.argsort(x, kind="stable")
     taus, reversals, steps = [], 0, 0
     for values in values_by_seed.values():
         ys = np.asarray(values, dtype=np.float64)
         if len(ys) != len(x):
             return Verdict(NOT_MEASURABLE, rule, f"a seed's curve has {len(ys)} values for {len(x)} x values")
-        if len(set(x.tolist())) < 3:
+        if not enough_x:
             continue
         if not np.isfinite(ys).all():
             return Verdict(NOT_MEASURABLE, rule, "a non-finite value")
-        order = np.argsort(x, kind="stable")
         reversals += int((sign * np.diff(ys[order]) < 0).sum())
         steps += len(ys) - 1
         if np.ptp(ys) > 0:  # Kendall's tau is undefined on a flat curve
@@ -145,14 +146,7 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
     if reversals == 0 or np.ptp(values) == 0:  # every seed the same tau: t is infinite
         return Verdict(HOLDS if (sign * values > 0).all() else FAILS, rule,
                        f"{summary}; every seed's curve {'never reverses' if reversals == 0 else 'the same tau'}")
-    result = scipy_stats.ttest_1samp(values, 0.0, alternative="greater" if sign > 0 else "less")
-    other = scipy_stats.ttest_1samp(values, 0.0, alternative="less" if sign > 0 else "greater")
-    detail = f"{summary}; t-test p = {result.pvalue:.2g} (df {len(values) - 1})"
-    if result.pvalue < MONOTONE_ALPHA:
-        return Verdict(HOLDS, rule, detail)
-    if other.pvalue < MONOTONE_ALPHA:
-        return Verdict(FAILS, rule, detail)
-    return Verdict(NOT_MEASURABLE, rule, detail)
+    return _t_test_over_seeds(values, sign, rule, summary, MONOTONE_ALPHA)
 
 
 def about_verdict(estimate: Estimate, band: tuple[float, float] = ABOUT_10X, floor: float = 1.0,
@@ -236,12 +230,18 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
         return Verdict(FAILS, rule, f"{summary}; {flat}")
     if np.ptp(values) <= SLOPE_ZERO * np.abs(values).max():  # every seed the same slope: t is infinite
         return Verdict(HOLDS, rule, f"{summary}; every seed the same slope")
+    return _t_test_over_seeds(values, sign, rule, summary, TREND_ALPHA)
+
+
+def _t_test_over_seeds(values: np.ndarray, sign: int, rule: str, summary: str, alpha: float) -> Verdict:
+    """One-sample t-test of one statistic per seed against 0, one-sided in the claimed direction
+    (sign +1: greater): holds below alpha, fails when significant the other way, else not measurable."""
     result = scipy_stats.ttest_1samp(values, 0.0, alternative="greater" if sign > 0 else "less")
     other = scipy_stats.ttest_1samp(values, 0.0, alternative="less" if sign > 0 else "greater")
     detail = f"{summary}; t-test p = {result.pvalue:.2g} (df {len(values) - 1})"
-    if result.pvalue < TREND_ALPHA:
+    if result.pvalue < alpha:
         return Verdict(HOLDS, rule, detail)
-    if other.pvalue < TREND_ALPHA:
+    if other.pvalue < alpha:
         return Verdict(FAILS, rule, detail)
     return Verdict(NOT_MEASURABLE, rule, detail)
 

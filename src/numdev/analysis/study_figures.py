@@ -36,13 +36,6 @@ def _labels():
     return METRIC_LABELS
 
 
-def spread_words(replicates: int) -> str:
-    """What a band or error bar over `replicates` replicates is (numdev.stats.mean_interval's rule)."""
-    if replicates >= stats.MIN_BOOTSTRAP:
-        return "95% bootstrap interval of the mean"
-    return f"range of the {replicates} replicates" if replicates > 1 else "no interval (one replicate)"
-
-
 def _band(ax, steps, values_by_rep: dict, colour, label: str, thin: bool = False) -> None:
     curves = np.array(list(values_by_rep.values()), dtype=np.float64)  # (replicates, steps)
     mean = curves.mean(axis=0)
@@ -68,7 +61,7 @@ def fig7(summary: dict, path: Path) -> None:
         ax.set_ylabel(_labels().get(metric, metric))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Fig. 7 — Flash vs Baseline weights over training (whole model; band: {spread_words(len(summary['replicates']))})")
+    fig.suptitle(f"Fig. 7 — Flash vs Baseline weights over training (whole model; band: {stats.mean_spread_words(len(summary['replicates']))})")
     save_png(fig, path)
 
 
@@ -173,7 +166,7 @@ def fig8(summary: dict, path: Path) -> None:
         ax.set_xlabel("training step")
         ax.set_ylabel(f"{_labels().get(metric, metric)} to the {against} run")
         ax.set_title(f"(c) the late, shared regime: the whole run\n(OLS slope in the legend; bands: "
-                     f"{spread_words(len(summary['replicates']))})", fontsize=10)
+                     f"{stats.mean_spread_words(len(summary['replicates']))})", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Fig. 8 — how big is Flash's deviation? The ladder gives units; early on a log axis; late, every role alike")
@@ -251,5 +244,5 @@ def downstream(summary: dict, path: Path) -> None:
         ax.set_xticks(range(len(roles)), roles, rotation=45, fontsize=8)
         ax.set_title(entry["label"], fontsize=10)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Downstream: every run (grey) and the mean over replicates with its spread ({spread_words(len(summary['replicates']))})")
+    fig.suptitle(f"Downstream: every run (grey) and the mean over replicates with its spread ({stats.mean_spread_words(len(summary['replicates']))})")
     save_png(fig, path)
