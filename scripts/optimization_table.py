@@ -21,6 +21,7 @@ import yaml
 from numdev.analysis.optimizations import ordering
 from numdev.docblocks import replace_block
 from numdev.provenance import machine_line
+from numdev.schemas import read_study_summary
 
 REPO = Path(__file__).resolve().parents[1]
 DOC, README = REPO / "docs" / "optimizations.md", REPO / "README.md"
@@ -109,11 +110,14 @@ def main() -> None:
     parser.add_argument("--command", default=COMMAND, help="the command that made the study")
     parser.add_argument("--bench", type=Path, help="bench_study.py --which optimizations's JSON (kept as given)")
     args = parser.parse_args()
+    try:
+        summary = read_study_summary(args.summary)  # checked before anything is copied or written
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     if args.copy and args.summary.resolve() != RESULT:
         RESULT.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(args.summary, RESULT)
     source = RESULT if args.copy else args.summary.resolve()
-    summary = json.loads(source.read_text(encoding="utf-8"))
     if "optimizations" not in summary:
         raise SystemExit(f"{source}: no optimizations table: not a summary of experiment=optimizations (rerun numdev-study on it)")
     replace_block(DOC, "optimization-catalogue", catalogue_text())

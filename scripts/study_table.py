@@ -31,6 +31,7 @@ from pathlib import Path
 from numdev.analysis.study import METRIC_LABELS
 from numdev.docblocks import replace_block
 from numdev.provenance import machine_line
+from numdev.schemas import read_study_summary
 from numdev.stats import MIN_CI, Estimate
 from numdev.report.study import downstream_table, early_table, equivalent_table, roles_table
 from numdev.verdicts import Verdict
@@ -204,15 +205,22 @@ def main() -> None:
     parser.add_argument("--early-result", type=Path, default=EARLY_RESULT, help="where --copy keeps the early summary")
     parser.add_argument("--early-blocks", default=f"{HEADLINE_BLOCK},{EARLY_BLOCK}", help="the headline's and the tables' block names")
     args = parser.parse_args()
+    try:
+        main_with(args, parser.get_default("command"))
+    except (OSError, ValueError) as error:  # a summary missing, unreadable or not a study's: one line
+        parser.error(str(error))
+
+
+def main_with(args: argparse.Namespace, default_command: str) -> None:
     if args.early is not None:
         early_result = args.early_result.resolve()
-        command = args.command if args.command != parser.get_default("command") else "numdev-train experiment=flash_stability_early"
+        command = args.command if args.command != default_command else "numdev-train experiment=flash_stability_early"
+        early = read_study_summary(args.early)  # checked before anything is copied or written
         if args.copy and args.early.resolve() != early_result:
             early_result.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(args.early, early_result)
-        early = json.loads((early_result if args.copy else args.early).read_text(encoding="utf-8"))
         # The downstream effect comes from the full study, which pairs with the bf16 early study only.
-        full = json.loads(RESULT.read_text(encoding="utf-8")) if RESULT.is_file() and early_result == EARLY_RESULT else None
+        full = read_study_summary(RESULT) if RESULT.is_file() and early_result == EARLY_RESULT else None
         head_block, table_block = args.early_blocks.split(",")
         doc = args.doc.resolve()
         headline_doc = README if doc == RESULTS_DOC else doc  # a variant study keeps its headline in its own page
@@ -223,15 +231,15 @@ def main() -> None:
         print(json.dumps({"docs": [str(headline_doc), str(doc)], "blocks": [head_block, table_block, ROLES_BLOCK], "summary": str(early_result)}))
         return
     result = args.result.resolve()
+    replace_block(REPO / "docs" / "study.md", ROLES_BLOCK, roles_text())
+    if not args.summary.is_file() and not args.copy:
+        print(json.dumps({"docs": "docs/study.md", "block": ROLES_BLOCK, "summary": f"{args.summary} missing: README not written"}))
+        return
+    summary = read_study_summary(args.summary)
     if args.copy and args.summary.resolve() != result:
         result.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(args.summary, result)
-    replace_block(REPO / "docs" / "study.md", ROLES_BLOCK, roles_text())
     source = result if args.copy else args.summary
-    if not source.is_file():
-        print(json.dumps({"docs": "docs/study.md", "block": ROLES_BLOCK, "summary": f"{source} missing: README not written"}))
-        return
-    summary = json.loads(source.read_text(encoding="utf-8"))
     replace_block(args.doc, args.block, block_text(summary, args.command, result, args.doc.resolve()))
     print(json.dumps({"doc": str(args.doc), "blocks": [args.block, ROLES_BLOCK], "summary": str(source)}))
 
