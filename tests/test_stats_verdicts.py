@@ -98,6 +98,8 @@ def test_monotone_verdict_on_synthetic_trends():
     flat = _seeds([rng.normal(1.0, 0.5, 5) for _ in range(5)])
     assert monotone_verdict(x, flat, "increasing").status == NOT_MEASURABLE
     assert monotone_verdict(x[:2], {seed: curve[:2] for seed, curve in rising.items()}, "increasing").status == NOT_MEASURABLE
+    assert "1 distinct x value(s)" in monotone_verdict([7] * 5, rising, "increasing").detail
+    assert "2 seed(s)" in monotone_verdict(x, {0: rising[0], 1: rising[1]}, "increasing").detail
     ragged = {**rising, 0: rising[0][:-1]}
     assert "4 values for 5 x values" in monotone_verdict(x, ragged, "increasing").detail
     # a 'holds' with reversals says how many

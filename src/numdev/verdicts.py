@@ -132,8 +132,10 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
         steps += len(ys) - 1
         if np.ptp(ys) > 0:  # Kendall's tau is undefined on a flat curve
             taus.append(float(scipy_stats.kendalltau(x, ys).statistic))
-    if steps == 0 or len(values_by_seed) < 3:
-        return Verdict(NOT_MEASURABLE, rule, f"{len(values_by_seed)} seed(s) with 3 or more x values: a t-test needs 3")
+    if not enough_x:
+        return Verdict(NOT_MEASURABLE, rule, f"{len(np.unique(x))} distinct x value(s): a trend needs 3")
+    if len(values_by_seed) < 3:
+        return Verdict(NOT_MEASURABLE, rule, f"{len(values_by_seed)} seed(s): a t-test over seeds needs 3")
     if not taus:
         return Verdict(NOT_MEASURABLE, rule, "every seed's curve is flat: a flat curve has no trend")
     values = np.asarray(taus)
