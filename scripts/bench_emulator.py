@@ -103,7 +103,7 @@ def bench_length(n: int, presets, variant: str, dim: int, block: int, repeats: i
 
     from numdev.attention import FlashEmulated, golden_attention
     from numdev.attention.checks import same_bits
-    from numdev.numerics import stage_formats
+    from numdev.numerics.stages import stage_formats
 
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 1, n, dim, generator=g).bfloat16() for _ in range(3))
@@ -152,7 +152,7 @@ def bench_kernel_model(n: int, dim: int, heads: int, repeats: int, seed: int, at
 
     from numdev.attention import FlashEmulated
     from numdev.attention.checks import same_bits
-    from numdev.numerics import stage_formats
+    from numdev.numerics.stages import stage_formats
 
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, heads, n, dim, generator=g).bfloat16() for _ in range(3))
@@ -214,7 +214,7 @@ def main() -> None:
 
     import torch
 
-    from numdev.provenance import provenance
+    from numdev.runs.provenance import provenance
 
     torch.set_num_threads(args.threads)
     report = {
@@ -261,7 +261,7 @@ PATHS = {"before": "before the speed work", "emulator_eager": "eager (ATen)",
 
 def write_table(report: dict, docs: Path, source: Path) -> None:
     """The ratios to the flash kernel as a markdown table, into docs' block `emulator-speed`."""
-    from numdev.docblocks import replace_block
+    from numdev.report.docblocks import replace_block
 
     machine = report["machine"]
     lines = [
@@ -316,7 +316,7 @@ def speed_sentences(report: dict) -> list[str]:
 
 def write_kernel_model_table(report: dict, docs: Path, source: Path) -> None:
     """The cpu_sdpa model's time over the kernel's, into docs' block `kernel-model-speed`."""
-    from numdev.docblocks import replace_block
+    from numdev.report.docblocks import replace_block
 
     machine = report["machine"]
     provenance = report.get("provenance", {})

@@ -8,7 +8,7 @@ The clone is of the committed HEAD (uncommitted changes are not measured: the JS
 temporary directory removed afterwards. The JSON gives the wall time end to end, the CPU seconds of
 the command's processes, the 1/5/15-minute load averages before and after (on a shared machine,
 others' work is in the wall time), the exit code, pytest's summary line (test) and the machine
-(numdev.provenance). Budgets (README.md): demo <= 12 min, the test run <= 15 min on 2 cores.
+(numdev.runs.provenance). Budgets (README.md): demo <= 12 min, the test run <= 15 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from numdev.provenance import git_state, provenance
+from numdev.runs.provenance import git_state, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {"demo": ["make", "demo"], "test": ["bash", ".ci/run"]}

@@ -7,7 +7,7 @@
 
 Each repeat is a fresh `numdev-bench` process (imports included, as a user runs it) writing into a
 temporary directory. The sweep pins torch to the thread count in its config (threads=1); the JSON
-records it, the overrides, the machine and the versions (numdev.provenance). Budget: the default
+records it, the overrides, the machine and the versions (numdev.runs.provenance). Budget: the default
 sweep should take <= 5 min on a quiet 2-core machine.
 """
 

@@ -9,7 +9,7 @@
 
 Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
 times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
-median, each run's own time from its run.json, the command and the machine (numdev.provenance).
+median, each run's own time from its run.json, the command and the machine (numdev.runs.provenance).
 Budgets (docs/study.md#budgets): demo study <= 6 min, early study <= 15 min, full study ~20 min,
 smoke < 3 min, optimizations catalogue <= 20 min on 2 cores.
 """
@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from numdev.demo import STUDY as DEMO_STUDY
-from numdev.provenance import provenance
+from numdev.cli.demo import STUDY as DEMO_STUDY
+from numdev.runs.provenance import provenance
 
 COMMANDS = {
     "demo": list(DEMO_STUDY),

@@ -13,7 +13,7 @@ sha256, atomic file + index writes) divided by the training time between two sna
 default interval (snapshot.every_n_steps x the baseline's step time). The sibling comparison cost
 is what the sibling callback adds at each snapshot step (scripts/bench_wasserstein.py's
 live_comparison: load and verify the reference's snapshot, sort, compare, write the CSV), divided
-the same way. Threads are pinned (--threads) and recorded with the machine (numdev.provenance).
+the same way. Threads are pinned (--threads) and recorded with the machine (numdev.runs.provenance).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from bench_wasserstein import make_runs  # scripts/ is on sys.path when a script
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from numdev.analysis.distances import distance_rows
-from numdev.atomic import write_json
-from numdev.provenance import provenance
-from numdev.snapshot_store import SnapshotWriter, parameter_state
+from numdev.runs.atomic import write_json
+from numdev.runs.provenance import provenance
+from numdev.train.callbacks.sibling import SiblingDistance
 from numdev.train.run import build_model, build_module
-from numdev.train.sibling import SiblingDistance
+from numdev.weights.distances import distance_rows
+from numdev.weights.store import SnapshotWriter, parameter_state
 
 
 def config(overrides: list[str]):

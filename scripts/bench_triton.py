@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from numdev.atomic import write_text
+from numdev.runs.atomic import write_text
 
 PERTURBED = {
     "triton": {},

@@ -7,7 +7,7 @@ Two runs are stood in for by the model's initial weights (seed.init=0) moved twi
 noise (of the token embedding only the rows the shapes captions index), written as snapshots at
 steps 1 and 2 with a token_rows.json into temporary run directories, as training writes them; the
 reference also writes its sorted values beside each snapshot, as the study's reference does
-(snapshot.sorted_values=true: numdev.train.snapshots.WeightSnapshots). Cases, each the median
+(snapshot.sorted_values=true: numdev.train.callbacks.snapshots.WeightSnapshots). Cases, each the median
 (and min, max) of --repeats wall-clock timings, divided by the parameter count, and the median CPU
 time of all threads (cpu_us_per_parameter_median):
 
@@ -16,15 +16,15 @@ time of all threads (cpu_us_per_parameter_median):
                     values from disk and check them against it, sort this run's own sets that
                     changed since the previous snapshot step and its pooled values, compare the
                     sets that changed on either side, write the CSV
-                    (numdev.train.sibling.SiblingDistance.measure + write_rows)
+                    (numdev.train.callbacks.sibling.SiblingDistance.measure + write_rows)
   live_comparison_first_step   the same with nothing prepared before (every set of this run
                     sorted, every set of the reference read and checked)
   live_comparison_sorting_both the old full path: the same step with no sorted values beside the
                     reference's snapshots (a reference without snapshot.sorted_values, or a file
                     that failed its checks), so both sides are sorted here, as before
-  prepare_one_side  numdev.analysis.distances.prepare of one state, every set sorted
+  prepare_one_side  numdev.weights.distances.prepare of one state, every set sorted
   prepare_reference_from_disk  the same with its sorts read from the reference's file and checked
-  compare_prepared  numdev.analysis.distances.compare of two prepared states (no cache)
+  compare_prepared  numdev.weights.distances.compare of two prepared states (no cache)
   write_sorted_values  what the reference adds per snapshot: writing its sorted values (fsync'd)
   histogram         TensorBoard's histogram of every difference (sibling.histograms=model), not in the above
   scipy_pooled_w1   scipy.stats.wasserstein_distance of the two whole models (float64), for scale
@@ -33,7 +33,7 @@ Equality: every set's W1 and the pooled W1 against scipy.stats.wasserstein_dista
 (the largest relative difference), and the live rows with the sorted values read from disk against
 the rows of the old path (sorting both sides): equal bit for bit (live_rows_equal_old_path).
 Threads are pinned (torch, and the comparison's own pool) and recorded with the machine
-(numdev.provenance). Timings on a shared machine are not comparable.
+(numdev.runs.provenance). Timings on a shared machine are not comparable.
 """
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from torch.utils.tensorboard import SummaryWriter
 
-from numdev.analysis.distances import CompareCache, compare, distance_rows, prepare, split_sets
-from numdev.atomic import write_json
-from numdev.provenance import provenance
-from numdev.run_layout import indexed_rows, read_token_rows
-from numdev.snapshot_store import (
+from numdev.runs.atomic import write_json
+from numdev.runs.layout import indexed_rows, read_token_rows
+from numdev.runs.provenance import provenance
+from numdev.train.callbacks.sibling import SiblingDistance
+from numdev.train.run import build_model
+from numdev.weights.distances import CompareCache, compare, distance_rows, prepare, split_sets
+from numdev.weights.store import (
     SnapshotWriter,
     SortedSets,
     load_snapshot_entry,
@@ -67,9 +69,7 @@ from numdev.snapshot_store import (
     parameter_state,
     write_sorted_values,
 )
-from numdev.train.run import build_model
-from numdev.train.sibling import SiblingDistance
-from numdev.train.token_rows import TokenRows, embedding_name
+from numdev.weights.token_rows import TokenRows, embedding_name
 
 
 def timed(fn, repeats: int) -> dict:

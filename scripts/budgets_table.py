@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from numdev.docblocks import replace_block
-from numdev.provenance import machine_line
+from numdev.report.docblocks import replace_block
+from numdev.runs.provenance import machine_line
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"

@@ -21,8 +21,8 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from numdev.docblocks import replace_block
-from numdev.provenance import machine_line, provenance
+from numdev.report.docblocks import replace_block
+from numdev.runs.provenance import machine_line, provenance
 from numdev.train.run import build_model
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from numdev.analysis.optimizations import ordering
-from numdev.docblocks import replace_block
-from numdev.provenance import machine_line
-from numdev.schemas import read_study_summary
+from numdev.report.docblocks import replace_block
+from numdev.runs.provenance import machine_line
+from numdev.runs.schemas import read_study_summary
 
 REPO = Path(__file__).resolve().parents[1]
 DOC, README = REPO / "docs" / "optimizations.md", REPO / "README.md"

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from numdev.attention import Eager, SdpaFlash, golden_attention
-from numdev.docblocks import replace_block
-from numdev.provenance import provenance
-from numdev.stats import mean_interval
+from numdev.report.docblocks import replace_block
+from numdev.runs.provenance import provenance
+from numdev.stats.intervals import mean_interval
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))

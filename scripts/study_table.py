@@ -28,13 +28,13 @@ import os
 import shutil
 from pathlib import Path
 
-from numdev.analysis.study import METRIC_LABELS
-from numdev.docblocks import replace_block
-from numdev.provenance import machine_line
-from numdev.schemas import read_study_summary
-from numdev.stats import MIN_CI, Estimate
+from numdev.report.docblocks import replace_block
 from numdev.report.study import downstream_table, early_table, equivalent_table, roles_table
-from numdev.verdicts import Verdict
+from numdev.runs.provenance import machine_line
+from numdev.runs.schemas import read_study_summary
+from numdev.stats.intervals import MIN_CI, Estimate
+from numdev.stats.verdicts import Verdict
+from numdev.weights.metrics import LABELS
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "docs" / "results" / "flash_stability_summary.json"
@@ -87,7 +87,7 @@ def block_text(summary: dict, command: str, result: Path = RESULT, doc: Path = R
         f"**Fig. 8** (Flash's growth at or below another initialisation's, 2-5x below low precision's): "
         f"{Verdict(**summary['verdicts']['fig8']).text()}.",
         "",
-        f"Distance to the reference by {METRIC_LABELS.get(metric, metric)} (the primary measure; growth = OLS slope per "
+        f"Distance to the reference by {LABELS.get(metric, metric)} (the primary measure; growth = OLS slope per "
         "step, per replicate; intervals: the 95% percentile bootstrap over replicates from 5, else the range of n; a ratio is judged only when both curves grow):",
         "",
         roles_table(summary, metric),
@@ -96,7 +96,7 @@ def block_text(summary: dict, command: str, result: Path = RESULT, doc: Path = R
         lines += ["", "This study's sibling CSVs hold only max |Δ| and the pooled W1, which cannot tell two "
                   "initialisations apart (docs/study.md#weight-distances): rerun it for the position-aware measures."]
     if paper != metric:
-        lines += ["", f"The same by the paper's {METRIC_LABELS.get(paper, paper)}:", "", roles_table(summary, paper)]
+        lines += ["", f"The same by the paper's {LABELS.get(paper, paper)}:", "", roles_table(summary, paper)]
     colour = summary["downstream"].get("colour_accuracy")
     if colour:
         values = [v for row in colour["roles"].values() for v in row["per_replicate"].values()]

@@ -15,7 +15,7 @@ numdev's flash emulator in bf16, FA2 loop with 64-wide tiles, with and without t
   normal          q, k, v ~ N(0, 1) (ties are rare: the fix should change little)
 Per seed the mean signed error (the bias), mean |error| and max |error|; the rule for the verdict:
 the fix reduces the bias when the interval of |bias with fix| / |bias without|, paired by seed,
-lies below 1, increases it when above 1 (numdev.stats.log_ratio_interval, LOG_RULE).
+lies below 1, increases it when above 1 (numdev.stats.intervals.log_ratio_interval, LOG_RULE).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from numdev import stats
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.bench.metrics import deviation
-from numdev.docblocks import replace_block
-from numdev.numerics import stage_formats
-from numdev.provenance import machine_line, provenance
+from numdev.numerics.stages import stage_formats
+from numdev.report.docblocks import replace_block
+from numdev.runs.provenance import machine_line, provenance
+from numdev.stats import intervals as stats
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "docs" / "results" / "tie_fix_bias.json"

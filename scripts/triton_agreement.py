@@ -20,7 +20,7 @@ import torch
 
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.kernels import flash_attention as fa
-from numdev.numerics import stage_formats
+from numdev.numerics.stages import stage_formats
 
 _NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

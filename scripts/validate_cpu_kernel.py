@@ -62,7 +62,7 @@ def compare(shape, precision, seed) -> dict:
     import torch
 
     from numdev.attention import Baseline, FlashEmulated, build_backend
-    from numdev.numerics import stage_formats
+    from numdev.numerics.stages import stage_formats
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     causal = shape[-1]
@@ -88,7 +88,7 @@ _CHILD = """
 import sys, torch
 sys.path.insert(0, {src!r})
 from numdev.attention import FlashEmulated, build_backend
-from numdev.numerics import stage_formats
+from numdev.numerics.stages import stage_formats
 g = torch.Generator().manual_seed(0)
 for precision, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
     q = torch.randn(1, 2, 300, 64, generator=g).to(dtype)
@@ -131,7 +131,7 @@ def main() -> None:
     import torch
 
     from numdev.attention import cpu_kernel
-    from numdev.provenance import provenance
+    from numdev.runs.provenance import provenance
 
     rows, worst = [], {}
     for name in args.shapes:

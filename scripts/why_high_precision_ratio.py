@@ -23,8 +23,8 @@ import torch
 
 from numdev.attention import Baseline, FlashEmulated, golden_attention
 from numdev.bench.inputs import GENERATORS, Shape
-from numdev.numerics import stage_formats
-from numdev.provenance import provenance
+from numdev.numerics.stages import stage_formats
+from numdev.runs.provenance import provenance
 
 log = logging.getLogger("why_high_precision_ratio")
 

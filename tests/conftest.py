@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _machine_lines() -> list[str]:
     """What the run's numbers depend on: the CPU and its vector/matrix extensions, the kernels torch
     dispatches to (its CPU capability) and the BLAS."""
-    from numdev.provenance import cpu_flags_of_interest, cpu_model
+    from numdev.runs.provenance import cpu_flags_of_interest, cpu_model
 
     blas = next((line.strip(" -") for line in torch.__config__.show().splitlines() if "Math Kernel Library" in line
                  or "OpenBLAS" in line), "BLAS unknown")

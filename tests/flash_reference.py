@@ -2,7 +2,7 @@
 item 8), kept as the reference that every fast path must match bit for bit.
 
 Do not edit it to follow the emulator: it is the "today's outputs" the fast paths are held to.
-Rounding comes from numdev.formats.round_to, so fixes there apply to both sides; the one semantic
+Rounding comes from numdev.numerics.formats.round_to, so fixes there apply to both sides; the one semantic
 fix since it was frozen (masked scores stay -inf in formats without inf: round_masked) is applied here too.
 
 `rows` computes the same output for a slice of the query rows only, with the same masks, tiles and
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from numdev.attention.checks import round_masked
-from numdev.formats import round_to
-from numdev.numerics import StageFormats, working_input
+from numdev.numerics.formats import round_to
+from numdev.numerics.stages import StageFormats, working_input
 
 _NEG_INF = float("-inf")
 

@@ -17,8 +17,8 @@ from numdev.attention import (
 )
 from numdev.attention.checks import same_bits
 from numdev.attention.tiles import resolve_tiles
-from numdev.formats import round_to
-from numdev.numerics import stage_formats
+from numdev.numerics.formats import round_to
+from numdev.numerics.stages import stage_formats
 
 SHAPES = [  # (batch, heads, n_q, n_k, dim, causal)
     (2, 3, 100, 100, 32, False),

@@ -40,7 +40,7 @@ from helpers import compose_train
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 
-import numdev.atomic
+import numdev.runs.atomic
 
 
 @dataclass
@@ -125,7 +125,7 @@ def _report_sweep(tmp: Path, summary: str | None = None) -> None:
 
 
 def _snapshots(tmp: Path, name: str, shapes: dict | None = None, steps=(0, 2)) -> None:
-    from numdev.snapshot_store import SnapshotWriter
+    from numdev.weights.store import SnapshotWriter
 
     shapes = shapes or {"w": [3, 2]}
     writer = SnapshotWriter(tmp / name, "m", shapes)
@@ -152,7 +152,7 @@ HELD_LOCKS = []  # locks a setup holds for the whole case: "another live run"
 
 
 def _live_run(tmp: Path) -> None:
-    from numdev.run_lock import RunLock
+    from numdev.runs.lock import RunLock
 
     HELD_LOCKS.append(RunLock(tmp / "run").acquire())
 
@@ -802,7 +802,7 @@ def _main(program: str):
     elif program == "numdev-gather":
         from numdev.bench.gather import main
     elif program == "numdev-figure":
-        from numdev.bench.figures import main
+        from numdev.bench.figure import main
     elif program == "numdev-report":
         from numdev.report.app import main
     elif program == "numdev-compare":
@@ -835,7 +835,7 @@ def _invoke(program: str, args: list[str], monkeypatch, logging_config: str = "d
 
 
 def _fail_writes_to(pattern: str, monkeypatch, code: int = errno.ENOSPC) -> None:
-    """Make numdev.atomic's fsync fail with `code` (ENOSPC: a full disk) for files whose name contains `pattern`."""
+    """Make numdev.runs.atomic's fsync fail with `code` (ENOSPC: a full disk) for files whose name contains `pattern`."""
     real_fsync = os.fsync
 
     def fsync(fd):
@@ -847,7 +847,7 @@ def _fail_writes_to(pattern: str, monkeypatch, code: int = errno.ENOSPC) -> None
             raise OSError(code, os.strerror(code))
         return real_fsync(fd)
 
-    monkeypatch.setattr(numdev.atomic.os, "fsync", fsync)
+    monkeypatch.setattr(numdev.runs.atomic.os, "fsync", fsync)
 
 
 def _digest(path: Path) -> str | None:
@@ -919,10 +919,10 @@ _CONFIG = {"model": {"hidden": 32}, "trainer": {"max_steps": 4}, "seed": {"init"
            "study": {"role": "flash", "replicate": 0, "kind": "under_test", "label": "Flash"}}
 _OUTCOME = {"heldout_loss": 0.25, "colour_accuracy": 0.5, "scored": 4, "step": 4}
 READERS = {  # file -> (reader, good content, writer)
-    "run.json": (lambda p: __import__("numdev.schemas").schemas.read_run(p), _RUN, json.dumps),
-    "config.yaml": (lambda p: __import__("numdev.schemas").schemas.read_study_config(p), _CONFIG, lambda d: __import__("yaml").safe_dump(d)),
-    "heldout.json": (lambda p: __import__("numdev.schemas").schemas.read_outcome(p, "heldout_loss"), _OUTCOME, json.dumps),
-    "eval.json": (lambda p: __import__("numdev.schemas").schemas.read_outcome(p, "colour_accuracy"), _OUTCOME, json.dumps),
+    "run.json": (lambda p: __import__("numdev.runs.schemas").schemas.read_run(p), _RUN, json.dumps),
+    "config.yaml": (lambda p: __import__("numdev.runs.schemas").schemas.read_study_config(p), _CONFIG, lambda d: __import__("yaml").safe_dump(d)),
+    "heldout.json": (lambda p: __import__("numdev.runs.schemas").schemas.read_outcome(p, "heldout_loss"), _OUTCOME, json.dumps),
+    "eval.json": (lambda p: __import__("numdev.runs.schemas").schemas.read_outcome(p, "colour_accuracy"), _OUTCOME, json.dumps),
 }
 DAMAGE = {  # name -> (edit of the parsed content or raw bytes, per file: the field named, or None for the whole file)
     "a-list": (lambda d: [d], "holds a list, not a mapping"),
@@ -996,7 +996,7 @@ def test_a_reader_accepts_the_good_file(name, tmp_path):
     ("step,tensor\n0,w\n", "not a table with the columns"),
 ])
 def test_a_sibling_csv_with_nan_or_garbage_names_the_file(text, message, tmp_path):
-    from numdev.run_layout import read_distances_csv
+    from numdev.weights.metrics import read_distances_csv
 
     path = tmp_path / "sibling.csv"
     path.write_text(text)
@@ -1007,7 +1007,7 @@ def test_a_sibling_csv_with_nan_or_garbage_names_the_file(text, message, tmp_pat
 
 def test_inf_where_numdev_writes_it_is_kept(tmp_path):
     """rel_frobenius and w1_over_std divide by a norm or a std that can be 0: inf and NaN are values there."""
-    from numdev.run_layout import read_distances_csv
+    from numdev.weights.metrics import read_distances_csv
 
     path = tmp_path / "sibling.csv"
     path.write_text("step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n0,w,6,0.1,0.1,inf,0.1,nan,0.1\n")
@@ -1056,7 +1056,7 @@ def test_a_figure_that_fails_after_drawing_writes_nothing(tmp_path, monkeypatch,
 
 def test_a_figure_of_jobs_measured_on_different_machines_says_so(tmp_path, monkeypatch, capsys):
     """Jobs measured on two machines: the summary claims no single machine; it lists each job's."""
-    from numdev.provenance import provenance
+    from numdev.runs.provenance import provenance
 
     here = json.loads(json.dumps(provenance(seeds=[0])))
     here["machine"]["cpu"] = "CPU A"

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import run_cli
 
-from numdev.atomic import read_jsonl
+from numdev.runs.atomic import read_jsonl
 
 
 def _only(pattern_dir, pattern):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import compose_train
 
-from numdev.errors import user_facing
+from numdev.cli.errors import user_facing
 from numdev.train.checkpoint_io import CheckpointError, SafeCheckpointIO, load_checkpoint
 from numdev.train.run import train
 
@@ -94,7 +94,7 @@ def test_a_damaged_checkpoint_is_a_one_line_error_naming_the_file(short_run, tmp
 def test_a_failing_checkpoint_write_leaves_the_previous_one_intact(short_run, tmp_path, monkeypatch):
     import errno
 
-    import numdev.atomic
+    import numdev.runs.atomic
 
     run_dir = short_run
     path = run_dir / "checkpoints" / "last.ckpt"
@@ -103,7 +103,7 @@ def test_a_failing_checkpoint_write_leaves_the_previous_one_intact(short_run, tm
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(numdev.atomic.os, "fsync", full)
+    monkeypatch.setattr(numdev.runs.atomic.os, "fsync", full)
     with pytest.raises(OSError, match="No space left"):
         SafeCheckpointIO().save_checkpoint({"global_step": 3, "state_dict": {}}, path)
     assert path.read_bytes() == before
@@ -120,7 +120,7 @@ def test_a_run_made_before_the_new_config_keys_still_resumes(short_run):
     del config["trainer"]["strategy"], config["trainer"]["num_nodes"], config["callbacks"]["instability"]
     path.write_text(yaml.safe_dump(config))
     try:
-        from numdev.train.record import check_resumable
+        from numdev.runs.record import check_resumable
 
         check_resumable(short_run, compose_train("trainer.max_steps=4", "resume=true", run_dir=short_run))
         with pytest.raises(ValueError, match="trainer.strategy"):  # but not another strategy

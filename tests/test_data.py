@@ -432,7 +432,7 @@ def test_a_shard_that_cannot_be_read_is_one_error_naming_it(name, tmp_path):
 
 
 def test_a_bad_shard_in_a_worker_is_still_one_line(tmp_path):
-    from numdev.errors import one_line
+    from numdev.cli.errors import one_line
 
     (tmp_path / "bad.tar").write_bytes(BAD_SHARDS["all-garbage-images"][0])
     module = WebDataModule(shards=str(tmp_path / "bad.tar"), resolution=8, batch_size=2, num_workers=1)

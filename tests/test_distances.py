@@ -10,7 +10,9 @@ from hydra.utils import instantiate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numdev.analysis.distances import (
+from numdev.runs.layout import MODEL_ROW
+from numdev.train.run import build_model
+from numdev.weights.distances import (
     compare,
     distance_rows,
     max_abs_difference,
@@ -18,8 +20,7 @@ from numdev.analysis.distances import (
     wasserstein_1d,
     weight_distances,
 )
-from numdev.run_layout import DISTANCE_COLUMNS, MODEL_ROW
-from numdev.train.run import build_model
+from numdev.weights.metrics import DISTANCE_COLUMNS
 
 DISTRIBUTIONS = {
     "normal": lambda rng, n: rng.standard_normal(n),
@@ -195,7 +196,7 @@ class _Stored:
     path = "stored.safetensors"
 
     def __init__(self, arrays: dict, rows=None):
-        from numdev.run_layout import POOLED, rows_digest
+        from numdev.runs.layout import POOLED, rows_digest
 
         self.arrays, self.sets, self.rows = arrays, [n for n in arrays if n != POOLED], rows_digest(rows)
 
@@ -204,14 +205,14 @@ class _Stored:
 
 
 def _stored_of(state, rows):
-    from numdev.run_layout import POOLED
+    from numdev.runs.layout import POOLED
 
     fresh = prepare(state, rows)
     return _Stored({**fresh.sorted, POOLED: fresh.pooled_sorted}, rows)
 
 
 def test_fingerprint_is_order_free_and_sees_one_ulp():
-    from numdev.analysis.distances import fingerprint
+    from numdev.weights.distances import fingerprint
 
     rng = np.random.default_rng(0)
     v = np.concatenate([rng.standard_normal(5000), [0.0, -0.0, -0.0, 1e-45, -3.0e38]]).astype(np.float32)
@@ -229,7 +230,7 @@ def test_fingerprint_is_order_free_and_sees_one_ulp():
 
 
 def test_stored_sorts_are_used_after_their_checks_and_give_the_same_bits():
-    from numdev.run_layout import POOLED
+    from numdev.runs.layout import POOLED
 
     a, b, rows = _hand_built()
     stored = _stored_of(b, rows)
@@ -278,7 +279,7 @@ def test_stored_sorts_of_another_split_are_not_used_for_that_tensor():
 
 
 def test_a_set_unchanged_on_both_sides_is_not_compared_again_and_gives_the_same_bits():
-    from numdev.analysis.distances import CompareCache
+    from numdev.weights.distances import CompareCache
 
     a, b, rows = _hand_built()
     cache = CompareCache()

@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import compose_train
 
-from numdev.snapshot_store import list_snapshots, load_snapshot
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.run import train
+from numdev.weights.store import list_snapshots, load_snapshot
 
 SMOKE = ["experiment=train_smoke", "snapshot.every_n_steps=1", "threads=1", "callbacks.samples.num_samples=2"]
 # Measured (2-core CPU, torch 2.14.1): max |difference| 6.2e-7 after 4 steps, on weights of size ~1e-2.
@@ -71,7 +71,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process_with_the_same_global_batch
 
 
 def test_ddp_from_python_is_refused_before_anything_is_written(tmp_path, capsys):
-    from numdev.errors import user_facing
+    from numdev.cli.errors import user_facing
 
     with pytest.raises(SystemExit) as exit_:
         user_facing("numdev-train")(train)(compose_train("trainer=ddp_cpu", run_dir=tmp_path / "run"))

@@ -6,7 +6,7 @@ import torch
 
 from numdev.attention import Baseline, Eager, golden_attention
 from numdev.models.attention import Attention
-from numdev.numerics import stage_formats
+from numdev.numerics.stages import stage_formats
 
 
 def _qkv(n=96, dim=32, dtype=torch.bfloat16, seed=0):

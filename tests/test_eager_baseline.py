@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from numdev.attention import Baseline
-from numdev.numerics import stage_formats
+from numdev.numerics.stages import stage_formats
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

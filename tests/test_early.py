@@ -17,15 +17,15 @@ from conftest import run_cli
 from helpers import compose_train
 from scipy import stats as scipy_stats
 
-from numdev import stats
 from numdev.analysis import early
 from numdev.analysis.study import analyse, claim_verdicts
 from numdev.attention import Eager, OutputNoise
 from numdev.models.perturb import ULP_RELATIVE, apply_init_perturbation
-from numdev.run_layout import TRAINED
-from numdev.snapshot_store import SnapshotWriter, load_snapshot, read_index
-from numdev.train.snapshots import SnapshotSchedule
-from numdev.verdicts import FAILS, HOLDS, NOT_MEASURABLE
+from numdev.runs.layout import TRAINED
+from numdev.stats import intervals as stats
+from numdev.stats.verdicts import FAILS, HOLDS, NOT_MEASURABLE
+from numdev.train.callbacks.snapshots import SnapshotSchedule
+from numdev.weights.store import SnapshotWriter, load_snapshot, read_index
 
 # ----------------------------------------------------------------------------- intervals
 
@@ -284,8 +284,8 @@ def test_the_low_floor_study_trains_its_reference_in_fp32_and_flash_as_the_kerne
 
 def test_the_claim_verdicts_pass_the_study_summary_schema_the_report_reads():
     """What the analysis writes under `verdicts` (the parts and the metric's name) is what
-    numdev-report's validating reader accepts (numdev.schemas.STUDY_SUMMARY)."""
-    from numdev import schemas
+    numdev-report's validating reader accepts (numdev.runs.schemas.STUDY_SUMMARY)."""
+    from numdev.runs import schemas
 
     summary, curves = _calibrated_summary(3.0)
     verdicts = claim_verdicts(summary, curves)

@@ -148,7 +148,7 @@ def test_a_parallel_sweep_leaves_no_process_behind(tmp_path):
 
 
 def _append_many(path: str, writer: int, count: int) -> None:
-    from numdev.atomic import append_jsonl
+    from numdev.runs.atomic import append_jsonl
 
     for i in range(count):
         append_jsonl(path, [{"writer": writer, "i": i, "pad": "x" * 20_000}])  # > a page: no accidental atomicity
@@ -157,7 +157,7 @@ def _append_many(path: str, writer: int, count: int) -> None:
 def test_concurrent_appends_keep_every_record(tmp_path):
     import multiprocessing
 
-    from numdev.atomic import read_jsonl
+    from numdev.runs.atomic import read_jsonl
 
     path = str(tmp_path / "results.jsonl")
     context = multiprocessing.get_context("spawn")

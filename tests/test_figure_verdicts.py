@@ -6,7 +6,7 @@ import math
 import pytest
 
 from numdev.figures import BENCH_FIGURES, FIGURES, fa3_table3, fig3, fig4, fig5, fig6
-from numdev.verdicts import BY_CONSTRUCTION, FAILS, HOLDS, NOT_MEASURABLE, PARTLY
+from numdev.stats.verdicts import BY_CONSTRUCTION, FAILS, HOLDS, NOT_MEASURABLE, PARTLY
 
 SEEDS = (0, 1, 2)
 
@@ -164,7 +164,7 @@ def test_registry_lists_every_figure_once_with_its_module():
 
 
 def test_a_flat_curve_is_not_measurable_not_nan():
-    from numdev.verdicts import monotone_verdict
+    from numdev.stats.verdicts import monotone_verdict
 
     verdict = monotone_verdict([1, 2, 3], {seed: [0.5, 0.5, 0.5] for seed in range(3)}, "increasing")
     assert verdict.status == NOT_MEASURABLE and "flat" in verdict.detail
@@ -215,7 +215,7 @@ def test_bias_verdict_can_fail(tmp_path):
 
 def test_reconcile_verdict_can_fail():
     from numdev.figures import reconcile
-    from numdev.stats import replicate_spread
+    from numdev.stats.intervals import replicate_spread
 
     def cell(*values):
         e = replicate_spread(list(values))

@@ -12,7 +12,7 @@ from flash_reference import reference_forward
 
 from numdev.attention import FlashEmulated, compiled, flash_emulated, golden_attention, native
 from numdev.attention.flash_emulated import _row_chunks
-from numdev.numerics import PRESETS, stage_formats
+from numdev.numerics.stages import PRESETS, stage_formats
 
 PRECISIONS = ("bf16", "fp16", "fp32", "fp64", "fp8_e4m3", "fp8_e5m2")
 COMPILED_PRECISIONS = ("bf16", "fp16", "fp32")  # the others always run eagerly (compiled.supports)
@@ -244,7 +244,7 @@ def test_native_kernels_are_taken_only_where_they_apply():
 
 
 def test_exp_table_is_atens_exp_indexed_by_bit_pattern():
-    from numdev.formats import parse_format, round_to
+    from numdev.numerics.formats import parse_format, round_to
 
     for held in ("bf16", "fp16"):
         fmt = parse_format(held)

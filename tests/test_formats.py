@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from numdev.formats import FORMATS, _round_generic, parse_format, round_to
+from numdev.numerics.formats import FORMATS, _round_generic, parse_format, round_to
 
 ML_DTYPES = {
     "bf16": ml_dtypes.bfloat16,

@@ -4,7 +4,7 @@ fails on data that contradict it."""
 import pytest
 
 from numdev.figures import gemm_formats, gemm_k, gemm_scaling
-from numdev.formats import parse_format
+from numdev.numerics.formats import parse_format
 
 SEEDS = (0, 1, 2)
 

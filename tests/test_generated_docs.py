@@ -14,7 +14,7 @@ import re
 import pytest
 from conftest import REPO
 
-from numdev.docblocks import read_block
+from numdev.report.docblocks import read_block
 
 README, RESULTS_DOC = REPO / "README.md", REPO / "docs" / "results.md"
 

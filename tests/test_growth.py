@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from numdev.analysis.growth import fit_growth, slope_ratio
+from numdev.stats.growth import fit_growth, slope_ratio
 
 
 def test_fit_recovers_known_slopes_and_ratios():

@@ -10,12 +10,12 @@ from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from numdev.models.attention import Attention
-from numdev.run_layout import events_dir
-from numdev.snapshot_store import list_snapshots, load_snapshot
+from numdev.runs.layout import events_dir
+from numdev.train.callbacks.instability import LossSpikeDetector
 from numdev.train.checkpoint_io import load_checkpoint
-from numdev.train.instability import LossSpikeDetector
 from numdev.train.module import DiffusionModule
 from numdev.train.run import train
+from numdev.weights.store import list_snapshots, load_snapshot
 
 LAYER = "blocks.0.cross_attn"
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from numdev.config_groups import app_defaults, experiment_app, options, override_mistake
-from numdev.train.snapshots import SnapshotWriter
+from numdev.config.groups import app_defaults, experiment_app, options, override_mistake
+from numdev.train.callbacks.snapshots import SnapshotWriter
 
 
 def _run(tmp, name, value):
@@ -140,7 +140,7 @@ def test_a_shadow_that_is_the_training_backend_warns(tmp_path):
 
     from numdev.attention import build_backend
     from numdev.models.attention import Attention
-    from numdev.train.shadow import ShadowDeviation
+    from numdev.train.callbacks.shadow import ShadowDeviation
 
     model = torch.nn.Sequential(Attention(32, 4, build_backend("baseline")))
     callback = ShadowDeviation(str(tmp_path), backend=build_backend("baseline"))
@@ -160,7 +160,7 @@ def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monk
     """Past the command-line check (e.g. an experiment adds the key): the constructor's TypeError is named."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from numdev.config_groups import unexpected_key
+    from numdev.config.groups import unexpected_key
 
     assert unexpected_key("data", "root") == (
         "data.root is not a setting of the chosen data: it is one of data=folder; "
@@ -172,8 +172,8 @@ def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monk
 
     from numdev.train import app
 
-    monkeypatch.setattr("numdev.config_groups.override_mistake", lambda app, args: None)
-    monkeypatch.setattr("numdev.preflight.problem", lambda app, args, check: None)
+    monkeypatch.setattr("numdev.config.groups.override_mistake", lambda app, args: None)
+    monkeypatch.setattr("numdev.config.preflight.problem", lambda app, args, check: None)
     monkeypatch.setattr(sys, "argv", ["numdev-train", "+data.root=/x", "experiment=train_smoke", f"output_root={tmp_path}",
                                       "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
     with pytest.raises(SystemExit) as exit_:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from numdev.formats import FORMATS, decode, round_to
+from numdev.numerics.formats import FORMATS, decode, round_to
 
 NARROW = {
     "fp8_e4m3": ml_dtypes.float8_e4m3fn,
@@ -156,7 +156,7 @@ def _exact_truncate(value: float, fmt) -> float:
 @pytest.mark.parametrize("name", ["e8m13", "bf16", "fp8_e4m3", "fp4_e2m1", "fp16"])
 @pytest.mark.parametrize("working", [torch.float32, torch.float64])
 def test_truncation_matches_exact_rational_arithmetic(name, working):
-    from numdev.formats import parse_format, truncate_to
+    from numdev.numerics.formats import parse_format, truncate_to
 
     fmt = parse_format(name)
     rng = np.random.default_rng(11)

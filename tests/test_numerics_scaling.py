@@ -1,4 +1,4 @@
-"""Scaled quantisation (numdev.numerics_scaling): MX blocks against the OCP MX v1.0 rules and against
+"""Scaled quantisation (numdev.numerics.scaling): MX blocks against the OCP MX v1.0 rules and against
 gfloat (Graphcore's reference implementation of the OCP formats), E8M0 scales against ml_dtypes and
 torch, tensor and row scales against the torchao recipe's arithmetic."""
 
@@ -17,8 +17,8 @@ from gfloat.formats import (
     format_info_mxfp8_e5m2,
 )
 
-from numdev.formats import FORMATS, round_to
-from numdev.numerics_scaling import MX_ELEMENTS, e8m0_bits, mx_scale_exponent, quantize, quantize_parts, tensor_scale
+from numdev.numerics.formats import FORMATS, round_to
+from numdev.numerics.scaling import MX_ELEMENTS, e8m0_bits, mx_scale_exponent, quantize, quantize_parts, tensor_scale
 
 GFLOAT = {
     "fp8_e4m3": format_info_mxfp8_e4m3,

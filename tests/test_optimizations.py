@@ -18,12 +18,11 @@ from helpers import compose_train
 
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.attention.flash_emulated import TIE_BETA, tie_shifted_max
-from numdev.numerics import stage_formats
+from numdev.numerics.stages import stage_formats
 from numdev.optimizations.float8_linear import E4M3, E5M2, Float8Linear, to_float8
-from numdev.optimizations.mx_linear import MXLinear
-from numdev.optimizations.mx_linear import quantize
-from numdev.snapshot_store import load_snapshot
+from numdev.optimizations.mx_linear import MXLinear, quantize
 from numdev.train.run import train
+from numdev.weights.store import load_snapshot
 
 OPTIMIZATIONS = sorted(p.stem for p in (REPO / "conf" / "optimization").glob("*.yaml"))
 SWEEP = yaml.safe_load((REPO / "conf" / "experiment" / "optimizations.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")

@@ -1,4 +1,4 @@
-"""Quiet by default, everything in the log (numdev.logs): the console shows numdev's messages and the
+"""Quiet by default, everything in the log (numdev.cli.logs): the console shows numdev's messages and the
 libraries' warnings; each job's app.log holds its run's story; -v shows everything."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 from conftest import run_cli
 from helpers import console_noise
 
-from numdev import logs
+from numdev.cli import logs
 
 
 def _record(name: str, level: int) -> logging.LogRecord:
@@ -30,8 +30,8 @@ def test_the_console_shows_numdev_and_the_libraries_warnings_and_everything_when
     }
     monkeypatch.setattr(logs, "VERBOSE", True)
     assert all(console.filter(_record(name, level)) for name, level in shown)
-    printed = _record("numdev.errors", logging.ERROR)
-    printed.console = False  # numdev.errors prints its one line itself: the log gets it, the console not twice
+    printed = _record("numdev.cli.errors", logging.ERROR)
+    printed.console = False  # numdev.cli.errors prints its one line itself: the log gets it, the console not twice
     assert not console.filter(printed)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from numdev import demo
-from numdev.commands import tensorboard
-from numdev.config_groups import override_mistake
+from numdev.cli import demo
+from numdev.cli.commands import tensorboard
+from numdev.config.groups import override_mistake
 
 README = REPO / "README.md"
 PROGRAM = re.compile(r"^(numdev-[a-z]+|tensorboard|pip|python3?|pytest)(\s|$)")  # console scripts a reader types

@@ -14,10 +14,12 @@ from omegaconf import OmegaConf
 
 from numdev.attention import Baseline, FlashEmulated, golden_attention
 from numdev.attention.checks import round_masked
+from numdev.bench import bias as bias_runner
+from numdev.bench import reconcile as reconcile_runner
 from numdev.bench.inputs import GENERATORS, Shape, UniformInputs
 from numdev.figures import bias, reconcile
-from numdev.formats import round_to
-from numdev.numerics import stage_formats
+from numdev.numerics.formats import round_to
+from numdev.numerics.stages import stage_formats
 
 # N / B_c = 64 key/value blocks, as N=4096 with B_c=64 (the paper's shape) but 16x cheaper.
 SMALL = {"batch": 1, "heads": 1, "seq_q": 1024, "seq_k": None, "dim": 16}
@@ -30,7 +32,7 @@ def _cfg(**extra):
 
 @pytest.fixture(scope="module")
 def small_grid():
-    grid = reconcile.Grid(inputs=["uniform", "normal"], variants=["fa1", "fa2"], formats=["paper", "stats", "accum", "fa2"],
+    grid = reconcile_runner.Grid(inputs=["uniform", "normal"], variants=["fa1", "fa2"], formats=["paper", "stats", "accum", "fa2"],
                           kv_blocks=[16, 64], sram=98304, reference_kv_blocks=64)
     rows = [_flat(r) for r in grid(_cfg(), log=lambda *_: None)]
     return reconcile.ratios(rows), rows
@@ -104,7 +106,7 @@ def test_reconcile_sentences_and_verdict(small_grid, tmp_path):
 
 def test_the_factors_sentence_follows_the_grid():
     """'Either bf16 stage alone' is said only when the grid says so; other grids read otherwise."""
-    from numdev.stats import replicate_spread
+    from numdev.stats.intervals import replicate_spread
 
     def cell(*values):
         estimate = replicate_spread(list(values))
@@ -178,7 +180,7 @@ def test_fp8_causal_bench_command_gives_finite_outputs(tmp_path):
 
 
 def _attribution(inputs, variant, n, dim, block_c, seeds):
-    sweep = bias.Sweep(inputs=inputs, variant=variant, lengths=[n], block_c=block_c, block_r=64)
+    sweep = bias_runner.Sweep(inputs=inputs, variant=variant, lengths=[n], block_c=block_c, block_r=64)
     rows = [_flat(r) for r in sweep(_cfg(shape={**SMALL, "dim": dim}, seeds=list(seeds)), log=lambda *_: None)]
     return bias.attribution(rows)[n]
 
@@ -212,7 +214,7 @@ def test_inputs_registry_names_every_generator():
 
 
 def test_a_stage_not_told_apart_from_the_best_is_named_as_a_tie():
-    from numdev.stats import mean_interval  # five seeds: 95% bootstrap intervals
+    from numdev.stats.intervals import mean_interval  # five seeds: 95% bootstrap intervals
 
     def cell(*values):
         estimate = mean_interval(list(values))

@@ -14,7 +14,7 @@ import sys
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from numdev.atomic import append_jsonl, write_json
+from numdev.runs.atomic import append_jsonl, write_json
 
 QUIET = ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 BENCH = ["shape.seq_q=16", "shape.dim=16", "tiles.block_r=16", "tiles.block_c=16"]
@@ -99,7 +99,7 @@ def test_a_refused_training_run_leaves_no_run_directory(tmp_path, monkeypatch, c
 def test_every_job_of_an_experiment_sweep_is_checked_before_the_first_runs():
     """experiment=flash_stability_smoke sweeps its roles and replicates by itself (hydra.mode=MULTIRUN in
     the experiment, no -m): a bad value set for all of them is refused naming the first job."""
-    from numdev import preflight
+    from numdev.config import preflight
     from numdev.train.run import check_config
 
     problem = preflight.problem("train", ["experiment=flash_stability_smoke", "optim.optimizer.lr=-1"], check_config)
@@ -129,7 +129,7 @@ def test_added_keys_a_constructor_takes_still_run():
     from hydra import compose, initialize_config_module
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from numdev.preflight import _added_key_problem
+    from numdev.config.preflight import _added_key_problem
 
     parsed = OverridesParser.create().parse_overrides(["experiment=train_smoke", "+optim.optimizer.eps=1e-8", "+trainer.max_time=null"])
     with initialize_config_module(config_module="numdev.conf", version_base="1.3"):

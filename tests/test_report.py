@@ -17,9 +17,9 @@ from conftest import REPO, run_cli
 from PIL import Image
 
 import numdev.report.study
-from numdev.provenance import machine_line, provenance
 from numdev.report.app import build_report
 from numdev.report.html import LOSS_CURVES, SAMPLES
+from numdev.runs.provenance import machine_line, provenance
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -204,7 +204,7 @@ def test_each_verdict_once_with_contents_links_and_folded_long_tables(tmp_path):
 @pytest.mark.parametrize("low, high, expect", [(0.10, 0.40, True), (0.40, 0.60, False), (0.01, 0.05, False)])
 def test_an_agreement_score_whose_interval_contains_chance_is_at_chance(low, high, expect):
     from numdev.report.study import _agreement_cell, at_chance
-    from numdev.stats import Estimate
+    from numdev.stats.intervals import Estimate
     from numdev.train.evaluation import CHANCE
 
     assert CHANCE == {"colour": 1 / 6, "shape": 1 / 3, "position": 1 / 9}

@@ -14,9 +14,10 @@ import torch
 from helpers import compose_train, kill_when
 
 from numdev.analysis.compare import compare_runs
-from numdev.run_layout import index_path, read_distances_csv, sibling_csv_path, snapshot_path, token_rows_path
-from numdev.snapshot_store import SnapshotError, list_snapshots, load_snapshot
+from numdev.runs.layout import index_path, sibling_csv_path, snapshot_path, token_rows_path
 from numdev.train.run import train
+from numdev.weights.metrics import read_distances_csv
+from numdev.weights.store import SnapshotError, list_snapshots, load_snapshot
 
 SIBLING = ["sibling.label=ref"]
 

@@ -11,8 +11,8 @@ from helpers import compose_train
 from numdev.attention import build_backend
 from numdev.models.attention import Attention
 from numdev.models.shadow import AttentionShadow
-from numdev.numerics import stage_formats
-from numdev.run_layout import read_shadow_csv
+from numdev.numerics.stages import stage_formats
+from numdev.runs.layout import read_shadow_csv
 from numdev.train.run import train
 
 

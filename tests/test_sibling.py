@@ -15,12 +15,12 @@ from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from numdev.analysis.compare import compare_runs
-from numdev.run_layout import MODEL_ROW as MODEL
-from numdev.run_layout import events_dir
-from numdev.run_layout import read_distances_csv as read_csv
-from numdev.snapshot_store import SnapshotError, SnapshotWriter
+from numdev.runs.layout import MODEL_ROW as MODEL
+from numdev.runs.layout import events_dir
+from numdev.train.callbacks.sibling import SiblingDistance, SiblingError
 from numdev.train.run import train
-from numdev.train.sibling import SiblingDistance, SiblingError
+from numdev.weights.metrics import read_distances_csv as read_csv
+from numdev.weights.store import SnapshotError, SnapshotWriter
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_the_callback_waits_for_a_snapshot_written_later_by_another_process(tmp_
     reference = _snapshot_dir(tmp_path, "sibling", steps=(0,))
     writer_code = (
         "import sys, time, torch\n"
-        "from numdev.snapshot_store import SnapshotWriter\n"
+        "from numdev.weights.store import SnapshotWriter\n"
         "time.sleep(1.5)\n"
         "SnapshotWriter(sys.argv[1], 'm', {'w': [4, 3]}).write(2, {'w': torch.full((4, 3), 2.0)})\n"
     )
@@ -220,8 +220,8 @@ def _pair(tmp_path, steps=(0, 2, 4), sorted_values=True):
     """A reference (with its sorted values) and a comparing run: snapshots and token rows as training writes them."""
     import numpy as np
 
-    from numdev.analysis.distances import prepare
-    from numdev.snapshot_store import SortedSets
+    from numdev.weights.distances import prepare
+    from numdev.weights.store import SortedSets
 
     shapes = {"emb.weight": [40, 4], "w": [30, 20], "bias": [7]}
     g = torch.Generator().manual_seed(1)
@@ -267,7 +267,7 @@ class _NoTrainer:
 
 
 def test_live_rows_with_the_sorted_values_read_from_disk_equal_the_old_path(tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="numdev.train.sibling")
+    caplog.set_level(logging.DEBUG, logger="numdev.train.callbacks.sibling")
     reference, me, states = _pair(tmp_path)
     rows, used = _live_rows(reference, me, states)
     assert rows == compare_runs(me, reference)  # every column, exactly
@@ -287,7 +287,7 @@ def _forge_w(path):
     import numpy as np
     import safetensors.numpy
 
-    from numdev.snapshot_store import SortedSets, write_sorted_values
+    from numdev.weights.store import SortedSets, write_sorted_values
 
     arrays = safetensors.numpy.load_file(path)
     meta = json.loads(safetensors.safe_open(path, "np").metadata()["numdev"])
@@ -316,7 +316,7 @@ def _stale(path):
     ids=["missing", "truncated", "bit-flip", "forged", "stale"],
 )
 def test_a_damaged_forged_or_stale_sorted_file_falls_back_to_sorting_with_the_same_rows(tmp_path, caplog, damage, reason):
-    caplog.set_level(logging.DEBUG, logger="numdev.train.sibling")  # said in the run's log (app.log)
+    caplog.set_level(logging.DEBUG, logger="numdev.train.callbacks.sibling")  # said in the run's log (app.log)
     reference, me, states = _pair(tmp_path)
     for step in (2, 4):  # two damaged steps: said once
         damage(reference / "weights" / f"sorted_{step:08d}.safetensors")
@@ -328,7 +328,7 @@ def test_a_damaged_forged_or_stale_sorted_file_falls_back_to_sorting_with_the_sa
 
 
 def test_a_reference_without_sorted_values_is_sorted_here(tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="numdev.train.sibling")
+    caplog.set_level(logging.DEBUG, logger="numdev.train.callbacks.sibling")
     reference, me, states = _pair(tmp_path, sorted_values=False)
     rows, used = _live_rows(reference, me, states)
     assert rows == compare_runs(me, reference) and used == [[], [], []]

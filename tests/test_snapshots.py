@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from numdev.snapshot_store import SnapshotError, SnapshotWriter, list_snapshots, load_snapshot, snapshot_name
+from numdev.weights.store import SnapshotError, SnapshotWriter, list_snapshots, load_snapshot, snapshot_name
 
 SHAPES = {"a.weight": [2, 3], "b.bias": [4]}
 
@@ -93,8 +93,8 @@ def test_writer_continues_an_index_and_refuses_another_model(run):
 
 
 def _sorted_sets(state, rows=None):
-    from numdev.analysis.distances import prepare
-    from numdev.snapshot_store import SortedSets
+    from numdev.weights.distances import prepare
+    from numdev.weights.store import SortedSets
 
     prepared = prepare(state, rows)
     return SortedSets(prepared.sorted, prepared.pooled_sorted, rows)
@@ -112,8 +112,8 @@ def test_sorted_values_are_written_before_the_index_entry_and_read_back(sorted_r
     import numpy as np
     import safetensors.numpy
 
-    from numdev.run_layout import POOLED, sorted_values_name
-    from numdev.snapshot_store import open_sorted_values, snapshot_sha256
+    from numdev.runs.layout import POOLED, sorted_values_name
+    from numdev.weights.store import open_sorted_values, snapshot_sha256
 
     assert sorted_values_name(10) == "sorted_00000010.safetensors"
     assert list_snapshots(sorted_run) == [0, 10]  # the sorted files are not snapshots
@@ -153,7 +153,7 @@ def _move(path):  # step 0's file where step 10's was
     ],
 )
 def test_a_damaged_sorted_values_file_is_a_one_line_error(sorted_run, damage, message):
-    from numdev.snapshot_store import SortedValuesError, open_sorted_values, snapshot_sha256
+    from numdev.weights.store import SortedValuesError, open_sorted_values, snapshot_sha256
 
     damage(sorted_run / "weights" / "sorted_00000010.safetensors")
     with pytest.raises(SortedValuesError, match=message):
@@ -161,7 +161,7 @@ def test_a_damaged_sorted_values_file_is_a_one_line_error(sorted_run, damage, me
 
 
 def test_sorted_values_of_a_rewritten_snapshot_are_stale(sorted_run):
-    from numdev.snapshot_store import SortedValuesError, open_sorted_values, snapshot_sha256
+    from numdev.weights.store import SortedValuesError, open_sorted_values, snapshot_sha256
 
     old = snapshot_sha256(sorted_run, 10)
     SnapshotWriter(sorted_run, "toy", SHAPES).write(10, _state(7.0))  # rewritten without its sorted values
@@ -177,7 +177,7 @@ def test_readers_never_see_a_half_written_sorted_values_file(sorted_run):
 
     import numpy as np
 
-    from numdev.snapshot_store import open_sorted_values, snapshot_sha256, write_sorted_values
+    from numdev.weights.store import open_sorted_values, snapshot_sha256, write_sorted_values
 
     sha = snapshot_sha256(sorted_run, 10)
     big = {"a.weight": torch.randn(600, 500), "b.bias": torch.randn(4000)}

@@ -1,4 +1,4 @@
-"""numdev.stats (bootstrap intervals over seeds), numdev.verdicts (stated rules) and numdev.provenance."""
+"""numdev.stats.intervals (bootstrap intervals over seeds), numdev.stats.verdicts (stated rules) and numdev.runs.provenance."""
 
 import math
 import subprocess
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from numdev.provenance import machine_line, provenance
-from numdev.stats import mean_interval, ratio_interval, statistic_interval
-from numdev.verdicts import (
+from numdev.runs.provenance import machine_line, provenance
+from numdev.stats.intervals import mean_interval, ratio_interval, statistic_interval
+from numdev.stats.verdicts import (
     FAILS,
     HOLDS,
     NOT_MEASURABLE,
@@ -149,7 +149,7 @@ def test_provenance_names_machine_versions_and_commit():
 
 
 def test_docblocks_replace_only_the_marked_block(tmp_path):
-    from numdev.docblocks import read_block, replace_block
+    from numdev.report.docblocks import read_block, replace_block
 
     doc = tmp_path / "README.md"
     doc.write_text("intro\n<!-- numdev:begin t -->\nold 1.0\n<!-- numdev:end t -->\noutro\n")
@@ -164,7 +164,7 @@ def test_docblocks_replace_only_the_marked_block(tmp_path):
 
 
 def test_fewer_than_five_seeds_give_a_labelled_range_not_an_interval():
-    from numdev.stats import MIN_BOOTSTRAP, ratio_spread, replicate_spread
+    from numdev.stats.intervals import MIN_BOOTSTRAP, ratio_spread, replicate_spread
 
     three = replicate_spread([1.0, 2.0, 4.0])
     assert (three.method, three.low, three.high, three.n) == ("range", 1.0, 4.0, 3)
@@ -187,8 +187,8 @@ def test_fewer_than_five_seeds_give_a_labelled_range_not_an_interval():
     ([0.8, 1.0, 1.3], NOT_MEASURABLE),  # contains 1
 ])
 def test_about_10x_holds_only_within_its_band(values, status):
-    from numdev.stats import ratio_spread
-    from numdev.verdicts import ABOUT_10X, about_verdict
+    from numdev.stats.intervals import ratio_spread
+    from numdev.stats.verdicts import ABOUT_10X, about_verdict
 
     verdict = about_verdict(ratio_spread(values, [1.0, 1.0, 1.0]), ABOUT_10X, what="r")
     assert verdict.status == status, verdict.text()
@@ -207,7 +207,7 @@ def _curves(exponent, seeds=(0, 1, 2, 3, 4), noise=0.0, x=(256, 512, 1024, 2048)
     (0.0, 0.3, NOT_MEASURABLE),  # noise, no trend either way
 ])
 def test_trend_verdict_can_hold_fail_and_abstain(exponent, noise, status):
-    from numdev.verdicts import trend_verdict
+    from numdev.stats.verdicts import trend_verdict
 
     verdict = trend_verdict([256, 512, 1024, 2048], _curves(exponent, noise=noise), "increasing", what="d")
     assert verdict.status == status, verdict.text()
@@ -218,7 +218,7 @@ def test_trend_verdict_is_a_t_test_on_per_seed_slopes():
     seed, so the serially dependent points of one curve never count as independent evidence."""
     from scipy import stats as scipy_stats
 
-    from numdev.verdicts import seed_slopes, trend_verdict
+    from numdev.stats.verdicts import seed_slopes, trend_verdict
 
     curves = _curves(0.3, noise=0.2)
     slopes = seed_slopes([256, 512, 1024, 2048], curves)
@@ -236,7 +236,7 @@ def test_trend_verdict_is_a_t_test_on_per_seed_slopes():
 
 
 def test_a_claim_true_by_construction_is_never_green():
-    from numdev.verdicts import BY_CONSTRUCTION, SYMBOLS, by_construction
+    from numdev.stats.verdicts import BY_CONSTRUCTION, SYMBOLS, by_construction
 
     built = by_construction("B_r has no numeric effect", "bit-identical")
     held = Verdict(HOLDS, "r")
@@ -247,8 +247,8 @@ def test_a_claim_true_by_construction_is_never_green():
 
 
 def test_study_figures_name_their_bands_by_the_house_rule():
-    """A band over fewer than 5 replicates is their range (numdev.stats.mean_interval), and the title says so."""
-    from numdev.stats import mean_spread_words as spread_words
+    """A band over fewer than 5 replicates is their range (numdev.stats.intervals.mean_interval), and the title says so."""
+    from numdev.stats.intervals import mean_spread_words as spread_words
 
     assert spread_words(3) == "range of the 3 replicates"
     assert spread_words(5) == "95% bootstrap interval of the mean"

@@ -16,9 +16,9 @@ from helpers import compose_train, console_noise
 from numdev.analysis.study import KIND_ORDER, analyse, ratio_of_growths
 from numdev.models.perturb import perturb_one_ulp
 from numdev.report.app import build_report
-from numdev.run_layout import read_distances_csv as read_csv
-from numdev.snapshot_store import load_snapshot
-from numdev.verdicts import FAILS, HOLDS, NOT_MEASURABLE
+from numdev.stats.verdicts import FAILS, HOLDS, NOT_MEASURABLE
+from numdev.weights.metrics import read_distances_csv as read_csv
+from numdev.weights.store import load_snapshot
 
 ROLE_FILES = sorted((REPO / "conf" / "study").glob("*.yaml"))
 
@@ -176,7 +176,7 @@ def test_the_smoke_study_runs_every_role_twice_and_writes_intervals(study):
     assert set(summary["pairs"]["truth"]) == set(ROLES) - {"truth"}
     for role, pair in summary["pairs"]["reference"].items():
         slope = pair[metric]["slope"]
-        assert slope["n"] == 2 and slope["low"] is None and slope["high"] is None, role  # R=2: no interval (numdev.stats.MIN_SEEDS)
+        assert slope["n"] == 2 and slope["low"] is None and slope["high"] is None, role  # R=2: no interval (numdev.stats.intervals.MIN_SEEDS)
     for name, ratio in summary["ratios"].items():
         entry = ratio[metric]
         assert isinstance(entry["excludes_one"], bool) and entry["verdict"]["status"] in (HOLDS, FAILS, NOT_MEASURABLE), name

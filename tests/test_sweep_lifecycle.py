@@ -1,4 +1,4 @@
-"""The lifecycle of a parallel sweep and of the study (hydra/launcher=parallel, numdev.launcher): a
+"""The lifecycle of a parallel sweep and of the study (hydra/launcher=parallel, numdev.cli.launcher): a
 failed analysis exits non-zero, SIGTERM / Ctrl-C / a SIGKILLed worker end the sweep with every run.json
 final and no process left behind, a sweep listing a value twice is refused before it starts, and a
 comparing run stops waiting for a dead reference and honours SIGTERM while it waits.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from numdev.sweep_jobs import duplicate_values
+from numdev.cli.sweep_jobs import duplicate_values
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 

@@ -13,7 +13,7 @@ from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from numdev.run_layout import events_dir
+from numdev.runs.layout import events_dir
 from numdev.train.run import train
 
 

@@ -9,9 +9,9 @@ from helpers import compose_train
 from hydra.utils import instantiate
 
 from numdev.data.shapes import ShapesDataset
-from numdev.run_layout import indexed_rows, read_token_rows, token_rows_path
+from numdev.runs.layout import indexed_rows, read_token_rows, token_rows_path
 from numdev.train.run import build_model
-from numdev.train.token_rows import TokenRows, TokenRowsError, embedding_name
+from numdev.weights.token_rows import TokenRows, TokenRowsError, embedding_name
 
 
 @pytest.fixture(scope="module")

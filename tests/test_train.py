@@ -11,12 +11,12 @@ from helpers import compose_train
 from lightning.pytorch.plugins.precision import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from numdev.errors import user_facing
+from numdev.cli.errors import user_facing
 from numdev.models.attention import Attention
-from numdev.run_layout import events_dir
-from numdev.snapshot_store import list_snapshots, load_snapshot
+from numdev.runs.layout import events_dir
 from numdev.train.module import DiffusionModule
 from numdev.train.run import build_trainer, train
+from numdev.weights.store import list_snapshots, load_snapshot
 
 CPU_BACKENDS = ("baseline", "flash_emulated", "sdpa_math", "sdpa_flash")
 PRECISIONS = {"fp64": torch.float64, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "bf16-true": torch.bfloat16}

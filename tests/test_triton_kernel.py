@@ -19,7 +19,7 @@ import triton
 
 from numdev.attention import BackendUnavailable, FlashEmulated, available_backends, build_backend, golden_attention
 from numdev.kernels import flash_attention as fa
-from numdev.numerics import stage_formats
+from numdev.numerics.stages import stage_formats
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")

@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from numdev.resolvers import register as _register_resolvers  # noqa: E402
+from numdev.config.resolvers import register as _register_resolvers  # noqa: E402
 
 _register_resolvers()

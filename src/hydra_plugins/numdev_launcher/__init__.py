@@ -1,1 +1,1 @@
-"""numdev's Hydra launcher plugin (hydra/launcher=parallel): the class Hydra finds; numdev.launcher does the work."""
+"""numdev's Hydra launcher plugin (hydra/launcher=parallel): the class Hydra finds; numdev.cli.launcher does the work."""

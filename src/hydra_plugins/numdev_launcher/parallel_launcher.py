@@ -1,7 +1,7 @@
 """The Hydra plugin class of hydra/launcher=parallel (conf/hydra/launcher/parallel.yaml).
 
 Hydra instantiates launchers only from the hydra_plugins package, and imports every module here at
-start-up: this one stays light (numdev.launcher is imported when a sweep launches).
+start-up: this one stays light (numdev.cli.launcher is imported when a sweep launches).
 """
 
 from __future__ import annotations
@@ -27,6 +27,6 @@ class ParallelLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from numdev.launcher import launch
+        from numdev.cli.launcher import launch
 
         return launch(self, job_overrides, initial_job_idx)

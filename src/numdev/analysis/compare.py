@@ -4,7 +4,7 @@ from the saved safetensors files, on any machine, whatever launched the runs.
     numdev-compare RUN_A RUN_B [-o OUT_DIR] [--strict]
 
 Writes distances.csv (one row per step and weight set, plus `__model__` for the model: the
-columns of numdev.run_layout.DISTANCE_COLUMNS, defined in numdev.analysis.distances) and
+columns of numdev.weights.metrics.DISTANCE_COLUMNS, defined in numdev.weights.distances) and
 distances.png (the model's curves over training) into OUT_DIR (default: RUN_A/compare_<B>).
 Token-embedding rows that neither run's captions index (their token_rows.json) are their own set.
 Steps that only one run has are reported and skipped; --strict makes them an error. Also writes
@@ -18,13 +18,14 @@ import argparse
 import logging
 from pathlib import Path
 
-from numdev import logs
-from numdev.analysis.distances import check_same_architecture, compare, distance_rows, prepare
-from numdev.atomic import WriteError, write_json, write_text
-from numdev.errors import fail
-from numdev.provenance import provenance
-from numdev.run_layout import INDEX, MODEL_ROW, TOKEN_ROWS, WEIGHTS_DIR, distances_to_csv, indexed_rows, read_token_rows
-from numdev.snapshot_store import list_snapshots, load_snapshot
+from numdev.cli import logs
+from numdev.cli.errors import fail
+from numdev.runs.atomic import WriteError, write_json, write_text
+from numdev.runs.layout import INDEX, MODEL_ROW, TOKEN_ROWS, WEIGHTS_DIR, indexed_rows, read_token_rows
+from numdev.runs.provenance import provenance
+from numdev.weights.distances import check_same_architecture, compare, distance_rows, prepare
+from numdev.weights.metrics import distances_to_csv
+from numdev.weights.store import list_snapshots, load_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ PANELS = (
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
-    """Rows (numdev.run_layout.DISTANCE_COLUMNS) for every snapshot step both runs have; run_b is the reference."""
+    """Rows (numdev.weights.metrics.DISTANCE_COLUMNS) for every snapshot step both runs have; run_b is the reference."""
     if _same_directory(run_a, run_b):
         raise ValueError(
             f"{run_a} and {run_b} are the same run directory: its distance to itself is zero at every step; "
@@ -110,7 +111,7 @@ def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
 
 def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:
     """One panel per metric; one line per named comparison (rows as compare_runs returns)."""
-    from numdev.plotting import plt, save_png  # matplotlib only when a figure is made
+    from numdev.figures.plotting import plt, save_png  # matplotlib only when a figure is made
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
     for ax, (metric, label) in zip(axes, PANELS):

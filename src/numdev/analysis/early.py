@@ -3,10 +3,10 @@
 A small perturbation e of the weights grows roughly like e·exp(λt) until it saturates; two
 perturbations of different size differ early (a shift of their log-distance curves) and look alike
 once saturated (docs/study.md#early). So every role's distance to the reference (relative Frobenius,
-EARLY_METRIC) is read early, on the log-spaced snapshot schedule (numdev.train.snapshots.LOG_STEPS):
+EARLY_METRIC) is read early, on the log-spaced snapshot schedule (numdev.train.callbacks.snapshots.LOG_STEPS):
 
 - **ratio at fixed steps**: D_role / D_under_test at EARLY_STEPS, per replicate, summarised by the
-  geometric mean with a t interval (numdev.stats.log_ratio_interval; "range of n" below 5 replicates);
+  geometric mean with a t interval (numdev.stats.intervals.log_ratio_interval; "range of n" below 5 replicates);
 - **first crossing**: the first step at which a curve reaches D in THRESHOLDS, log-linearly
   interpolated between the two snapshot steps around it;
 - **shift**: log D_role(t) = a_role + b t and log D_ut(t) = a_ut + b t fitted together (common
@@ -34,10 +34,11 @@ import math
 
 import numpy as np
 
-from numdev import stats, verdicts
 from numdev.models.perturb import ULP_RELATIVE
+from numdev.stats import intervals as stats
+from numdev.stats import verdicts
+from numdev.weights.metrics import EARLY_METRIC
 
-EARLY_METRIC = "rel_frobenius"
 EARLY_STEPS = (2, 4, 8, 16, 32)
 THRESHOLDS = (1e-4, 1e-3, 1e-2)
 SATURATION_FRACTION = 0.1

@@ -18,7 +18,7 @@ Per row:
   compared with that role's runs of the same replicate (from the snapshots);
 - **step time ratio**: the run's median step time over its baseline's (run.json step_seconds,
   measured in the same study), per replicate, geometric mean with the t interval (ranges below 5);
-- **downstream**: the held-out diffusion loss at the run's last step (numdev.train.heldout), the row
+- **downstream**: the held-out diffusion loss at the run's last step (numdev.train.callbacks.heldout), the row
   minus its baseline per replicate, mean with its interval; its mean |Δ| is set against the `data`
   control's (another data order against the reference: the seed-to-seed yardstick). Caption
   agreement needs samples, which the catalogue does not draw (64 steps: docs/study.md#early).
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
-from numdev import stats
 from numdev.analysis import early
+from numdev.stats import intervals as stats
 
 ROW_KINDS = ("under_test", "proxy", "optimization", "control")
 PHASE1_SEEDS = 5
@@ -76,7 +76,7 @@ def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print, d
     return {"rows": rows, "markdown": markdown(rows, calibration), "rules": {
         "equivalent": "eps*: " + early.FLOOR_RULE + "; " + early.CALIBRATION_RULE,
         "step_time": "median step time of the run over its baseline's, per replicate; " + stats.LOG_RULE,
-        "downstream": "held-out diffusion loss at the last step (numdev.train.heldout), the row minus its baseline "
+        "downstream": "held-out diffusion loss at the last step (numdev.train.callbacks.heldout), the row minus its baseline "
                       f"per replicate: mean [{stats.RULE}; from fewer than {stats.MIN_BOOTSTRAP} replicates the range]; "
                       f"'more than a seed' when its mean |Δ| exceeds the {YARDSTICK} control's mean |Δ| to the reference",
         "phase1": f"one attention call against FP64 (golden_attention), image self-attention shape, N(0,1) inputs; "

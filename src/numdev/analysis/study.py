@@ -8,10 +8,10 @@ defined; each run's config.yaml carries its `study` block: role, kind, label, re
 
 Every role is compared with its replicate's `reference` run (kind reference) and with its
 `truth` run (kind truth), snapshot by snapshot. A curve comes from the run's live sibling CSV
-(numdev.train.sibling) when it covers every snapshot step, else from the snapshots
+(numdev.train.callbacks.sibling) when it covers every snapshot step, else from the snapshots
 (numdev.analysis.compare). The growth of each curve and the ratios between roles are computed per
-replicate and summarised over replicates with 95% bootstrap intervals (numdev.stats); verdicts
-follow stated rules (numdev.verdicts). The downstream effect compares the runs' held-out loss and
+replicate and summarised over replicates with 95% bootstrap intervals (numdev.stats.intervals); verdicts
+follow stated rules (numdev.stats.verdicts). The downstream effect compares the runs' held-out loss and
 caption agreement.
 
     numdev-study STUDY_DIR        (re)analyse a finished study; also run at the end of the multirun
@@ -29,38 +29,26 @@ import numpy as np
 import yaml
 from hydra.experimental.callback import Callback
 
-from numdev import logs, stats, verdicts
 from numdev.analysis import early
 from numdev.analysis.compare import compare_runs
-from numdev.analysis.growth import GROWTH_MEASURE, fit_growth
-from numdev.atomic import WriteError, write_json
-from numdev.errors import fail
-from numdev.provenance import provenance
-from numdev.run_layout import EVAL, HELDOUT, RUN_RECORD, events_dir, read_shadow_csv, sibling_csv_path
-from numdev.run_layout import MODEL_ROW as MODEL
-from numdev.run_layout import read_distances_csv as read_csv
-from numdev.snapshot_store import list_snapshots
+from numdev.cli import logs
+from numdev.cli.errors import fail
+from numdev.runs.atomic import WriteError, write_json
+from numdev.runs.layout import EVAL, HELDOUT, RUN_RECORD, events_dir, read_shadow_csv, sibling_csv_path
+from numdev.runs.layout import MODEL_ROW as MODEL
+from numdev.runs.provenance import provenance
+from numdev.stats import intervals as stats
+from numdev.stats import verdicts
+from numdev.stats.growth import GROWTH_MEASURE, fit_growth
+from numdev.weights.metrics import EARLY_METRIC, LABELS, PAPER_METRIC, PREFERENCE
+from numdev.weights.metrics import read_distances_csv as read_csv
+from numdev.weights.store import list_snapshots
 
 log = logging.getLogger(__name__)
 
 SUMMARY = "summary.json"
 REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
 KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "optimization", "ladder")
-# Weight distances, in the order they are preferred as the study's primary measure (the first one
-# the sibling CSVs have). Position-aware metrics see two different initialisations as different
-# models; the paper's pooled Wasserstein-1 does not (docs/study.md#metrics).
-METRICS = ("rel_frobenius", "w1_over_std", "mean_abs", "wasserstein", "pooled_wasserstein", "max_abs")
-METRIC_LABELS = {
-    "rel_frobenius": "‖ΔW‖_F / ‖W_ref‖_F",
-    "w1_over_std": "W1 / std (per tensor, weighted)",
-    "mean_abs": "mean |ΔW|",
-    "wasserstein": "Wasserstein-1",
-    "pooled_wasserstein": "pooled Wasserstein-1 (paper)",
-    "max_abs": "max |ΔW|",
-}
-# The paper's pooled whole-model W1: its own column in the sibling CSVs, or (CSVs written before
-# that column existed) the model row's `wasserstein`, which was the pooled W1.
-PAPER_METRIC = ("pooled_wasserstein", "wasserstein")
 DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "heldout_loss": (HELDOUT, "heldout_loss", "held-out loss"),
     "colour_accuracy": (EVAL, "colour_accuracy", "colour agreement"),
@@ -192,7 +180,7 @@ def pair_rows(run: Path, sibling: Path, label: str, log=print) -> list[dict]:
 def model_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]]]:
     """steps and metric -> values of the whole-model rows (metrics: the ones the rows have)."""
     model = sorted((r for r in rows if r["tensor"] == MODEL), key=lambda r: r["step"])
-    metrics = [m for m in METRICS if model and m in model[0]]
+    metrics = [m for m in PREFERENCE if model and m in model[0]]
     return [int(r["step"]) for r in model], {m: [float(r[m]) for r in model] for m in metrics}
 
 
@@ -381,7 +369,7 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
         "pairs": pairs,
         "ratios": ratios,  # the late, shared regime: OLS slopes over the whole run
         "early": early_summary(curves["reference"], under_test),
-        "calibration": early.calibration(curves["reference"], roles_info, under_test) if early.EARLY_METRIC in metrics else {},
+        "calibration": early.calibration(curves["reference"], roles_info, under_test) if EARLY_METRIC in metrics else {},
         "downstream": downstream(runs),
         "shadow": _shadow_summary(_first(runs[under_test])["dir"] / "shadow.csv") if under_test else None,
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
@@ -396,9 +384,9 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
     summary["headline"] = headline(summary)
     summary["verdicts"] = claim_verdicts(summary, curves["reference"])
     summary["captions"] = captions(summary)
-    from numdev.analysis import study_figures  # matplotlib only when figures are drawn
+    from numdev.figures import study_plots  # matplotlib only when figures are drawn
 
-    study_figures.draw_all(summary, study_dir)
+    study_plots.draw_all(summary, study_dir, early.INIT_LADDER)
     write_json(study_dir / SUMMARY, summary)
     for caption in summary["captions"].values():
         log(caption)
@@ -410,10 +398,10 @@ def early_summary(curves: dict, under_test: str | None) -> dict:
     """The early-phase measures (numdev.analysis.early) of every role against the role under test."""
     if under_test is None or under_test not in curves:
         return {}
-    if not any(early.EARLY_METRIC in v for by_rep in curves.values() for _, v in by_rep.values()):
+    if not any(EARLY_METRIC in v for by_rep in curves.values() for _, v in by_rep.values()):
         return {}
     return {
-        "metric": early.EARLY_METRIC, "steps": list(early.EARLY_STEPS), "thresholds": list(early.THRESHOLDS),
+        "metric": EARLY_METRIC, "steps": list(early.EARLY_STEPS), "thresholds": list(early.THRESHOLDS),
         "interval_rule": stats.LOG_RULE, "window_rule": early.WINDOW_RULE,
         "ratios": early.early_ratios(curves, under_test), "crossings": early.crossings(curves),
         "shifts": early.shifts(curves, under_test),
@@ -441,7 +429,7 @@ def headline(summary: dict) -> dict:
 
 
 def claim_verdicts(summary: dict, curves: dict | None = None) -> dict:
-    """Fig. 7 and Fig. 8, part by part, by the rules of numdev.verdicts.
+    """Fig. 7 and Fig. 8, part by part, by the rules of numdev.stats.verdicts.
 
     Fig. 7 on the primary metric ("only grows": one Kendall's tau per replicate, tested over
     replicates: the points of one replicate's cumulative curve are serially dependent). Fig. 8 on the early
@@ -460,7 +448,7 @@ def claim_verdicts(summary: dict, curves: dict | None = None) -> dict:
     })
     init_role, low = paper_roles(summary)
     init_saturated = None
-    if curves is not None and init_role in curves and early.EARLY_METRIC in metric_set(curves[init_role]):
+    if curves is not None and init_role in curves and EARLY_METRIC in metric_set(curves[init_role]):
         init_saturated = early.saturation_verdict(curves[init_role], f"{init_role} vs the reference")
     early_parts = {}
     if init_saturated is not None:
@@ -506,7 +494,7 @@ def _late_fig8(summary: dict, metric: str, under_test: str, init_saturated) -> v
 
 def captions(summary: dict) -> dict:
     metric, under_test = summary["primary_metric"], summary["under_test"]
-    label = METRIC_LABELS.get(metric, metric)
+    label = LABELS.get(metric, metric)
     replicates = len(summary["replicates"])
     lines = {}
     flash = (summary["pairs"]["reference"].get(under_test) or {}).get(metric) if under_test else None
@@ -553,7 +541,7 @@ NO_INTERVAL = re.compile(r" \[n/a: (\d+) seed\(s\)\]")
 
 
 def _no_interval_once(line: str) -> str:
-    """A line whose numbers have no interval (fewer seeds than an interval needs, numdev.stats) says so
+    """A line whose numbers have no interval (fewer seeds than an interval needs, numdev.stats.intervals) says so
     once, at its end, instead of "[n/a: 1 seed(s)]" after every number."""
     counts = sorted({int(n) for n in NO_INTERVAL.findall(line)})
     if not counts:
@@ -567,7 +555,7 @@ def _metrics_present(curves: dict) -> list[str]:
         for by_rep in by_role.values():
             for _, values in by_rep.values():
                 if values:
-                    return [m for m in METRICS if m in values]
+                    return [m for m in PREFERENCE if m in values]
     raise ValueError("the study has no weight-distance curves: no role besides the reference and truth")
 
 
@@ -576,7 +564,7 @@ def _first(by_replicate: dict) -> dict:
 
 
 def _parameters(run_dir: Path) -> int:
-    from numdev.snapshot_store import load_snapshot
+    from numdev.weights.store import load_snapshot
 
     return int(sum(t.numel() for t in load_snapshot(run_dir, 0).values()))
 
@@ -643,7 +631,7 @@ class StudyAnalysis(Callback):
                  f"{study_dir} (numdev-study {study_dir} -v shows where)", 1)
         if not (study_dir / "summary.json").is_file():
             fail("numdev-train", f"the study's analysis wrote no {study_dir / 'summary.json'}: run numdev-study {study_dir}", 1)
-        from numdev.commands import tensorboard
+        from numdev.cli.commands import tensorboard
 
         log.info("TensorBoard: %s", tensorboard(study_dir))
 

@@ -1,6 +1,6 @@
 """Baseline Attention: the full score matrix, softmax, then P.V, each stage in an explicit format.
 
-Two presets name the two Baselines a Flash ratio can divide by (numdev.numerics):
+Two presets name the two Baselines a Flash ratio can divide by (numdev.numerics.stages):
   paper  every stage in the run precision, the exps and the row sum included: the paper's Baseline.
   eager  what eager PyTorch computes for softmax(q @ k^T * scale) @ v on bf16/fp16 tensors: the
          softmax's internals in FP32, P rounded once. tests/test_eager_baseline.py holds it to
@@ -13,8 +13,8 @@ import torch
 
 from numdev.attention.checks import causal_mask, round_masked
 from numdev.attention.registry import AttentionBackend, register
-from numdev.formats import round_to
-from numdev.numerics import StageFormats, stage_formats, working_input
+from numdev.numerics.formats import round_to
+from numdev.numerics.stages import StageFormats, stage_formats, working_input
 
 
 @register("baseline")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from numdev.formats import FloatFormat, parse_format, round_to
+from numdev.numerics.formats import FloatFormat, parse_format, round_to
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from numdev.numerics import STAGES, StageFormats
+from numdev.numerics.stages import STAGES, StageFormats
 
 _COMPILABLE_FORMATS = ("fp32", "bf16", "fp16")
 

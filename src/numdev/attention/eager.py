@@ -12,7 +12,7 @@ this device:
 - CUDA autocast: softmax is on the fp32 list, so P is fp32 until autocast casts it back for P @ V.
 
 The CPU computation, stage by stage, is the Baseline backend's `eager` numerics preset
-(numdev.numerics): the phase-1 figures divide real kernels' deviation by that Baseline, which
+(numdev.numerics.stages): the phase-1 figures divide real kernels' deviation by that Baseline, which
 tests/test_eager_baseline.py holds to PyTorch's own eager attention.
 
 `dtype="fp32"` instead upcasts q, k, v and computes the expression in fp32 without autocast (the

@@ -43,8 +43,8 @@ from numdev.attention import compiled, cpu_kernel, native
 from numdev.attention.checks import round_masked, same_bits
 from numdev.attention.registry import AttentionBackend, register
 from numdev.attention.tiles import resolve_tiles
-from numdev.formats import FloatFormat, round_to
-from numdev.numerics import StageFormats, stage_formats, working_input
+from numdev.numerics.formats import FloatFormat, round_to
+from numdev.numerics.stages import StageFormats, stage_formats, working_input
 
 VARIANTS = ("fa2", "fa1")
 _NEG_INF = float("-inf")

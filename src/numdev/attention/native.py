@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from numdev.formats import FloatFormat, round_to
-from numdev.numerics import StageFormats
+from numdev.numerics.formats import FloatFormat, round_to
+from numdev.numerics.stages import StageFormats
 
 CODES = {"fp32": 0, "bf16": 1, "fp16": 2}  # the C enum of stage formats
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",

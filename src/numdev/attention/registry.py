@@ -12,11 +12,12 @@ import math
 import torch
 
 from numdev.attention.checks import check_qkv
+from numdev.cli.errors import UserError
 
 _BACKENDS: dict[str, type[AttentionBackend]] = {}
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(UserError, RuntimeError):
     """The backend cannot run on this device / dtype / install."""
 
 

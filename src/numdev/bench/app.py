@@ -23,25 +23,27 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
-from numdev import logs
-from numdev.atomic import append_jsonl, read_jsonl, write_json
 from numdev.bench.echo import settings_line
 from numdev.bench.gather import INTERRUPTED, record_key
 from numdev.bench.runner import check_config, run_bench
-from numdev.config_schema import BENCH, validate
-from numdev.errors import RunFailed, checked_overrides, user_facing
-from numdev.provenance import provenance
-from numdev.workers import stop_worker_pools
+from numdev.cli import logs
+from numdev.cli.errors import RunFailed, user_facing
+from numdev.cli.workers import stop_worker_pools
+from numdev.config.groups import unexpected_key
+from numdev.config.preflight import checked_overrides
+from numdev.config.schema import BENCH, validate
+from numdev.runs.atomic import append_jsonl, read_jsonl, write_json
+from numdev.runs.provenance import provenance
 
 log = logging.getLogger("numdev.bench.app")  # by name: also when run as python -m numdev.bench.app
 
 
 @checked_overrides("numdev-bench", "bench", check_config)
 @hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
-@user_facing("numdev-bench")
+@user_facing("numdev-bench", unexpected_key)
 def run(cfg: DictConfig) -> None:
     logs.setup(cfg.get("verbose"))
-    validate(cfg, BENCH)  # every declared key's type and range (numdev.config_schema)
+    validate(cfg, BENCH)  # every declared key's type and range (numdev.config.schema)
     hydra_cfg = HydraConfig.get()
     with open_dict(cfg):
         cfg.experiment_name = cfg.name
@@ -80,7 +82,7 @@ def run(cfg: DictConfig) -> None:
     skipped = sum(r["kind"] == "skipped" for r in records)
     log.info(f"{len(records)} records -> {results}" + (f" ({skipped} skipped: not enough memory)" if skipped else ""))
     if cfg.get("figure") and hydra_cfg.mode == RunMode.RUN:  # a sweep draws its figure when it ends
-        from numdev.bench.figures import announce, make_figure
+        from numdev.bench.figure import announce, make_figure
 
         announce(cfg.figure, make_figure(cfg.figure, run_dir), run_dir)
 

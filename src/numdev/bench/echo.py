@@ -1,7 +1,7 @@
 """What numdev-bench echoes: the settings each job runs with, in one compact line.
 
 A sweep of many jobs is only readable when each job says in one line what it computed
-(what to run after it: numdev.next_steps).
+(what to run after it: numdev.cli.next_steps).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 def _stages(numerics: DictConfig) -> str:
     """'bf16 everywhere' or 'bf16: input score prob output; fp32: stats rescale accum'."""
-    from numdev.numerics import STAGES
+    from numdev.numerics.stages import STAGES
 
     described = instantiate(numerics).describe()
     by_format: dict[str, list[str]] = {}
@@ -30,7 +30,7 @@ def settings_line(cfg: DictConfig, choices: dict, job: int | None) -> str:
     groups = " ".join(f"{g}={o}" for g, o in choices.items() if o is not None and not g.startswith("hydra"))
     prefix = "numdev-bench" + (f" job {job}" if job is not None else "")
     runner = get_class(cfg.runner._target_) if cfg.get("runner") is not None else None
-    if hasattr(runner, "settings"):  # a runner whose grid is not the bench's shape and methods (numdev.gemm.sweep)
+    if hasattr(runner, "settings"):  # a runner whose grid is not the bench's shape and methods (numdev.bench.gemm)
         return f"{prefix}: " + " | ".join(p for p in (groups, runner.settings(cfg.runner), f"seeds {list(cfg.seeds)}") if p)
     tiles = cfg.get("tiles") or {}
     tile_text = "x".join(str(tiles.get(k)) for k in ("block_r", "block_c")) + (f" sram={tiles.get('sram')}" if tiles.get("sram") else "")

@@ -3,10 +3,10 @@
     numdev-gather outputs/bench/fig3/multirun_...   [-o table.csv]
 
 Every record is checked before anything is written (`read_sweep`): each line a whole JSON object
-(no torn, corrupt or blank line) with the fields of a bench record (numdev.schemas.BENCH_RECORD)
+(no torn, corrupt or blank line) with the fields of a bench record (numdev.runs.schemas.BENCH_RECORD)
 and finite metrics (unless the record says how many values were not finite); within one job,
 no measurement twice (a rerun that appended to the same file) and every record from one run (the
-same experiment and overrides) on one machine and commit (numdev.report.provenance.origin); in a
+same experiment and overrides) on one machine and commit (numdev.runs.provenance.origin); in a
 Hydra sweep, every job of multirun.yaml's grid present. A violation is one ValueError naming the
 file, the line and what to do. A job stopped by a signal (interrupted.json beside its records, until
 a rerun completes it) is refused too: its records are incomplete.
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from numdev import logs, schemas
-from numdev.atomic import WriteError, read_jsonl_numbered, write_text
-from numdev.tables import to_csv
+from numdev.cli import logs
+from numdev.runs import schemas
+from numdev.runs.atomic import WriteError, read_jsonl_numbered, write_text
+from numdev.runs.tables import to_csv
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Sweep:
 
     def common_provenance(self) -> dict | None:
         """The records' provenance block when every job was measured on one machine and commit; else None."""
-        from numdev.report.provenance import origin
+        from numdev.runs.provenance import origin
 
         blocks = list(self.provenance_by_job.values())
         if not blocks or any(b is None for b in blocks) or len({origin(b) for b in blocks}) != 1:
@@ -104,7 +105,7 @@ def gather(directory: str | Path) -> list[dict]:
 
 
 def _checked_job(path: Path) -> list[tuple[int, dict]]:
-    from numdev.report.provenance import origin
+    from numdev.runs.provenance import origin
 
     records = read_jsonl_numbered(path)
     seen: dict[str, int] = {}
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         out = write_table(args.directory, args.out)
     except (FileNotFoundError, ValueError, WriteError) as error:
-        from numdev.errors import fail  # imported here: it pulls in hydra and torch
+        from numdev.cli.errors import fail  # imported here: it pulls in hydra and torch
 
         fail("numdev-gather", error)
     log.info(out)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from numdev.formats import FloatFormat, round_to
+from numdev.numerics.formats import FloatFormat, round_to
 
 
 @dataclass(frozen=True)

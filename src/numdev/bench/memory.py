@@ -3,7 +3,7 @@
 A method that would not fit is skipped (a `skipped` record says why) instead of running the
 machine out of memory after minutes of work on the others. The estimates are upper bounds built
 from the tensors each algorithm keeps alive at once, in float64 where the emulators compute
-(numdev.numerics works in float64 and rounds to each stage's format):
+(numdev.numerics.stages works in float64 and rounds to each stage's format):
 
 - inputs and golden: q, k, v (float64), the golden output and one golden chunk of at most 2^24
   scores with its softmax;
@@ -18,6 +18,7 @@ from the tensors each algorithm keeps alive at once, in float64 where the emulat
 from __future__ import annotations
 
 from numdev.bench.inputs import Shape
+from numdev.runs.provenance import available_bytes
 
 F64 = 8
 FUSED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flash_attn", "triton")
@@ -47,27 +48,10 @@ def method_bytes(method, shape: Shape) -> int:
     return outputs + 6 * scores * F64
 
 
-def available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (Linux), else None (no check)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def limit_bytes(limit_gb) -> int | None:
     """memory_limit_gb (a positive number) in bytes, or what is available now when it is null."""
     if limit_gb is None:
         return available_bytes()
     return int(float(limit_gb) * 2**30)
-
-
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
 
 

@@ -15,8 +15,9 @@ from numdev.attention.checks import count_nonfinite
 from numdev.bench import memory
 from numdev.bench.inputs import Shape
 from numdev.bench.metrics import deviation
-from numdev.config_schema import BENCH, validate
-from numdev.numerics import round_input
+from numdev.config.schema import BENCH, validate
+from numdev.numerics.stages import round_input
+from numdev.runs.provenance import gib
 
 
 def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
@@ -45,7 +46,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
     if limit is not None and base > limit:
         raise ValueError(
             f"shape {shape.batch}x{shape.heads}x{shape.seq_q}x{shape.dim}: the inputs and the FP64 golden value alone need "
-            f"~{memory.gib(base)}, more than the {memory.gib(limit)} available (memory_limit_gb): use a smaller shape"
+            f"~{gib(base)}, more than the {gib(limit)} available (memory_limit_gb): use a smaller shape"
         )
     records = []
 
@@ -63,7 +64,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
             need = base + memory.method_bytes(method, shape)
             if limit is not None and need > limit:
                 skipped[label] = (
-                    f"estimated peak memory {memory.gib(need)} exceeds the {memory.gib(limit)} available (memory_limit_gb)"
+                    f"estimated peak memory {gib(need)} exceeds the {gib(limit)} available (memory_limit_gb)"
                 )
                 add({**common, "kind": "skipped", "method": label, "seed": int(seed), "reason": skipped[label],
                      "estimated_bytes": need, "limit_bytes": limit, "knobs": method.describe()})
@@ -96,7 +97,7 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
 
 def check_config(cfg: DictConfig) -> None:
     """Every value a run reads is valid: the schema's types and ranges, then what the run builds
-    from them (formats, inputs, methods, pairs). Called on every job before a sweep starts (numdev.preflight)."""
+    from them (formats, inputs, methods, pairs). Called on every job before a sweep starts (numdev.config.preflight)."""
     validate(cfg, BENCH)
     _build(cfg)
 

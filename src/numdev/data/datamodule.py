@@ -60,7 +60,7 @@ class CaptionDataModule(pl.LightningDataModule):
     def caption_vocabulary(self) -> tuple[list[str], str] | None:
         """Texts whose tokens are exactly the tokens every training caption can have, and a description
         of them; None when the captions are not known before training (they are then recorded as seen).
-        The run records which token-embedding rows train from this (numdev.train.token_rows)."""
+        The run records which token-embedding rows train from this (numdev.weights.token_rows)."""
         return None
 
     def preview_captions(self, n: int) -> list[str]:

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from numdev.atomic import write_bytes
 from numdev.data.captions import MAX_CAPTION_CHARS, CaptionReader, decode_caption
 from numdev.data.datamodule import CaptionDataModule, consumed_batches, rank_and_world
 from numdev.data.images import DECODE_ERRORS, check_on_bad_image, decode, to_tensor
+from numdev.runs.atomic import write_bytes
 
 log = logging.getLogger(__name__)
 

@@ -5,31 +5,16 @@ callback, numdev-figure, numdev-demo, numdev-report, the Makefile's bench-figure
 
 A bench figure `NAME` is made by `numdev-bench experiment=NAME` (conf/experiment/NAME.yaml) and
 drawn by `numdev.figures.NAME.summarise(rows, out_dir)`, which returns its caption, numbers,
-verdict (numdev.verdicts, by a stated rule) and provenance. Study figures (Figs. 7 and 8) are made
+verdict (numdev.stats.intervals.verdicts, by a stated rule) and provenance. Study figures (Figs. 7 and 8) are made
 by `numdev-train experiment=flash_stability`; their code lives in numdev.analysis.study (owned by
 the study), their entries here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import import_module
 
-
-@dataclass(frozen=True)
-class Figure:
-    name: str
-    title: str
-    claim: str  # the paper's claim, as the report sets it beside our numbers
-    phase: str  # "bench": numdev-bench experiment=<name>; "study": numdev-train experiment=flash_stability
-    module: str  # where the figure's aggregation, plot and verdict live
-    demo_overrides: tuple[str, ...] = ()  # smaller settings numdev-demo uses (its report says so)
-
-    def summarise(self, rows: list[dict], out_dir) -> dict:
-        if self.phase != "bench":
-            raise ValueError(f"figure {self.name} is made by the study (numdev-study), not from bench records")
-        return import_module(self.module).summarise(rows, out_dir)
-
+from numdev.figures.common import Figure
 
 # The one list of figures, in report order. Each bench module defines FIGURE.
 _BENCH_MODULES = ("fig3", "fig4", "fig5", "fig6", "fa3_table3", "reconcile", "bias", "gemm_formats", "gemm_k", "gemm_scaling")

@@ -5,14 +5,32 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
+from importlib import import_module
 
 import numpy as np
 
-from numdev.formats import parse_format
-from numdev.provenance import provenance
-from numdev.stats import MIN_BOOTSTRAP
-from numdev.stats import RULE as INTERVAL_RULE
-from numdev.verdicts import NOT_MEASURABLE, Verdict
+from numdev.numerics.formats import parse_format
+from numdev.runs.provenance import provenance
+from numdev.stats.intervals import MIN_BOOTSTRAP
+from numdev.stats.intervals import RULE as INTERVAL_RULE
+from numdev.stats.verdicts import NOT_MEASURABLE, Verdict
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    title: str
+    claim: str  # the paper's claim, as the report sets it beside our numbers
+    phase: str  # "bench": numdev-bench experiment=<name>; "study": numdev-train experiment=flash_stability
+    module: str  # where the figure's aggregation, plot and verdict live
+    demo_overrides: tuple[str, ...] = ()  # smaller settings numdev-demo uses (its report says so)
+
+    def summarise(self, rows: list[dict], out_dir) -> dict:
+        if self.phase != "bench":
+            raise ValueError(f"figure {self.name} is made by the study (numdev-study), not from bench records")
+        return import_module(self.module).summarise(rows, out_dir)
+
 
 PAIR = "flash-baseline"
 # The paper's three Flash − Baseline metrics, with the line style and label every figure draws them in.
@@ -122,7 +140,7 @@ def curves(by_x: dict) -> dict:
     return dict(out)
 
 
-# The Baselines a Flash ratio can divide by, by their numerics preset (numdev.numerics).
+# The Baselines a Flash ratio can divide by, by their numerics preset (numdev.numerics.stages).
 BASELINES = {
     "paper": "the paper's Baseline (every stage, exp and row sum included, in the run precision)",
     "eager": "eager PyTorch's Baseline (softmax computed in FP32 inside, P rounded once)",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
 from numdev.figures.common import (
+    Figure,
     baseline_name,
     by_mantissa_bits,
     errorbar,
@@ -20,9 +20,9 @@ from numdev.figures.common import (
     summary,
     unmeasurable,
 )
-from numdev.plotting import plt, save_png
-from numdev.stats import Estimate, ratio_spread, replicate_spread
-from numdev.verdicts import combine, ratio_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.stats.intervals import Estimate, ratio_spread, replicate_spread
+from numdev.stats.verdicts import combine, ratio_verdict
 
 FIGURE = Figure(
     "fa3_table3",

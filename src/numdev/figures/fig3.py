@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
 from numdev.figures.common import (
     PAIR,
     PAIR_METRICS,
+    Figure,
     baseline_name,
     by_mantissa_bits,
     curves,
@@ -20,9 +20,9 @@ from numdev.figures.common import (
     spread_sentence,
     summary,
 )
-from numdev.plotting import plt, save_png
-from numdev.stats import replicate_spread
-from numdev.verdicts import trend_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.stats.intervals import replicate_spread
+from numdev.stats.verdicts import trend_verdict
 
 FIGURE = Figure(
     "fig3",

@@ -1,6 +1,6 @@
 """Fig. 4: Flash and Baseline against the FP64 golden value, per format, in the paper-like and the
 real-kernel setting (conf/setting). The claim "about 10x at BF16" is judged in each setting
-(numdev.verdicts.about_verdict: within 7-14x holds, more than 1x but outside the band partly) and
+(numdev.stats.verdicts.about_verdict: within 7-14x holds, more than 1x but outside the band partly) and
 combined, so it cannot show green while real kernels go the other way. Each setting divides by its
 own Baseline: paper_like by the paper's (every stage in the run precision), real_kernel by eager
 PyTorch's (softmax in FP32 inside, P rounded once); the caption names them."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
 from numdev.figures.common import (
+    Figure,
     baseline_name,
     by_mantissa_bits,
     errorbar,
@@ -23,9 +23,9 @@ from numdev.figures.common import (
     summary,
     unmeasurable,
 )
-from numdev.plotting import plt, save_png
-from numdev.stats import Estimate, ratio_spread
-from numdev.verdicts import ABOUT_10X, about_verdict, combine
+from numdev.figures.plotting import plt, save_png
+from numdev.stats.intervals import Estimate, ratio_spread
+from numdev.stats.verdicts import ABOUT_10X, about_verdict, combine
 
 FIGURE = Figure(
     "fig4",

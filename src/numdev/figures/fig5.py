@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
 from numdev.figures.common import (
     PAIR,
     PAIR_METRICS,
+    Figure,
     band,
     baseline_name,
     curves,
@@ -22,8 +22,8 @@ from numdev.figures.common import (
     unmeasurable,
 )
 from numdev.figures.fig4 import _short, setting_of
-from numdev.plotting import plt, save_png
-from numdev.verdicts import combine, trend_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.stats.verdicts import combine, trend_verdict
 
 FIGURE = Figure(
     "fig5",

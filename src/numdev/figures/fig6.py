@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from numdev.figures import Figure
 from numdev.figures.common import (
+    Figure,
     by_mantissa_bits,
     curves,
     errorbar,
@@ -26,9 +26,9 @@ from numdev.figures.common import (
     summary,
     unmeasurable,
 )
-from numdev.plotting import plt, save_png
-from numdev.stats import replicate_spread
-from numdev.verdicts import by_construction, combine, ratio_verdict, trend_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.stats.intervals import replicate_spread
+from numdev.stats.verdicts import by_construction, combine, ratio_verdict, trend_verdict
 
 FIGURE = Figure(
     "fig6",

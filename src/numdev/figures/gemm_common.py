@@ -4,7 +4,7 @@ per-seed numbers, its recorded model (stage formats), and the bit-for-bit rule f
 from __future__ import annotations
 
 from numdev.figures.common import per_seed, select, split_finite
-from numdev.verdicts import FAILS, HOLDS, NOT_MEASURABLE, Verdict
+from numdev.stats.verdicts import FAILS, HOLDS, NOT_MEASURABLE, Verdict
 
 
 def records(rows):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
-from numdev.figures.common import errorbar, mean, paired, spread_sentence, summary, unmeasurable
+from numdev.figures.common import Figure, errorbar, mean, paired, spread_sentence, summary, unmeasurable
 from numdev.figures.gemm_common import bit_identity_verdict, by_label, kind_of, labels, model_of, records
-from numdev.formats import parse_format
-from numdev.plotting import plt, save_png
-from numdev.stats import ratio_spread, replicate_spread
-from numdev.verdicts import combine, ratio_verdict, trend_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.numerics.formats import parse_format
+from numdev.stats.intervals import ratio_spread, replicate_spread
+from numdev.stats.verdicts import combine, ratio_verdict, trend_verdict
 
 FIGURE = Figure(
     "gemm_formats",

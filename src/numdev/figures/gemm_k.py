@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
-from numdev.figures.common import band, curves, mean, paired, per_seed, spread_sentence, summary, unmeasurable
+from numdev.figures.common import Figure, band, curves, mean, paired, per_seed, spread_sentence, summary, unmeasurable
 from numdev.figures.gemm_common import labels, model_of, records
-from numdev.plotting import plt, save_png
-from numdev.stats import ratio_spread
-from numdev.verdicts import combine, range_verdict, ratio_verdict, trend_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.stats.intervals import ratio_spread
+from numdev.stats.verdicts import combine, range_verdict, ratio_verdict, trend_verdict
 
 FIGURE = Figure(
     "gemm_k",

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.figures import Figure
-from numdev.figures.common import errorbar, mean, paired, spread_sentence, summary, unmeasurable
+from numdev.figures.common import Figure, errorbar, mean, paired, spread_sentence, summary, unmeasurable
 from numdev.figures.gemm_common import by_label, labels, model_of, records
-from numdev.formats import parse_format
-from numdev.plotting import plt, save_png
-from numdev.stats import ratio_spread
-from numdev.verdicts import combine, ratio_verdict
+from numdev.figures.plotting import plt, save_png
+from numdev.numerics.formats import parse_format
+from numdev.stats.intervals import ratio_spread
+from numdev.stats.verdicts import combine, ratio_verdict
 
 FIGURE = Figure(
     "gemm_scaling",

@@ -1,7 +1,7 @@
 """The study's figures (Figs. 7 and 8) in the figure list. Their curves, fits, plots and verdicts
 are computed by numdev.analysis.study (the study's own module); only the claim text lives here."""
 
-from numdev.figures import Figure
+from numdev.figures.common import Figure
 
 STUDY_FIGURES = (
     Figure(

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from numdev.formats import round_to, truncate_to
 from numdev.gemm.stages import GemmFormats
-from numdev.numerics_scaling import quantize_parts
+from numdev.numerics.formats import round_to, truncate_to
+from numdev.numerics.scaling import quantize_parts
 
 
 def emulated_matmul(a: torch.Tensor, b: torch.Tensor, formats: GemmFormats) -> torch.Tensor:

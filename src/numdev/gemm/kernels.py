@@ -3,7 +3,7 @@ that run on this CPU, each with the emulation that models it (`model`, for bit-f
 
   emulated   numdev.gemm.emulated_matmul at a GemmFormats
   scaled_mm  torch._scaled_mm with float8 operands and float32 scales (tensor or row scales from
-             numdev.numerics_scaling, as torchao's Float8Linear makes them); on CPU ATen multiplies
+             numdev.numerics.scaling, as torchao's Float8Linear makes them); on CPU ATen multiplies
              each operand by its scale in FP32 and calls an FP32 GEMM: modelled by scale_at=operands,
              order=matmul, FP32 accumulation
   matmul_precision  an FP32 matmul under torch.set_float32_matmul_precision(p): "medium" lets oneDNN
@@ -19,10 +19,10 @@ import functools
 
 import torch
 
-from numdev.formats import parse_format
 from numdev.gemm.emulated import emulated_matmul
 from numdev.gemm.stages import GemmFormats, gemm_formats
-from numdev.numerics_scaling import quantize_parts
+from numdev.numerics.formats import parse_format
+from numdev.numerics.scaling import quantize_parts
 
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 _OUT = {"fp32": torch.float32, "bf16": torch.bfloat16}

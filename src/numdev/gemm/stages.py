@@ -1,6 +1,6 @@
 """Stage formats of a matrix product C = A B (A: M x K activations, B: K x N weights).
 
-  input    A's elements, after scaling (numdev.numerics_scaling)
+  input    A's elements, after scaling (numdev.numerics.scaling)
   weight   B's elements, after scaling
   scaling  none, tensor (one amax scale per operand), row (one per row of A and per column of B)
            or block (OCP MX: `block` consecutive elements along K share an E8M0 scale; block_scale
@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from numdev.formats import FloatFormat, parse_format
-from numdev.numerics_scaling import BLOCK_SCALES, SCALINGS
+from numdev.numerics.formats import FloatFormat, parse_format
+from numdev.numerics.scaling import BLOCK_SCALES, SCALINGS
 
 ORDERS = ("sequential", "matmul")
 ACCUM_ROUNDING = ("nearest", "toward_zero")

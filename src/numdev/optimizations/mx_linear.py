@@ -2,7 +2,7 @@
 32-element blocks along the contraction dimension, E8M0 power-of-two scales, e4m3 elements for
 input, weight and output gradient, as torchao's MXLinear recipe by default).
 
-Emulated: each operand is quantised to MXFP8 and dequantised (numdev.numerics_scaling, the one
+Emulated: each operand is quantised to MXFP8 and dequantised (numdev.numerics.scaling, the one
 place numdev's FP8/MX quantisation comes from, phase 1's too), then multiplied by an fp32 matmul. Products of two
 MXFP8 values are exact in fp32; the accumulation is fp32 in BLAS order, not a particular tensor
 core's. Forward: q(x) @ q(W)ᵀ with blocks along K; backward: grad_x = q(g) @ q(W) with blocks along
@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from numdev.numerics.scaling import quantize as quantize_to
 from numdev.optimizations.base import Optimization
 from numdev.optimizations.linears import adopt, flat, linear_count, swap_linears
-from numdev.numerics_scaling import quantize as quantize_to
 
-ELEMENTS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}  # the config's element names -> numdev.formats' OCP formats
+ELEMENTS = {"e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}  # the config's element names -> numdev.numerics.formats' OCP formats
 
 
 def quantize(x: torch.Tensor, fmt: str, block: int, axis: int) -> torch.Tensor:

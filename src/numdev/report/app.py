@@ -19,15 +19,16 @@ from pathlib import Path
 
 import yaml
 
-from numdev import logs, schemas
-from numdev.atomic import WriteError, check_regular_target, write_bytes, write_text
-from numdev.commands import script
-from numdev.errors import fail
+from numdev.cli import logs
+from numdev.cli.commands import script
+from numdev.cli.errors import fail
 from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
-from numdev.provenance import provenance
 from numdev.report import provenance as report_provenance
 from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
+from numdev.runs import schemas
+from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
+from numdev.runs.provenance import provenance
 
 log = logging.getLogger(__name__)
 

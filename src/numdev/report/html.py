@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from numdev.report.provenance import machine_line_or_unknown
+from numdev.runs.provenance import machine_line_or_unknown
 
 # Stable HTML ids of the report's study sections (Section.anchor): scripts/screenshot_report.py and
 # tests/test_report.py look for them. The provenance header's id is numdev.report.provenance.ANCHOR.
@@ -43,12 +43,12 @@ class Section:
     holds: bool | None = None
     verdict: str = ""  # the verdict's detail (what the numbers say); a leading "✓ holds: " is dropped
     extra: list[str] = field(default_factory=list)
-    status: str | None = None  # a numdev.verdicts status (holds, fails, partly, not measurable); wins over `holds`
+    status: str | None = None  # a numdev.stats.verdicts status (holds, fails, partly, not measurable); wins over `holds`
     images: list[tuple[Path, str]] = field(default_factory=list)  # more figures, each with its caption
     # The HTML id of the section: a stable marker for readers and tests (e.g. "loss-curves", "samples").
     anchor: str = ""
-    provenance: dict | None = None  # numdev.provenance block of the files the section shows (None: unknown)
-    rule: str = ""  # how the verdict was decided (numdev.verdicts)
+    provenance: dict | None = None  # numdev.runs.provenance block of the files the section shows (None: unknown)
+    rule: str = ""  # how the verdict was decided (numdev.stats.verdicts)
     parts: dict = field(default_factory=dict)  # a combined verdict's parts: name -> {status, detail, rule}
     deciding_rows: list[int] = field(default_factory=list)  # body rows of a long table shown outside its fold
     files: list[tuple[str, Path]] = field(default_factory=list)  # (label, path): linked relative to the page
@@ -81,7 +81,7 @@ table { border-collapse: collapse; margin-top: 0.6em; font-size: 0.92em; } td, t
 
 def _label(s: Section) -> tuple[str, str] | None:
     """(css class, 'symbol status') of a section's verdict, or None when it has none."""
-    from numdev.verdicts import SYMBOLS
+    from numdev.stats.verdicts import SYMBOLS
 
     if s.status is not None:
         css = {"holds": "holds", "fails": "fails", "partly": "partly"}.get(s.status, "unmeasured")

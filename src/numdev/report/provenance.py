@@ -1,7 +1,7 @@
 """The report's provenance header: which machine, software and commit the numbers describe.
 
 Results differ between CPUs, so the report says where each result file was produced (the
-`provenance` block of its summary, numdev.provenance), and says so loudly when the bench sweeps and
+`provenance` block of its summary, numdev.runs.provenance), and says so loudly when the bench sweeps and
 the study came from different machines or commits. Files written before numdev recorded
 provenance read "unknown".
 """
@@ -10,31 +10,9 @@ from __future__ import annotations
 
 import html
 
-from numdev.provenance import machine_line
+from numdev.runs.provenance import machine_line_or_unknown, origin
 
-UNKNOWN = "unknown (written before numdev recorded provenance)"
 ANCHOR = "provenance"  # the header's HTML id: a stable marker for readers and tests
-
-
-def machine_line_or_unknown(block: dict | None) -> str:
-    if not isinstance(block, dict):
-        return UNKNOWN
-    try:
-        return machine_line(block)
-    except (KeyError, TypeError, AttributeError):
-        return UNKNOWN
-
-
-def origin(block: dict | None) -> tuple | None:
-    """What makes two results comparable: the machine (CPU, logical CPUs, GPU) and the code (versions,
-    commit). The torch thread count is a setting of each run (threads=), not a different origin."""
-    if not isinstance(block, dict):
-        return None
-    machine, versions, git = block.get("machine") or {}, block.get("versions") or {}, block.get("git") or {}
-    return (
-        machine.get("cpu"), machine.get("logical_cpus"), machine.get("gpu"),
-        versions.get("torch"), versions.get("numdev"), git.get("commit"), git.get("dirty"),
-    )
 
 
 def _threads(block: dict | None) -> str:

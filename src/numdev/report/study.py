@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.analysis.study import METRIC_LABELS, SUMMARY, analyse
-from numdev.atomic import read_json
-from numdev.commands import script, tensorboard
+from numdev.analysis.study import SUMMARY, analyse
+from numdev.cli.commands import script, tensorboard
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import LOSS_CURVES, SAMPLES, Section
-from numdev.schemas import STUDY_SUMMARY
-from numdev.stats import Estimate
+from numdev.runs.atomic import read_json
+from numdev.runs.schemas import STUDY_SUMMARY
+from numdev.stats.intervals import Estimate
+from numdev.stats.verdicts import Verdict
 from numdev.train.evaluation import CHANCE, agreement_text
-from numdev.verdicts import Verdict
+from numdev.weights.metrics import LABELS
 
 COMMAND = "experiment=flash_stability"
 
@@ -178,7 +179,7 @@ def study_sections(study_dir: Path) -> list[Section]:
     overrides = _extra_overrides(study_dir)
     args = overrides if any(o.startswith("experiment=") for o in overrides) else [COMMAND, *overrides]
     command = " ".join([script("numdev-train"), *args])
-    origin = summary.get("provenance")  # where the study ran (numdev.provenance)
+    origin = summary.get("provenance")  # where the study ran (numdev.runs.provenance)
     replicates = len(summary["replicates"])
     setting = (
         f"{summary['under_test_backend']} vs {summary['reference_backend']}, {summary['precision']}, {summary['model']}, "
@@ -213,9 +214,9 @@ def study_sections(study_dir: Path) -> list[Section]:
     if late is not None:
         parts8["late, shared regime (second panel)"] = late.as_dict()
         extra8.append(summary["captions"].get("fig8_late", ""))
-    extra8.append(f"Distances: {METRIC_LABELS.get(metric, metric)} (primary).")
+    extra8.append(f"Distances: {LABELS.get(metric, metric)} (primary).")
     if paper_metric != metric:
-        tables8 += f"\n\nThe same by the paper's metric, {METRIC_LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
+        tables8 += f"\n\nThe same by the paper's metric, {LABELS.get(paper_metric, paper_metric)}:\n\n" + roles_table(summary, paper_metric)
     sections = [
         Section(
             title=title7, claim=claim7, measured=summary["captions"].get("fig7", "") + f" ({setting}).",

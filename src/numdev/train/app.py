@@ -16,18 +16,20 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from numdev import logs
-from numdev.errors import RunFailed, checked_overrides, user_facing
+from numdev.cli import logs
+from numdev.cli.errors import RunFailed, user_facing
+from numdev.cli.workers import stop_worker_pools
+from numdev.config.groups import unexpected_key
+from numdev.config.preflight import checked_overrides
 from numdev.train.evaluation import agreement_text
 from numdev.train.run import check_config, train
-from numdev.workers import stop_worker_pools
 
 log = logging.getLogger("numdev.train.app")  # by name: also when run as python -m numdev.train.app
 
 
 @checked_overrides("numdev-train", "train", check_config)
 @hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
-@user_facing("numdev-train")
+@user_facing("numdev-train", unexpected_key)
 def run(cfg: DictConfig) -> None:
     logs.setup(cfg.get("verbose"))
     run = train(cfg)

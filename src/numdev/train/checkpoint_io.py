@@ -2,7 +2,7 @@
 
 Lightning's own TorchCheckpointIO writes through an fsspec transaction (a rename, but no fsync)
 and unpickles with whatever `weights_only` the caller passes. Here every checkpoint goes through
-numdev.atomic (temporary file, fsync, rename: a SIGKILL mid-write leaves the previous
+numdev.runs.atomic (temporary file, fsync, rename: a SIGKILL mid-write leaves the previous
 last.ckpt intact) and is always read with `torch.load(weights_only=True)`: tensors, plain
 containers and numbers only, so a checkpoint from elsewhere cannot run code when it is loaded.
 A truncated, corrupt or unsafe file is a `CheckpointError` naming the file and the reason.
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from numdev.atomic import write_bytes, write_json
-from numdev.run_layout import checkpoint_digest_path
+from numdev.runs.atomic import write_bytes, write_json
+from numdev.runs.layout import checkpoint_digest_path
 
 
 class CheckpointError(ValueError):

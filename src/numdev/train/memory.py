@@ -25,7 +25,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from numdev.bench.memory import available_bytes, gib
+from numdev.runs.provenance import available_bytes, gib
 
 MATERIALISED = ("baseline", "eager", "sdpa_math")  # backends that hold the whole score matrix
 SAVED_PER_TOKEN = 8  # values saved for backward per token and hidden unit in one block (low side)

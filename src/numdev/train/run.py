@@ -18,26 +18,25 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from numdev import schemas
-from numdev.atomic import remove_temporaries
-from numdev.config_schema import SEED_LIMIT, TRAIN, validate
-from numdev.errors import Hangup, RunFailed, one_line
+from numdev.cli.errors import Hangup, RunFailed, one_line
+from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.perturb import apply_init_perturbation
 from numdev.optimizations import Optimization
-from numdev.run_layout import CHECKPOINT, WEIGHTS_DIR
-from numdev.run_lock import RunLock
-from numdev.train import record
-from numdev.train.callbacks import SampleGrid
+from numdev.runs import record, schemas
+from numdev.runs.atomic import remove_temporaries
+from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR
+from numdev.runs.lock import RunLock
+from numdev.train.callbacks.instability import FILE as INSTABILITY_FILE
+from numdev.train.callbacks.instability import InstabilityMonitor
+from numdev.train.callbacks.samples import SampleGrid
+from numdev.train.callbacks.sibling import SiblingDistance
+from numdev.train.callbacks.snapshots import WeightSnapshots
+from numdev.train.callbacks.step_time import StepTimes
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
-from numdev.train.instability import FILE as INSTABILITY_FILE
-from numdev.train.instability import InstabilityMonitor
 from numdev.train.memory import check_training_memory
 from numdev.train.module import DiffusionModule
-from numdev.train.sibling import SiblingDistance
-from numdev.train.snapshots import WeightSnapshots
-from numdev.train.step_time import StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +85,8 @@ def _seed(cfg: DictConfig, name: str) -> int:
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Every value the run reads from its config is valid (also called on every job before a sweep starts: numdev.preflight)."""
-    validate(cfg, TRAIN)  # every declared key's type and range (numdev.config_schema)
+    """Every value the run reads from its config is valid (also called on every job before a sweep starts: numdev.config.preflight)."""
+    validate(cfg, TRAIN)  # every declared key's type and range (numdev.config.schema)
     steps = cfg.trainer.get("max_steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")

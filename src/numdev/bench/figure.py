@@ -1,0 +1,138 @@
+"""numdev-figure: (re)make a paper figure from a numdev-bench sweep's records; list the figures.
+
+    numdev-figure --list [bench|study]     the figures, one per line (the Makefile loops over these)
+    numdev-figure NAME SWEEP_DIR           gather SWEEP_DIR, write table.csv, NAME.png and NAME.json
+
+Each figure's aggregation, plot, claim and verdict rule live in numdev.figures.<NAME>; the list of
+figures is numdev.figures.FIGURES. A Hydra callback (SweepFigure) makes the figure when a sweep ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+from numdev.bench.gather import read_sweep
+from numdev.cli import logs
+from numdev.cli.errors import fail
+from numdev.runs.atomic import WriteError, write_json, write_text
+from numdev.runs.tables import to_csv
+
+log = logging.getLogger(__name__)
+
+
+def make_figure(name: str, sweep_dir: str | Path) -> dict:
+    """Gather the sweep, write table.csv, <name>.png and <name>.json (caption, verdict, numbers).
+
+    Nothing is written unless everything succeeds: every record is checked first
+    (numdev.bench.gather.read_sweep), the figure is drawn into a staging directory, and only then
+    are table.csv, the figure and the summary put in place. The summary's provenance is the
+    records' own (where they were measured); when jobs were measured on different machines or
+    commits it is null, `provenance_by_job` lists them and the caption says so.
+    """
+    from numdev.figures import get
+
+    figure = get(name)
+    sweep_dir = Path(sweep_dir)
+    sweep = read_sweep(sweep_dir)
+    rows = sweep.rows
+    from numdev.figures import FIGURES
+
+    others = sorted({str(r["experiment"]) for r in rows if r.get("experiment") in FIGURES and r["experiment"] != name})
+    if others:
+        raise ValueError(f"{sweep_dir}: records of experiment {others[0]!r}, not of {name}: make the {others[0]} figure from it, "
+                         f"or run numdev-bench experiment={name}")
+    staging = Path(tempfile.mkdtemp(dir=sweep_dir, prefix=f".{name}-staging-"))
+    try:
+        summary = {"figure": name, "sweep": str(sweep_dir), "jobs": len({r["job"] for r in rows}), **figure.summarise(rows, staging)}
+        _records_provenance(summary, sweep)
+        write_text(sweep_dir / "table.csv", to_csv(rows))
+        for drawn in sorted(staging.iterdir()):
+            os.replace(drawn, sweep_dir / drawn.name)
+        write_json(sweep_dir / f"{name}.json", summary)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def _records_provenance(summary: dict, sweep) -> None:
+    blocks = sweep.provenance_by_job
+    if not blocks or all(b is None for b in blocks.values()):
+        return  # records from before they carried provenance: the summary keeps the figure's own
+    seeds = (summary.get("provenance") or {}).get("seeds")
+    common = sweep.common_provenance()
+    if common is not None:
+        summary["provenance"] = {**common, "seeds": seeds}
+        return
+    from numdev.runs.provenance import machine_line_or_unknown
+
+    summary["provenance"] = None
+    summary["provenance_by_job"] = blocks
+    lines = sorted({machine_line_or_unknown(b) for b in blocks.values()})
+    summary["caption"] = (f"{summary.get('caption', '')} (measured on {len(lines)} different machines or commits: "
+                          f"{'; '.join(lines)}; see provenance_by_job.)").strip()
+
+
+def announce(name: str, summary: dict, directory: Path) -> None:
+    log.info(f"{name}: {summary['caption']}\n  verdict: {summary['verdict']}\n  -> {directory / (name + '.png')}")
+
+
+class SweepFigure(Callback):
+    """Hydra callback: when a multirun ends, make its figure in the sweep directory."""
+
+    def __init__(self, figure: str):
+        from numdev.figures import get
+
+        get(figure)  # an unknown name fails here, before the sweep runs
+        self.figure = figure
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        """The sweep's figure; without it the command exits 1 with one line (Hydra would only warn)."""
+        directory = Path(config.hydra.sweep.dir)
+        try:
+            summary = make_figure(self.figure, directory)
+        except Exception as error:
+            fail("numdev-bench", f"the sweep's figure {self.figure} was not made ({type(error).__name__}: {error}); "
+                 f"its records are in {directory} (numdev-figure {self.figure} {directory} makes it again)", 1)
+        announce(self.figure, summary, directory)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from numdev.figures import FIGURES
+
+    parser = argparse.ArgumentParser(prog="numdev-figure", description="Make a paper figure from a numdev-bench sweep, or list the figures.")
+    parser.add_argument("--list", nargs="?", const="all", choices=("all", "bench", "study"), help="print the figures' names and exit")
+    parser.add_argument("figure", nargs="?", choices=sorted(FIGURES))
+    parser.add_argument("sweep_dir", nargs="?")
+    args = parser.parse_args(argv)
+    logs.console()
+    if args.list:
+        for name, figure in FIGURES.items():
+            if args.list in ("all", figure.phase):
+                log.info(name)
+        return
+    if not args.figure or not args.sweep_dir:
+        parser.error("give a FIGURE and a SWEEP_DIR (or --list)")
+    if FIGURES[args.figure].phase != "bench":
+        fail("numdev-figure", f"{args.figure} is a study figure: run numdev-study STUDY_DIR")
+    try:
+        summary = make_figure(args.figure, args.sweep_dir)
+    except KeyError as error:
+        fail("numdev-figure", f"{args.sweep_dir}: the records lack the field {error}: is it a sweep of the {args.figure} experiment?")
+    except (TypeError, IndexError, AttributeError, ArithmeticError) as error:  # fields of another experiment's shape
+        fail("numdev-figure", f"{args.sweep_dir}: the records cannot make {args.figure} ({type(error).__name__}: {error}): "
+             f"is it a sweep of the {args.figure} experiment? Nothing was written")
+    except (FileNotFoundError, ValueError, WriteError) as error:
+        fail("numdev-figure", error)
+    log.info(summary["caption"])
+    log.info(f"verdict: {summary['verdict']}")
+
+
+if __name__ == "__main__":
+    main()

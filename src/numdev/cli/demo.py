@@ -1,0 +1,165 @@
+"""numdev-demo: the main job on the embedded defaults (CPU), both phases and the report.
+
+1. the microbenchmark figures (Figs. 3-6, FA3's Table 3, the reconciliation, the bias and the three
+   matrix-product figures gemm_formats, gemm_k, gemm_scaling: docs/gemm.md), one
+   sweep after another, each at demo size (3 seeds, 5 for the reconciliation; smaller N:
+   numdev.figures.<name>.FIGURE's demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
+2. the early-phase study with its calibration ladder, 3 replicates (numdev-train
+   experiment=flash_stability_early study.replicate=0,1,2: every role and rung, 64 steps; from 3
+   replicates every interval is the range of the 3, labelled "range of 3": the study itself, 10
+   replicates, is the same command without study.replicate=...);
+3. the optimizations catalogue, 3 replicates of the first 16 steps (numdev-train experiment=optimizations
+   study.replicate=0,1,2 trainer.max_steps=16: every optimization beside its baseline on the fp32
+   low-floor study, eps* read at step 2 as in the full catalogue, held-out loss at step 16; the
+   catalogue itself is 5 replicates of 64 steps: docs/optimizations.md);
+4. numdev-report over all three, then where the report is and how to open TensorBoard.
+
+Everything goes through the real command lines, so each step can be rerun by hand:
+
+    numdev-demo [--outputs DIR] [--skip-bench] [--skip-study] [--skip-catalogue]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from numdev.cli import logs
+from numdev.cli.commands import command, tensorboard
+from numdev.cli.errors import fail
+from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
+
+log = logging.getLogger(__name__)
+
+
+def latest_run(output_root: Path, app: str, name: str) -> Path:
+    """The newest run of a bench figure: a sweep (multirun_*) or a single-run grid (reconcile, bias)."""
+    runs = sorted((p.parent for p in (output_root / app / name).glob(f"*/{name}.json")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise FileNotFoundError(f"no finished run of {name} under {output_root / app / name}")
+    return runs[-1]
+
+
+def latest_sweep(output_root: Path, app: str, name: str) -> Path:
+    sweeps = sorted((output_root / app / name).glob("multirun_*"))
+    if not sweeps:
+        raise FileNotFoundError(f"no sweep of {name} under {output_root / app / name}")
+    return sweeps[-1]
+
+
+def _root(output_root: Path) -> list[str]:
+    """The output_root override as the user would type it (nothing for the default)."""
+    return [] if output_root == Path("outputs") else [f"output_root={output_root}"]
+
+
+# What the demo prints: each step as a command that runs as printed (tests/test_readme_commands.py).
+def bench_command(experiment: str, output_root: Path) -> str:
+    return command("numdev-bench", f"experiment={experiment}", *_root(output_root), *FIGURES[experiment].demo_overrides)
+
+
+def study_command(output_root: Path) -> str:
+    return command("numdev-train", *STUDY, *_root(output_root))
+
+
+def catalogue_command(output_root: Path) -> str:
+    return command("numdev-train", *CATALOGUE, *_root(output_root))
+
+
+def report_command(output_root: Path) -> str:
+    return command("numdev-report", "--outputs", output_root)
+
+
+def run_bench_figures(output_root: Path) -> dict[str, Path]:
+    figures = {}
+    for i, experiment in enumerate(BENCH_FIGURES, start=1):
+        overrides = list(FIGURES[experiment].demo_overrides)
+        log.info(f"[bench {i}/{len(BENCH_FIGURES)}] {bench_command(experiment, output_root)}")
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "numdev.bench.app", f"experiment={experiment}", f"output_root={output_root}", *overrides,
+             *(["-v"] if logs.VERBOSE else [])],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        sweep = latest_run(output_root, "bench", experiment)
+        summary = json.loads((sweep / f"{experiment}.json").read_text())
+        log.info(f"    {time.perf_counter() - start:.0f} s: {summary['caption']}\n    verdict: {summary['verdict']}\n"
+              f"    -> {sweep / (experiment + '.png')}")
+        figures[experiment] = sweep / f"{experiment}.png"
+    return figures
+
+
+STUDY = ("experiment=flash_stability_early", "study.replicate=0,1,2")  # 3 of the study's 10 replicates: the demo's time budget
+STUDY_NAME = "flash_stability_early"
+
+
+def run_study(output_root: Path) -> Path:
+    log.info(f"[study] {study_command(output_root)} (every role and ladder rung; 3 replicates of the study's 10: "
+          "intervals are ranges of 3, labelled so)")
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "numdev.train.app", *STUDY, f"output_root={output_root}", "trainer.enable_progress_bar=false",
+         *(["-v"] if logs.VERBOSE else [])],
+        check=True,
+    )
+    study = latest_sweep(output_root, "train", STUDY_NAME)
+    log.info(f"[study] {time.perf_counter() - start:.0f} s -> {study}")
+    return study
+
+
+# The catalogue at demo size: 3 of its 5 replicates, the first 16 of its 64 steps (eps* is read at step 2).
+CATALOGUE = ("experiment=optimizations", "study.replicate=0,1,2", "trainer.max_steps=16")
+CATALOGUE_NAME = "optimizations"
+
+
+def run_catalogue(output_root: Path) -> Path:
+    log.info(f"[catalogue] {catalogue_command(output_root)} (every optimization beside its baseline; 3 replicates of 5 "
+             "and 16 steps of 64: intervals are ranges of 3, held-out loss is at step 16)")
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "numdev.train.app", *CATALOGUE, f"output_root={output_root}", "trainer.enable_progress_bar=false",
+         *(["-v"] if logs.VERBOSE else [])],
+        check=True,
+    )
+    catalogue = latest_sweep(output_root, "train", CATALOGUE_NAME)
+    log.info(f"[catalogue] {time.perf_counter() - start:.0f} s -> {catalogue}")
+    return catalogue
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="numdev-demo", description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--outputs", default="outputs", help="where runs land (default: outputs)")
+    parser.add_argument("--skip-bench", action="store_true", help="reuse the latest bench sweeps")
+    parser.add_argument("--skip-study", action="store_true", help="reuse the latest study")
+    parser.add_argument("--skip-catalogue", action="store_true", help="reuse the latest optimizations catalogue")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show the libraries' messages and each run's progress")
+    args = parser.parse_args(argv)
+    logs.console(args.verbose)
+    output_root = Path(args.outputs)
+    start = time.perf_counter()
+    try:
+        if not args.skip_bench:
+            run_bench_figures(output_root)
+        study = None if args.skip_study else run_study(output_root)
+        catalogue = None if args.skip_catalogue else run_catalogue(output_root)
+    except subprocess.CalledProcessError as error:
+        fail("numdev-demo", f"{' '.join(error.cmd[2:])} failed with exit status {error.returncode} (its message is above)")
+    from numdev.report.app import build_report, latest_bench_sweeps, latest_study
+
+    study = study or latest_study(output_root)
+    catalogue = catalogue or latest_study(output_root, catalogue=True)
+    index = build_report(latest_bench_sweeps(output_root), study, output_root / "report", catalogue=catalogue)
+    minutes = (time.perf_counter() - start) / 60
+    log.info(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
+    if study is not None:
+        log.info(f"TensorBoard: {tensorboard(study)}   then http://localhost:6006")
+    log.info(f"again:       {report_command(output_root)}   (the report from the latest runs)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""Nothing numdev starts outlives the command.
+
+numdev's own launcher (hydra/launcher=parallel, numdev.cli.launcher) shuts its process pools down and joins
+their workers before the sweep returns. Hydra's joblib plugin, if a user picks it (its own config,
+hydra/launcher=joblib), leaves joblib's reusable loky pool alive after the sweep (for 300 s of
+idleness, so that a next Parallel call starts faster; a sweep has no next call): the console entry
+points call `stop_worker_pools()` when Hydra is done, which shuts it down through its public
+`shutdown(wait=True)` and so joins its workers. The resource tracker the pool started exits by itself
+when this process ends (its pipe closes); stopping it through loky's private API instead made every
+sweep end with loky's "leaked folder" warning and a KeyError traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def stop_worker_pools() -> None:
+    """Shut down loky's reusable executor if this process started one (never starts one)."""
+    reusable = sys.modules.get("joblib.externals.loky.reusable_executor")
+    executor = getattr(reusable, "_executor", None) if reusable is not None else None
+    if executor is not None:
+        executor.shutdown(wait=True)

@@ -1,0 +1,285 @@
+"""Which config groups, options and keys each app (bench, train) has, read from the installed conf.
+
+Both apps share one config package (numdev.conf), so Hydra's own --help lists every group of both
+and Hydra's errors cannot say that a key belongs to another option of its group. This module
+knows, from the YAML files themselves:
+  - an app's groups: the groups of its primary config's defaults list (conf/bench.yaml, conf/train.yaml);
+  - a group's options, and for `experiment` which app an option is for (the `numdev-<app>` it names);
+  - the keys each option sets (following its defaults to other options of the same group).
+It feeds `--help` (the `numdev_groups` resolver) and the override checks in numdev.cli.errors.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+APPS = ("bench", "train")
+
+
+def conf_dir() -> Path:
+    import numdev.conf
+
+    return Path(numdev.conf.__file__).parent
+
+
+@cache
+def _load(path: Path) -> dict:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _defaults(path: Path) -> list:
+    defaults = _load(path).get("defaults") if path.is_file() else None
+    return defaults if isinstance(defaults, list) else []
+
+
+def app_defaults(app: str) -> dict[str, str | None]:
+    """{group: default option} of an app's primary config (`attention@shadow` counts as `attention`)."""
+    chosen = {}
+    for entry in _defaults(conf_dir() / f"{app}.yaml"):
+        if isinstance(entry, dict):
+            for key, option in entry.items():
+                group = key.split("@")[0].replace("override ", "").strip().lstrip("/")
+                if group.startswith("hydra"):
+                    continue
+                if "@" not in key or group not in chosen:
+                    chosen[group] = option
+    return chosen
+
+
+def options(group: str, app: str | None = None) -> list[str]:
+    """The options of a group; for `experiment`, only those for `app` (the experiment names `numdev-<app>`)."""
+    names = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    if group == "experiment" and app is not None:
+        names = [n for n in names if experiment_app(n) in (app, None)]
+    return names
+
+
+def experiment_app(name: str) -> str | None:
+    """The app an experiment is for: the `numdev-bench`/`numdev-train` its file names (None: unknown)."""
+    path = conf_dir() / "experiment" / f"{name}.yaml"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = {app for app in APPS if re.search(rf"\bnumdev-{app}\b", text)}
+    return found.pop() if len(found) == 1 else None
+
+
+def group_app(group: str) -> list[str]:
+    """The apps whose primary config has this group."""
+    return [app for app in APPS if group in app_defaults(app)]
+
+
+def is_global(group: str) -> bool:
+    """Options that write at the top level (# @package _global_): their keys are not under the group."""
+    return any("@package _global_" in p.read_text(encoding="utf-8") for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def option_keys(group: str, option: str) -> set[str]:
+    """The top-level keys an option sets, with those of the same-group options in its defaults."""
+    path = conf_dir() / group / f"{option}.yaml"
+    keys = {k for k in _load(path) if k != "defaults"} if path.is_file() else set()
+    for entry in _defaults(path):
+        if isinstance(entry, str) and entry != "_self_":
+            keys |= option_keys(group, entry.lstrip("/").removeprefix(f"{group}/"))
+    return keys
+
+
+def experiment_choices(experiment: str) -> dict[str, str]:
+    """{group: option} that an experiment selects with `override /group: option`."""
+    chosen = {}
+    for entry in _defaults(conf_dir() / "experiment" / f"{experiment}.yaml"):
+        if isinstance(entry, dict):
+            for key, option in entry.items():
+                chosen[key.replace("override ", "").strip().lstrip("/")] = option
+    return chosen
+
+
+def help_groups(app: str) -> str:
+    """The `== Configuration groups ==` body of `numdev-<app> --help`: this app's groups only."""
+    lines = []
+    for group in app_defaults(app):
+        lines.append(f"{group}: {', '.join(options(group, app))}")
+    hydra_groups = sorted(p.name for p in (conf_dir() / "hydra").iterdir() if p.is_dir() and p.name != "help")
+    for group in hydra_groups:
+        lines.append(f"hydra/{group}: {', '.join(options(f'hydra/{group}'))}")
+    return "\n".join(lines)
+
+
+def register_resolver() -> None:
+    """`${numdev_groups:bench}` in conf/hydra/help/numdev.yaml."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("numdev_groups"):
+        OmegaConf.register_new_resolver("numdev_groups", help_groups)
+
+
+def override_mistake(app: str, args: list[str]) -> str | None:
+    """A command-line override that Hydra would reject or misread, as one line naming the fix; None if fine.
+
+    Caught here, before Hydra composes, because Hydra's own message points the wrong way:
+      - `data.root=/x` with data=shapes: Hydra suggests `+data.root`, which then fails in the
+        constructor. The fix is `data=folder data.root=/x`.
+      - a group or experiment of the other app (`numdev-bench trainer=gpu`, `numdev-bench
+        experiment=flash_stability`): the fix is the other command.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from numdev.cli.commands import script
+
+    candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except HydraException:
+        return None  # a syntax error: Hydra's own message is the right one
+    if {"--help", "-h"} & set(args) and any(o.is_sweep_override() for o in overrides):
+        return ("--help with a sweep (a,b,c): Hydra's help cannot read sweeps and would fail on them; "
+                "drop -m and give one value of each to see the groups and that job's config")
+    unknown = unknown_top_level_key(app, overrides)
+    if unknown:
+        return unknown
+    mine = app_defaults(app)
+    other = [a for a in APPS if a != app]
+    me = script(f"numdev-{app}")
+    chosen = dict(mine)
+    for o in overrides:  # the group choices in force: experiment's overrides, then the command line's
+        if o.key_or_group == "experiment" and not o.is_sweep_override() and o.value():
+            chosen.update({g: v for g, v in experiment_choices(str(o.value())).items() if g in mine})
+    for o in overrides:
+        if o.package is None and "." not in o.key_or_group and o.key_or_group in mine and not o.is_delete():
+            chosen[o.key_or_group] = list(o.sweep_string_iterator()) if o.is_sweep_override() else o.value()
+
+    for o in overrides:
+        name = o.key_or_group
+        if name.startswith("hydra") or o.is_delete():
+            continue
+        group, _, key = name.partition(".")
+        if not key:  # a group choice: group=option
+            if group == "experiment" and not o.is_sweep_override() and o.value() is not None:
+                owner = experiment_app(str(o.value()))
+                if owner is not None and owner != app:
+                    return (f"experiment={o.value()} is a numdev-{owner} experiment, not a numdev-{app} one: "
+                            f"run {script(f'numdev-{owner}')} experiment={o.value()} (numdev-{app} has: {', '.join(options('experiment', app))})")
+            if group not in mine and (owners := [a for a in other if group in app_defaults(a)]):
+                return (f"{group} is a config group of numdev-{owners[0]}, not of numdev-{app}: run {script(f'numdev-{owners[0]}')} {o.input_line} "
+                        f"(numdev-{app}'s groups: {', '.join(mine)}; see numdev-{app} --help)")
+            continue
+        if group not in mine:
+            if (owners := [a for a in other if group in app_defaults(a)]) and not o.is_add():
+                return (f"{name} is a setting of numdev-{owners[0]}, not of numdev-{app}: run {script(f'numdev-{owners[0]}')} {o.input_line} "
+                        f"(numdev-{app}'s groups: {', '.join(mine)})")
+            continue
+        if o.package is not None or is_global(group) or not isinstance(chosen.get(group), str):
+            continue  # a sweep over the group's options, or options that write elsewhere: Hydra checks
+        top = key.split(".")[0]
+        option = chosen[group]
+        if option not in options(group) or top in option_keys(group, option):
+            continue  # an unknown option: Hydra's own error lists the options
+        having = [opt for opt in options(group) if top in option_keys(group, opt)]
+        if having:
+            fix = f"{group}={having[0]}"
+            return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
+                    f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
+    return unknown_group(app, overrides)
+
+
+def top_level_keys(app: str) -> set[str]:
+    """Every top-level key an app's config can have: its primary config's own keys, its groups (and
+    the packages they are placed at), and the keys its global options (experiments, studies) set."""
+    keys = {k for k in _load(conf_dir() / f"{app}.yaml") if k != "defaults"}
+    for entry in _defaults(conf_dir() / f"{app}.yaml"):
+        if isinstance(entry, dict):
+            for key in entry:
+                group, _, package = key.replace("override ", "").strip().lstrip("/").partition("@")
+                keys.add((package or group).split(".")[0].split("/")[0])
+    for group in app_defaults(app):
+        if (conf_dir() / group).is_dir() and is_global(group):
+            for option in options(group, app if group == "experiment" else None):
+                keys |= option_keys(group, option)
+    return keys - {"hydra"}
+
+
+def _leaf_paths(app: str) -> dict[str, list[str]]:
+    """{leaf key: [its dotted paths]} in the app's primary config and its default options."""
+    paths: dict[str, list[str]] = {}
+
+    def walk(tree, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                if key in ("defaults", "hydra") and not prefix:
+                    continue
+                walk(value, f"{prefix}{key}.")
+        elif prefix:
+            path = prefix.rstrip(".")
+            paths.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+
+    walk(_load(conf_dir() / f"{app}.yaml"), "")
+    for group, option in app_defaults(app).items():
+        path = conf_dir() / group / f"{option}.yaml"
+        if isinstance(option, str) and path.is_file() and not is_global(group):
+            walk(_load(path), f"{group}.")
+    return paths
+
+
+def unknown_top_level_key(app: str, overrides) -> str | None:
+    """`+lr=0.5`: a key added at the top level that nothing of the app reads (it would be accepted
+    and ignored); the message names the key and, where one exists, the setting of that name."""
+    known = top_level_keys(app)
+    groups = set(app_defaults(app))
+    for o in overrides:
+        name = o.key_or_group
+        top = name.split(".")[0].split("@")[0]
+        if not (o.is_add() or o.is_force_add()) or name.startswith("hydra") or top in known or top in groups:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        similar = _leaf_paths(app).get(leaf, []) or ([] if "." in name else nearest(top, sorted(known | groups)))
+        hint = f"; did you mean {similar[0]}={o.input_line.split('=', 1)[-1]}?" if similar else ""
+        return (f"{o.input_line}: {top} is not a setting of numdev-{app}, and nothing would read it{hint} "
+                f"(numdev-{app} --help lists its groups; --cfg job shows every key)")
+    return None
+
+
+def nearest(name: str, known: list[str]) -> list[str]:
+    """The known names closest to a misspelled one (difflib), best first."""
+    import difflib
+
+    return difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+
+
+def unknown_group(app: str, overrides) -> str | None:
+    """`numeric=fa2`: a group or key that the app does not have, set without `+`. Hydra's message
+    suggests appending it (`+numeric=fa2`), which would then run silently on the defaults; the fix
+    is almost always a spelling: this names the nearest groups and keys."""
+    known = top_level_keys(app)
+    groups = set(app_defaults(app))
+    for o in overrides:
+        name = o.key_or_group
+        top = name.split(".")[0].split("/")[0]
+        if o.is_add() or o.is_force_add() or o.is_delete() or o.package is not None or name.startswith("hydra"):
+            continue
+        if top in known or top in groups:
+            continue
+        near = nearest(top, sorted(known | groups))
+        value = o.input_line.split("=", 1)[-1]
+        hint = f"did you mean {' or '.join(f'{n}{name[len(top):]}={value}' for n in near)}? " if near else ""
+        return (f"{o.input_line}: numdev-{app} has no group or setting {top}: {hint}"
+                f"(its groups: {', '.join(app_defaults(app))}; numdev-{app} --help lists them)")
+    return None
+
+
+def unexpected_key(node: str, name: str) -> str:
+    """The message for `+data.root=...` that reached a constructor without that argument."""
+    group = node.split(".")[0]
+    having = [opt for opt in options(group) if name in option_keys(group, opt)] if (conf_dir() / group).is_dir() else []
+    if having:
+        return (f"{node}.{name} is not a setting of the chosen {group}: it is one of {' or '.join(f'{group}={h}' for h in having)}; "
+                f"choose that option too ({group}={having[0]} {node}.{name}=...) instead of +{node}.{name}")
+    return f"{node}.{name} is not a setting of {node}: remove +{node}.{name} (see --help for the keys it has)"

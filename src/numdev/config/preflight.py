@@ -1,0 +1,239 @@
+"""Checking a command's configs before Hydra creates a directory or runs a job.
+
+Hydra creates the run (or sweep) directory before numdev sees the config, and a sweep's jobs are
+composed one by one as they start: a bad value in the third job of a sweep was found after the
+first two had run, and a refused run left an empty run directory behind. So before Hydra starts,
+every job of the command is composed here with Hydra's compose API and checked by the app's own
+config check (numdev.bench.runner.check_config, numdev.train.run.check_config):
+
+  - a single run: its config;
+  - a sweep (-m): every job of the sweep (the command line's sweeps and the experiment's
+    hydra.sweeper.params, as Hydra's basic sweeper combines them); a sweep of more than MAX_JOBS
+    jobs checks every value once (each swept key's values with the others at their first value).
+
+It also refuses a key added with `+parent.key=...` that nothing would read: under a node built by
+`_target_` a key its constructor does not take, under a plain section any new key (`+shape.seqq=256`
+was a TypeError traceback), naming the nearest known keys.
+
+A command whose config cannot be composed is left to Hydra, whose own message says why.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import itertools
+import sys
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+MAX_JOBS = 24  # beyond: each swept value once, not every combination
+NO_RUN = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
+          "--resolve", "-p", "--package"}
+
+
+def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> str | None:
+    """The first thing wrong with the command's configs, as one line (None: every job is fine)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, InstantiationException
+
+    from numdev.cli.errors import USER_ERRORS, one_line
+
+    if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
+        return None
+    given = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(given)
+    except HydraException:
+        return None  # a syntax error: Hydra's own message
+    try:
+        with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+            jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
+            if jobs is None:
+                return None
+            added = _added_key_problem(app, parsed, compose)
+            if added:
+                return added
+            configs = _configs(app, jobs, compose)
+    except HydraException:
+        return None  # a composition error (an unknown option or key): Hydra's own message
+    for index, (overrides, cfg) in enumerate(zip(jobs, configs)):
+        try:
+            try:
+                check(cfg)
+            except InstantiationException as error:  # a constructor refused a value: its own message
+                raise (error.__cause__ if isinstance(error.__cause__, USER_ERRORS) else ValueError(one_line(error))) from None
+        except USER_ERRORS as error:
+            if not multirun:
+                return one_line(error)
+            swept = [o for o in overrides if o not in given]
+            return f"sweep job {index} ({' '.join(swept)}): {one_line(error)}; no job was run"
+    return None
+
+
+def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | None, bool]:
+    """The override list of every job the command would run (None: a sweep this cannot expand), and
+    whether it is a sweep (-m, or hydra.mode=MULTIRUN set by an experiment such as flash_stability)."""
+    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
+    first = [f"{key}={values[0]}" for key, values in swept.items()]
+    try:
+        hydra_cfg = compose(config_name=app, overrides=[*plain, *first], return_hydra_config=True).hydra
+    except Exception:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
+        return None, multirun
+    multirun = multirun or str(hydra_cfg.get("mode")) in ("MULTIRUN", "RunMode.MULTIRUN")
+    if not multirun:
+        return [plain], False
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = hydra_cfg.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=False) if params else {}
+    from_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    swept = {**{o.get_key_element(): list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.input_line.split("=", 1)[1]]
+                for o in from_config}, **swept}  # the command line wins, as in Hydra's basic sweeper
+    keys = list(swept)
+    if not keys:
+        return [plain], True
+    total = 1
+    for values in swept.values():
+        total *= len(values)
+    if total <= MAX_JOBS:
+        combos = itertools.product(*(swept[k] for k in keys))
+    else:  # each value once: the other keys at their first value
+        combos = [tuple(swept[k][0] for k in keys)]
+        for i, key in enumerate(keys):
+            for value in swept[key][1:]:
+                combos.append(tuple(value if j == i else swept[k][0] for j, k in enumerate(keys)))
+    return [[*plain, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in combos], True
+
+
+def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
+    """Each job's config. Composing is what costs (~0.2 s each): jobs that differ only in plain values
+    (numerics.precision=bf16,fp16; study.replicate=0,1,2) share one composition of their config
+    groups and get their values set on a copy, as Hydra's override would set them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from numdev.config.groups import conf_dir
+
+    parser = OverridesParser.create()
+    composed: dict[tuple, DictConfig] = {}
+    configs = []
+    for overrides in jobs:
+        parsed = parser.parse_overrides(overrides)
+        plain = [o for o in parsed if not (o.is_add() or o.is_delete() or o.is_force_add() or o.package is not None)
+                 and "/" not in o.key_or_group and not ("." not in o.key_or_group and (conf_dir() / o.key_or_group).is_dir())
+                 and not o.key_or_group.startswith("hydra")]
+        structural = tuple(o.input_line for o in parsed if o not in plain)
+        if structural not in composed:
+            composed[structural] = compose(config_name=app, overrides=list(structural))
+        cfg = composed[structural].copy()
+        try:
+            for o in plain:
+                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False, force_add=False)
+        except Exception:  # noqa: BLE001 - a key the copy cannot take as Hydra would: compose it
+            cfg = compose(config_name=app, overrides=overrides)
+        configs.append(cfg)
+    return configs
+
+
+def _added_key_problem(app: str, parsed, compose) -> str | None:
+    """`+parent.key=value` that nothing reads: one line naming the key and the nearest known ones."""
+    added = [o for o in parsed if (o.is_add() or o.is_force_add()) and o.package is None and "." in o.key_or_group
+             and "/" not in o.key_or_group and not o.key_or_group.startswith("hydra")]
+    if not added:
+        return None
+    rest = [o.input_line for o in parsed if o not in added and not o.is_sweep_override()]
+    try:
+        base = compose(config_name=app, overrides=rest)
+    except Exception:  # noqa: BLE001 - Hydra says why when it runs
+        return None
+    for o in added:
+        parts = o.key_or_group.split(".")
+        node, depth = base, 0
+        while depth < len(parts) - 1 and isinstance(node, DictConfig) and parts[depth] in node:
+            node = node[parts[depth]]
+            depth += 1
+        if depth == 0 or not isinstance(node, DictConfig):
+            continue  # an unknown top level: numdev.config.groups.unknown_top_level_key
+        parent, name = ".".join(parts[:depth]), parts[depth]
+        if depth == len(parts) - 1 and name in node:
+            continue  # ++key=value over a key that exists
+        value = o.value()
+        if depth == len(parts) - 1 and isinstance(value, dict):
+            continue  # a new node (e.g. a callback of its own with its _target_)
+        known = [str(k) for k in node.keys() if not str(k).startswith("_")]
+        target = node.get("_target_") if depth == len(parts) - 1 else None
+        if target is not None:
+            takes = _parameters(str(target))
+            if takes is None or name in takes:
+                continue  # the constructor takes it (or any keyword)
+            known = sorted(set(known) | takes)
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(f'{parent}.{k}' for k in near)}? " if near else ""
+        owner = f"{parent} ({target})" if target is not None else parent
+        listed = f"its settings are {', '.join(known) or 'none'} " if len(known) <= 12 else ""
+        return (f"{o.input_line}: {owner} has no setting {name}, so nothing would read it: {hint}"
+                f"{listed}(numdev-{app} --cfg job shows every key)")
+    return None
+
+
+def _parameters(target: str) -> set[str] | None:
+    """The keyword arguments a `_target_` takes; None when it takes any (**kwargs) or cannot be told."""
+    from hydra.utils import get_object
+
+    try:
+        signature = inspect.signature(get_object(target))
+    except Exception:  # noqa: BLE001 - not importable or no signature: the constructor will say
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return None
+    return {name for name, p in signature.parameters.items()
+            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY)}
+
+
+def _register_launcher() -> None:
+    """hydra/launcher=parallel's plugin class, registered by Hydra's public API: Hydra finds plugins by
+    scanning the hydra_plugins package, which an editable install's import hook (pip install -e)
+    hides from that scan, so a sweep would fail with "Unknown plugin class"."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.numdev_launcher.parallel_launcher import ParallelLauncher
+
+    Plugins.instance().register(ParallelLauncher)
+
+
+# Hydra's own tools, whose argument is not an override: `-sc install=bash` (shell completion).
+HYDRA_TOOL_FLAGS = {"-sc", "--shell-completion"}
+
+
+def checked_overrides(program: str, app: str, check=None):
+    """Decorate a Hydra app's entry point (outside @hydra.main): before Hydra composes, an override
+    whose key belongs to another option of its group or to the other app is one line naming the fix
+    (numdev.config.groups.override_mistake), where Hydra's own hint would point the wrong way; then
+    every job's config is checked by `check` (problem, above) before Hydra creates a directory."""
+    from numdev.cli.errors import fail, note_existing_run_dir, output_dir_problem
+    from numdev.config import groups as config_groups
+
+    config_groups.register_resolver()  # --help lists the app's own groups (conf/hydra/help/numdev.yaml)
+    _register_launcher()
+
+    def decorate(main):
+        @functools.wraps(main)
+        def wrapper(*args, **kwargs):
+            if not args and not kwargs and not HYDRA_TOOL_FLAGS & set(sys.argv[1:]):  # a run's command line (not a test
+                given = sys.argv[1:]  # passing a config, not Hydra's shell completion)
+                mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
+                if not mistake and check is not None:
+                    mistake = problem(app, given, check)
+                if mistake:
+                    fail(program, mistake)
+                note_existing_run_dir(given)
+            return main(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,164 @@
+"""Stage formats: which float format every stage of an attention computation is rounded to.
+
+For a query block Q_i and key/value blocks (K_j, V_j):
+
+  input    Q, K, V
+  score    S = Q_i K_j^T * scale
+  stats    the running row max m and row sum l (the baseline: the softmax's exp values and row sum)
+  prob     P = exp(S - m), the operand of P.V
+  rescale  alpha = exp(m_old - m_new) (flash only)
+  accum    the output accumulator O after each key/value block (the baseline: the P.V product)
+  output   the final O
+
+Every stage is computed in a working precision (float32 when every format fits in it, else
+float64) and then rounded, once, to its format. So a matmul is modelled as an accumulation in the
+working precision rounded to the stage's format, as tensor cores accumulate in FP32.
+
+Presets name the common combinations for a run precision p:
+  paper     every stage in p: the paper's Baseline and emulation. Alone it does not give the
+            paper's ~10x at BF16: the reconciliation's grid (numdev-bench experiment=reconcile,
+            docs/microbenchmark.md) supports all-positive inputs (U[0, 1)), many key/value blocks
+            and bf16 statistics or a bf16 accumulator (either alone; FA1 is not needed)
+  fa2       FP32 score/stats/rescale/accum, input/prob/output in p: FlashAttention-2 and
+            PyTorch's own kernels
+  cpu_sdpa  PyTorch's CPU flash kernel: the fa2 formats and, for bf16/fp16, the kernel's own
+            arithmetic (exp=fexp_u20, row_sum=lanes, matmul=blas; numdev.attention.cpu_kernel);
+            its tiles come from the tile rule (tiles.rule=cpu_sdpa, numdev.attention.tiles), not
+            from this label
+  eager     what eager PyTorch computes for softmax(q @ k^T * scale) @ v on bf16/fp16 tensors on
+            CPU: S rounded to p (the matmul, then the scaled product), the softmax's internals
+            (S - max, exp, row sum) in FP32 with P rounded once to p, P.V accumulated in FP32 and
+            rounded to p. The real Baseline (Baseline backend; tests/test_eager_baseline.py holds
+            it to PyTorch's own bits); `paper` is the paper's.
+
+Beside the formats, three arithmetic choices (each a preset's default unless set):
+  exp      aten: P and the rescale factor by ATen's exp; fexp_u20: as PyTorch's CPU flash kernel,
+           ATen's fast fexp_u20 on its vector lanes and libm's expf elsewhere (FA2, fp32 scores)
+  row_sum  aten: ATen's row sum of P; lanes: the kernel's lane accumulators and lane butterfly
+  matmul   aten: float32 matmuls of the rounded inputs; blas: the mixed-precision GEMM the kernel
+           calls (cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32 from libtorch_cpu), 16-bit inputs
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from numdev.numerics.formats import FloatFormat, parse_format, round_to
+
+STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
+PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
+INPUT_SCALINGS = ("none", "tensor")
+ARITHMETIC = {"exp": ("aten", "fexp_u20"), "row_sum": ("aten", "lanes"), "matmul": ("aten", "blas")}
+_HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
+# The stages each preset keeps in FP32 (never below the run precision: an fp64 run keeps fp64).
+_FP32_STAGES = {"paper": (), "fa2": _HIGH_PRECISION_STAGES, "cpu_sdpa": _HIGH_PRECISION_STAGES, "eager": ("stats", "rescale")}
+
+
+@dataclass(frozen=True)
+class StageFormats:
+    input: FloatFormat
+    score: FloatFormat
+    stats: FloatFormat
+    prob: FloatFormat
+    rescale: FloatFormat
+    accum: FloatFormat
+    output: FloatFormat
+    preset: str = "custom"
+    precision: str = "custom"
+    # "tensor": inputs are divided by a per-tensor scale amax / max_finite before rounding, as
+    # FP8 kernels do, so the format's range is used fully; the scale is multiplied back after.
+    input_scaling: str = "none"
+    exp: str = "aten"
+    row_sum: str = "aten"
+    matmul: str = "aten"
+
+    def __post_init__(self):
+        if self.input_scaling not in INPUT_SCALINGS:
+            raise ValueError(
+                f"unknown input_scaling {self.input_scaling!r}: use one of {', '.join(INPUT_SCALINGS)}"
+            )
+        for key, choices in ARITHMETIC.items():
+            if getattr(self, key) not in choices:
+                raise ValueError(f"numerics.{key}={getattr(self, key)!r} is not one of {', '.join(choices)}")
+        if self.matmul == "blas" and self.input.name not in ("bf16", "fp16"):
+            raise ValueError(f"numerics.matmul=blas takes bf16 or fp16 inputs, not {self.input.name}: "
+                             "set numerics.matmul=aten")
+
+    @property
+    def working_dtype(self) -> torch.dtype:
+        """float32 when every stage's format fits in it, else float64."""
+        if all(getattr(self, s).fits_in(torch.float32) for s in STAGES):
+            return torch.float32
+        return torch.float64
+
+    def describe(self) -> dict:
+        """A flat, JSON-ready description for result records."""
+        out = {s: getattr(self, s).name for s in STAGES}
+        out.update(preset=self.preset, precision=self.precision, input_scaling=self.input_scaling,
+                   exp=self.exp, row_sum=self.row_sum, matmul=self.matmul)
+        return out
+
+
+def stage_formats(
+    preset: str = "paper",
+    precision: str = "bf16",
+    input_scaling: str = "none",
+    exp: str | None = None,
+    row_sum: str | None = None,
+    matmul: str | None = None,
+    **overrides,
+) -> StageFormats:
+    """Formats from a preset and a run precision; any stage given in `overrides` (not None) wins.
+
+    This is the Hydra target of the `numerics` config group.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown numerics preset {preset!r}: use one of {', '.join(PRESETS)}")
+    unknown = set(overrides) - set(STAGES)
+    if unknown:
+        raise ValueError(
+            f"unknown stage(s) {', '.join(sorted(unknown))}: the stages are {', '.join(STAGES)}"
+        )
+    run = parse_format(precision)
+    chosen = {s: run for s in STAGES}
+    # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
+    if not (run.exponent_bits > 8 or run.mantissa_bits > 23):
+        chosen.update({s: parse_format("fp32") for s in _FP32_STAGES[preset]})
+    for stage, spec in overrides.items():
+        if spec is not None:
+            chosen[stage] = parse_format(spec)
+    # The cpu_sdpa preset models the kernel's arithmetic where it is modelled: 16-bit inputs.
+    kernel = preset == "cpu_sdpa" and run.name in ("bf16", "fp16")
+    arithmetic = {"exp": "fexp_u20", "row_sum": "lanes", "matmul": "blas"} if kernel else dict.fromkeys(ARITHMETIC, "aten")
+    given = {"exp": exp, "row_sum": row_sum, "matmul": matmul}
+    arithmetic.update({key: value for key, value in given.items() if value is not None})
+    is_custom = any(overrides.get(s) is not None for s in STAGES)
+    return StageFormats(
+        **chosen,
+        preset=f"{preset}+custom" if is_custom else preset,
+        precision=run.name,
+        input_scaling=input_scaling,
+        **arithmetic,
+    )
+
+
+def round_input(x: torch.Tensor, formats: StageFormats) -> torch.Tensor:
+    """Round an attention input to the input format (with per-tensor scaling if configured)."""
+    if formats.input_scaling == "none":
+        return round_to(x, formats.input)
+    amax = x.detach().abs().amax()
+    scale = torch.where(amax > 0, amax / formats.input.max_finite, torch.ones_like(amax))
+    return round_to(x / scale, formats.input) * scale
+
+
+
+def working_input(x: torch.Tensor, formats: StageFormats) -> torch.Tensor:
+    """x rounded to the input format, then held in the working precision.
+
+    Rounding happens in x's own precision first, so float64 inputs are rounded once, not twice.
+    """
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()  # bf16/fp16/fp8 values are exact in float32
+    return round_input(x, formats).to(formats.working_dtype)

@@ -1,0 +1,190 @@
+"""The layout of a training run directory: every file's name, and the columns of its tables.
+
+One home for the contract that train/ writes and analysis/ reads (docs/run_layout.md):
+
+    <run_dir>/config.yaml               the resolved config
+    <run_dir>/run.json                  what ran, and how it ended
+    <run_dir>/weights/index.json        the snapshot index (numdev.weights.store)
+    <run_dir>/weights/step_XXXXXXXX.safetensors
+    <run_dir>/weights/sorted_XXXXXXXX.safetensors   the snapshot's values sorted (snapshot.sorted_values=true)
+    <run_dir>/token_rows.json           the token-embedding rows the run's captions index
+    <run_dir>/sibling/<label>.csv       weight distances to a sibling run (numdev.weights.metrics)
+    <run_dir>/checkpoints/last.ckpt     the resume checkpoint
+    <run_dir>/checkpoints/last.ckpt.sha256   its checksum (numdev.train.checkpoint_io)
+    <run_dir>/instability.json, shadow.csv, eval.json, samples.png
+    <run_dir>/<overrides>/events.out.tfevents.*   TensorBoard (numdev.train.tensorboard; a study: in <run_dir>)
+
+Nothing here imports train/ or analysis/: both import this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from numdev.runs import tables
+
+CONFIG = "config.yaml"
+RUN_RECORD = "run.json"
+WEIGHTS_DIR = "weights"
+INDEX = "index.json"
+INDEX_FORMAT = 1
+# weights/sorted_XXXXXXXX.safetensors: a snapshot's weight sets sorted, written by a run that others
+# compare with (snapshot.sorted_values=true) so that they need not sort its values again
+# (numdev.weights.store.write_sorted_values; docs/run_layout.md#sorted-values).
+SORTED_FORMAT = 1
+POOLED = "__pooled__"
+# A snapshot index entry's "stored" (docs/run_layout.md#snapshots): FULL, every parameter whole; TRAINED,
+# every parameter whole except the token embedding, of which only the rows the captions index are
+# stored (tensor `<name>`, shape (k, width)), their ids beside them (tensor `<name>` + ROWS_SUFFIX,
+# int64); the other rows are those of the entry's "base_step" snapshot (step 0, always FULL), checked
+# equal when the snapshot was written. Written only where it saves disk (snapshot.trained_only).
+FULL, TRAINED = "full", "trained"
+ROWS_SUFFIX = "::rows"  # the tensor of a sorted-values file that holds every value of the model, sorted
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+CHECKPOINT_DIGEST_SUFFIX = ".sha256"  # beside every checkpoint: {"sha256": ..., "previous": ...}
+TOKEN_ROWS = "token_rows.json"
+SIBLING_DIR = "sibling"
+INSTABILITY = "instability.json"
+SHADOW_CSV = "shadow.csv"
+EVAL = "eval.json"
+HELDOUT = "heldout.json"
+SAMPLES = "samples.png"
+TENSORBOARD = "tensorboard"
+
+# The sibling CSV and numdev-compare's distances.csv: one row per step and weight set.
+# `tensor` is a parameter name (its trained values), `<name>[unindexed]` (token-embedding rows no
+# caption indexes), or MODEL_ROW (the aggregate over the trained values; numdev.weights.distances
+# defines every column).
+MODEL_ROW = "__model__"
+UNINDEXED_SUFFIX = "[unindexed]"
+
+# shadow.csv (numdev.train.callbacks.shadow): per-call deviation of the shadow attention backend.
+SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
+
+
+def snapshot_name(step: int) -> str:
+    return f"step_{int(step):08d}.safetensors"
+
+
+def sorted_values_name(step: int) -> str:
+    return f"sorted_{int(step):08d}.safetensors"
+
+
+def weights_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / WEIGHTS_DIR
+
+
+def index_path(run_dir: str | Path) -> Path:
+    return weights_dir(run_dir) / INDEX
+
+
+def snapshot_path(run_dir: str | Path, step: int) -> Path:
+    return weights_dir(run_dir) / snapshot_name(step)
+
+
+def sorted_values_path(run_dir: str | Path, step: int) -> Path:
+    return weights_dir(run_dir) / sorted_values_name(step)
+
+
+def record_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / RUN_RECORD
+
+
+def config_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CONFIG
+
+
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINT
+
+
+def checkpoint_digest_path(checkpoint: str | Path) -> Path:
+    """The checksum file beside a checkpoint file (numdev.train.checkpoint_io)."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(checkpoint.name + CHECKPOINT_DIGEST_SUFFIX)
+
+
+def token_rows_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / TOKEN_ROWS
+
+
+def events_dir(run_dir: str | Path) -> Path | None:
+    """The directory holding a run's TensorBoard event files: the run directory itself (a study), the
+    directory named by its overrides below it (numdev.train.tensorboard), or tensorboard/ (older runs)."""
+    run_dir = Path(run_dir)
+    places = [run_dir, *sorted(p for p in run_dir.iterdir() if p.is_dir())] if run_dir.is_dir() else []
+    return next((p for p in places if any(p.glob("events.out.tfevents.*"))), None)
+
+
+def sibling_csv_path(run_dir: str | Path, label: str) -> Path:
+    return Path(run_dir) / SIBLING_DIR / f"{label}.csv"
+
+
+def read_shadow_csv(path: str | Path) -> list[dict]:
+    return tables.read_csv(path, SHADOW_COLUMNS)
+
+
+# token_rows.json: {"format": 1, "tensor": <parameter name>, "rows": <vocabulary size>,
+#   "source": "declared" (every caption's tokens, known at the start) | "seen" (tokens of the
+#   batches trained so far), "describe": <where the captions came from>,
+#   "ids": [token id, ...], "first_step": [the first snapshot step whose weights that row trained in, ...]}
+TOKEN_ROWS_FORMAT = 1
+
+
+def read_token_rows(run_dir: str | Path) -> dict | None:
+    """The run's token_rows.json, validated; None if the run has none (a run made before it existed)."""
+    path = token_rows_path(run_dir)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): delete it and resume the run to write it again") from None
+    problem = token_rows_problem(record)
+    if problem:
+        raise ValueError(f"{path}: {problem}: the file is corrupt or was not written by numdev")
+    return record
+
+
+def token_rows_problem(record) -> str | None:
+    if not isinstance(record, dict) or record.get("format") != TOKEN_ROWS_FORMAT:
+        return f"not a format-{TOKEN_ROWS_FORMAT} token-rows record"
+    if not isinstance(record.get("tensor"), str) or not _is_int(record.get("rows")) or record["rows"] <= 0:
+        return "'tensor' must be a parameter name and 'rows' a positive integer"
+    if record.get("source") not in ("declared", "seen"):
+        return "'source' must be declared or seen"
+    ids, first = record.get("ids"), record.get("first_step")
+    if not isinstance(ids, list) or not isinstance(first, list) or len(ids) != len(first):
+        return "'ids' and 'first_step' must be lists of one length"
+    if not all(_is_int(i) and 0 <= i < record["rows"] for i in ids) or len(set(ids)) != len(ids):
+        return f"'ids' must be distinct integers in [0, {record['rows']})"
+    if not all(_is_int(s) and s >= 0 for s in first):
+        return "'first_step' must hold non-negative integers"
+    return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def indexed_rows(records: list[dict | None], step: int) -> dict[str, np.ndarray] | None:
+    """{embedding parameter: row ids indexed by `step`} from the token-rows records of the runs being
+    compared (the union: a row either run trained is a trained row); None when any run lacks one."""
+    if not records or any(r is None for r in records):
+        return None
+    if len({(r["tensor"], r["rows"]) for r in records}) != 1:
+        raise ValueError("the runs' token-rows records name different embeddings: they are different models")
+    rows = set()
+    for record in records:
+        rows.update(i for i, first in zip(record["ids"], record["first_step"]) if first <= step)
+    return {records[0]["tensor"]: np.array(sorted(rows), dtype=np.int64)}
+
+
+def rows_digest(rows: dict[str, np.ndarray] | None) -> dict[str, str]:
+    """{embedding parameter: sha256 of its indexed row ids (int64)}: which split a set of
+    `<name>` / `<name>[unindexed]` values was made with ({} when no tensor is split)."""
+    return {name: hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest() for name, ids in sorted((rows or {}).items())}

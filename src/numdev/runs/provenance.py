@@ -1,0 +1,135 @@
+"""Where a number came from: the machine, the software and the code that produced it.
+
+Results differ between CPUs (bf16 kernels differ between AMD EPYC and Intel Xeon with AMX), so
+every summary.json, every bench record set and the report carry this block, and the report says
+which machine it describes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import numdev
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else platform's best guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_flags_of_interest() -> list[str]:
+    """The instruction-set extensions that change low-precision CPU kernels' numbers."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return sorted(f for f in flags if f.startswith(("amx", "avx512_bf16", "avx512_fp16", "avx512f", "avx2")))
+    return []
+
+
+@lru_cache(maxsize=1)
+def git_state() -> dict:
+    """The numdev checkout's commit and whether its tree had uncommitted changes (None outside git)."""
+    root = Path(numdev.__file__).resolve().parents[2]
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": dirty}
+
+
+def provenance(seeds=None, threads: int | None = None) -> dict:
+    """The block every result file carries: machine, threads, versions, git commit, seeds, date."""
+    import torch
+
+    accelerator = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": cpu_model(),
+            "cpu_flags": cpu_flags_of_interest(),
+            "logical_cpus": os.cpu_count(),
+            "torch_threads": threads if threads is not None else torch.get_num_threads(),
+            "gpu": accelerator,
+            "platform": platform.platform(),
+        },
+        "versions": {
+            "numdev": numdev.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "git": git_state(),
+        "seeds": list(seeds) if seeds is not None else None,
+    }
+
+
+def machine_line(block: dict, commit: bool = True) -> str:
+    """One line for a report header or a table caption: 'Intel Xeon …, 2 threads, torch 2.14.1, abc1234 (dirty)'.
+    commit=False: the machine, the versions and the day only (for README's user text)."""
+    machine, versions, git = block["machine"], block["versions"], block["git"]
+    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
+    where = f"{machine['cpu']}, {machine['torch_threads']} thread(s) of {machine['logical_cpus']}{gpu}; torch {versions['torch']}"
+    if not commit:
+        return f"{where}; {str(block['date'])[:10]}"
+    state = (git.get("commit") or "no git")[:10] + (" (uncommitted changes)" if git.get("dirty") else "")
+    return f"{where}, numdev {versions['numdev']} @ {state}; {block['date']}"
+
+
+UNKNOWN = "unknown (written before numdev recorded provenance)"
+
+
+def machine_line_or_unknown(block: dict | None) -> str:
+    if not isinstance(block, dict):
+        return UNKNOWN
+    try:
+        return machine_line(block)
+    except (KeyError, TypeError, AttributeError):
+        return UNKNOWN
+
+
+def origin(block: dict | None) -> tuple | None:
+    """What makes two results comparable: the machine (CPU, logical CPUs, GPU) and the code (versions,
+    commit). The torch thread count is a setting of each run (threads=), not a different origin."""
+    if not isinstance(block, dict):
+        return None
+    machine, versions, git = block.get("machine") or {}, block.get("versions") or {}, block.get("git") or {}
+    return (
+        machine.get("cpu"), machine.get("logical_cpus"), machine.get("gpu"),
+        versions.get("torch"), versions.get("numdev"), git.get("commit"), git.get("dirty"),
+    )
+
+
+def available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None (no check)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

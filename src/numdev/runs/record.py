@@ -1,0 +1,160 @@
+"""The run's own records: config.yaml (the resolved config) and run.json (what ran, and how it ended)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lightning
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import numdev
+from numdev.runs import schemas
+from numdev.runs.atomic import write_json, write_text
+from numdev.runs.layout import CONFIG
+from numdev.runs.layout import RUN_RECORD as RUN
+from numdev.runs.provenance import provenance
+
+# Keys a resumed run may change: they do not touch the weights' trajectory.
+RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.policy", "trainer.enable_progress_bar", "trainer.enable_model_summary", "verbose", "callbacks.samples.",
+                     # moved or removed by numdev (the snapshot callback's module; the sibling shares its schedule)
+                     "callbacks.snapshots._target_", "callbacks.sibling.every_n_steps",
+                     # only whether the sorted values are written beside the snapshots (for the runs comparing with this one)
+                     "snapshot.sorted_values", "callbacks.snapshots.sorted_values")
+# Keys added after runs were made: a saved config without them matches when they hold these values
+# (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
+ADDED_KEYS = {"verbose": False, "trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None}
+
+
+def resolved(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def write_config(run_dir: Path, cfg: DictConfig) -> None:
+    write_text(run_dir / CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
+    """The run's saved config must equal this one, except for RESUMABLE_CHANGES."""
+    path = run_dir / CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"resume=true but {path} does not exist: point hydra.run.dir at the run to resume")
+    saved = _flatten(schemas.read_yaml_file(path, schemas.CONFIG))
+    now = _flatten(resolved(cfg))
+    saved = _relocated(saved, saved.get("run_dir"), now.get("run_dir"))
+    differ = sorted(
+        k for k in set(saved) | set(now)
+        if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c) for c in RESUMABLE_CHANGES)
+        and not (k not in saved and _added_key(k, now.get(k)))
+    )
+    if differ:
+        shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:3])
+        raise ValueError(
+            f"resume=true: the config differs from the run's {CONFIG} at {shown}"
+            f"{' and more' if len(differ) > 3 else ''}: pass the original run's overrides"
+        )
+
+
+def _relocated(flat: dict, old_dir, new_dir) -> dict:
+    """The saved config as if written in new_dir: a run directory copied or moved elsewhere stays
+    resumable (paths inside it, like callbacks' run_dir and checkpoint dirpath, move with it)."""
+    if not isinstance(old_dir, str) or not isinstance(new_dir, str) or old_dir == new_dir:
+        return flat
+    old = old_dir.rstrip("/")
+
+    def move(value):
+        if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+            return new_dir.rstrip("/") + value[len(old):]
+        return value
+
+    return {k: move(v) for k, v in flat.items()}
+
+
+def _added_key(key: str, value) -> bool:
+    for name, default in ADDED_KEYS.items():
+        if key == name and value == default:
+            return True
+        if name.endswith(".") and key.startswith(name):  # the instability monitor: record-only by default
+            return True
+    return False
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None) -> dict:
+    path = run_dir / RUN
+    previous = read_run(run_dir) if resumed_from is not None and path.is_file() else {}
+    record = {
+        "numdev_version": numdev.__version__,
+        "app": "train",
+        "name": cfg.name,
+        "status": "running",
+        "model": cfg.model.name,
+        "backend": backend.name,
+        "attention": backend.describe(),
+        "precision": cfg.precision.name,
+        "seeds": {k: int(v) for k, v in cfg.seed.items()},
+        "max_steps": int(cfg.trainer.max_steps),
+        "device": cfg.trainer.accelerator,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "started": previous.get("started", _now()),
+        # machine, versions, git commit + dirty, seeds (init, data, noise), date: numdev.runs.provenance
+        "provenance": provenance(seeds=[int(v) for v in cfg.seed.values()]),
+    }
+    if resumed_from is not None:
+        record["resumes"] = [*previous.get("resumes", []), {"from_step": resumed_from, "at": _now()}]
+    write_json(path, record)
+    return record
+
+
+def read_run(run_dir: Path) -> dict:
+    """run.json, checked against numdev.runs.schemas.RUN_RESUMES (one-line ValueError naming file and field)."""
+    return schemas.read_json_file(Path(run_dir) / RUN, schemas.RUN_RESUMES)
+
+
+def finished_record(run_dir: Path, cfg: DictConfig) -> dict | None:
+    """run.json if the run already finished all of cfg's steps (a requeue or a repeated resume), else None."""
+    if not (Path(run_dir) / RUN).is_file():
+        return None
+    run = read_run(run_dir)
+    done = run["status"] == "finished" and (run.get("final_step") or 0) >= int(cfg.trainer.max_steps)
+    return run if done else None
+
+
+def finish_record(run_dir: Path, record: dict, status: str, **fields) -> dict:
+    record = {**record, **fields, "status": status, "finished": _now()}
+    write_json(run_dir / RUN, record)
+    return record
+
+
+def close_abandoned(run_dir: Path, reason: str) -> bool:
+    """A run.json still "running" whose run lock no process holds (its process was killed without a
+    word, SIGKILL or the OOM killer): made final, "failed" with `reason`, resumable with resume=auto.
+    False (nothing written) for any other record, an unreadable one, or a live run."""
+    from numdev.runs.lock import is_held
+
+    run_dir = Path(run_dir)
+    if is_held(run_dir):  # first the lock, then the record: a live run writes its record before it lets go
+        return False
+    try:
+        record = schemas.read_json_file(run_dir / RUN, schemas.RUN_RESUMES)
+    except (ValueError, OSError):
+        return False
+    if record.get("status") != "running":
+        return False
+    finish_record(run_dir, record, "failed", error=f"interrupted: {reason}")
+    return True
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
