@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--doc", type=Path, default=RESULTS_DOC, help="the file whose --block (or --early-blocks' tables) gets the table")
     parser.add_argument("--block", default=BLOCK, help="for a variant of the study (another precision, say)")
     parser.add_argument("--result", type=Path, default=RESULT, help="where --copy keeps the summary")
-    parser.add_argument("--early", type=Path, help=f"an early-phase study's summary.json (with --copy: kept as --early-result)")
+    parser.add_argument("--early", type=Path, help="an early-phase study's summary.json (with --copy: kept as --early-result)")
     parser.add_argument("--early-result", type=Path, default=EARLY_RESULT, help="where --copy keeps the early summary")
     parser.add_argument("--early-blocks", default=f"{HEADLINE_BLOCK},{EARLY_BLOCK}", help="the headline's and the tables' block names")
     args = parser.parse_args()

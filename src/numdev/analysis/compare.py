@@ -21,7 +21,17 @@ from pathlib import Path
 from numdev.cli import logs
 from numdev.cli.errors import fail
 from numdev.runs.atomic import WriteError, write_json, write_text
-from numdev.runs.layout import INDEX, MODEL_ROW, TOKEN_ROWS, WEIGHTS_DIR, indexed_rows, read_token_rows
+from numdev.runs.layout import (
+    COMPARE_JSON,
+    DISTANCES_CSV,
+    DISTANCES_PNG,
+    INDEX,
+    MODEL_ROW,
+    TOKEN_ROWS,
+    WEIGHTS_DIR,
+    indexed_rows,
+    read_token_rows,
+)
 from numdev.runs.provenance import provenance
 from numdev.weights.distances import check_same_architecture, compare, distance_rows, prepare
 from numdev.weights.metrics import distances_to_csv
@@ -138,11 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) if args.out else Path(args.run_a) / f"compare_{Path(args.run_b).name}"
     try:
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=logger.warning)
-        write_text(out / "distances.csv", distances_to_csv(rows))
-        plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / "distances.png", "weight distance over training")
+        write_text(out / DISTANCES_CSV, distances_to_csv(rows))
+        plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / DISTANCES_PNG, "weight distance over training")
         last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
         steps = sorted({r["step"] for r in rows})
-        write_json(out / "compare.json", {
+        write_json(out / COMPARE_JSON, {
             "run_a": str(Path(args.run_a).resolve()), "run_b": str(Path(args.run_b).resolve()), "steps": steps,
             "final": {k: v for k, v in last.items() if k != "tensor"},
             "bit_identical": all(r["max_abs"] == 0 for r in rows), "provenance": provenance(),

@@ -34,7 +34,18 @@ from numdev.analysis.compare import compare_runs
 from numdev.cli import logs
 from numdev.cli.errors import fail
 from numdev.runs.atomic import WriteError, write_json
-from numdev.runs.layout import EVAL, HELDOUT, RUN_RECORD, events_dir, read_shadow_csv, sibling_csv_path
+from numdev.runs.layout import (
+    EVAL,
+    HELDOUT,
+    MULTIRUN,
+    RUN_RECORD,
+    SAMPLES,
+    SHADOW_CSV,
+    SUMMARY,
+    events_dir,
+    read_shadow_csv,
+    sibling_csv_path,
+)
 from numdev.runs.layout import MODEL_ROW as MODEL
 from numdev.runs.provenance import provenance
 from numdev.stats import intervals as stats
@@ -46,7 +57,6 @@ from numdev.weights.store import list_snapshots
 
 log = logging.getLogger(__name__)
 
-SUMMARY = "summary.json"
 REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
 KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "optimization", "ladder")
 DOWNSTREAM = {  # per-run outcome -> (file, key, label)
@@ -102,7 +112,7 @@ def missing_jobs(study_dir: Path, runs: dict) -> list[str]:
     another role has, and every role and replicate the sweep lists (multirun.yaml: the experiment's
     sweeper params, overridden by the command line's), parsed with Hydra's own override grammar."""
     roles, replicates = set(runs), {r for by_rep in runs.values() for r in by_rep}
-    swept = _swept(Path(study_dir) / "multirun.yaml")
+    swept = _swept(Path(study_dir) / MULTIRUN)
     roles |= set(swept.get("study", []))
     replicates |= {int(r) for r in swept.get("study.replicate", []) if str(r).lstrip("-").isdigit()}
     return [f"r{r}/{role}" for r in sorted(replicates) for role in sorted(roles) if r not in runs.get(role, {})]
@@ -371,9 +381,9 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
         "early": early_summary(curves["reference"], under_test),
         "calibration": early.calibration(curves["reference"], roles_info, under_test) if EARLY_METRIC in metrics else {},
         "downstream": downstream(runs),
-        "shadow": _shadow_summary(_first(runs[under_test])["dir"] / "shadow.csv") if under_test else None,
+        "shadow": _shadow_summary(_first(runs[under_test])["dir"] / SHADOW_CSV) if under_test else None,
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
-        "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / "samples.png").is_file()},
+        "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / SAMPLES).is_file()},
     }
     if any(_kind(by_rep) == "optimization" for by_rep in runs.values()):  # experiment=optimizations: the table
         from numdev.analysis import optimizations
@@ -571,7 +581,7 @@ def _parameters(run_dir: Path) -> int:
 
 def _samples(run: dict) -> dict:
     scores = run["record"].get("eval") or {}
-    return {"path": str(run["dir"] / "samples.png"), "replicate": run["replicate"], "scores": scores}
+    return {"path": str(run["dir"] / SAMPLES), "replicate": run["replicate"], "scores": scores}
 
 
 def _loss_curve(run_dir: Path) -> dict | None:
@@ -629,7 +639,7 @@ class StudyAnalysis(Callback):
         except Exception as error:  # Hydra would only warn about a callback's exception, and exit 0
             fail("numdev-train", f"the study's analysis failed ({type(error).__name__}: {error}); its runs are in "
                  f"{study_dir} (numdev-study {study_dir} -v shows where)", 1)
-        if not (study_dir / "summary.json").is_file():
+        if not (study_dir / SUMMARY).is_file():
             fail("numdev-train", f"the study's analysis wrote no {study_dir / 'summary.json'}: run numdev-study {study_dir}", 1)
         from numdev.cli.commands import tensorboard
 

@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from numdev.bench.echo import settings_line
-from numdev.bench.gather import INTERRUPTED, record_key
+from numdev.bench.gather import record_key
 from numdev.bench.runner import check_config, run_bench
 from numdev.cli import logs
 from numdev.cli.errors import RunFailed, user_facing
@@ -33,6 +33,7 @@ from numdev.config.groups import unexpected_key
 from numdev.config.preflight import checked_overrides
 from numdev.config.schema import BENCH, validate
 from numdev.runs.atomic import append_jsonl, read_jsonl, write_json
+from numdev.runs.layout import INTERRUPTED, RESULTS
 from numdev.runs.provenance import provenance
 
 log = logging.getLogger("numdev.bench.app")  # by name: also when run as python -m numdev.bench.app
@@ -53,7 +54,7 @@ def run(cfg: DictConfig) -> None:
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    results = run_dir / "results.jsonl"
+    results = run_dir / RESULTS
     block = provenance(seeds=[int(s) for s in cfg.seeds])  # each record says where it was measured
     present = {record_key(r) for r in read_jsonl(results)} if results.is_file() else set()  # an earlier, interrupted run's
     kept = []

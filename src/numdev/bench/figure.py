@@ -22,6 +22,7 @@ from numdev.bench.gather import read_sweep
 from numdev.cli import logs
 from numdev.cli.errors import fail
 from numdev.runs.atomic import WriteError, write_json, write_text
+from numdev.runs.layout import TABLE
 from numdev.runs.tables import to_csv
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def make_figure(name: str, sweep_dir: str | Path) -> dict:
     try:
         summary = {"figure": name, "sweep": str(sweep_dir), "jobs": len({r["job"] for r in rows}), **figure.summarise(rows, staging)}
         _records_provenance(summary, sweep)
-        write_text(sweep_dir / "table.csv", to_csv(rows))
+        write_text(sweep_dir / TABLE, to_csv(rows))
         for drawn in sorted(staging.iterdir()):
             os.replace(drawn, sweep_dir / drawn.name)
         write_json(sweep_dir / f"{name}.json", summary)

@@ -26,11 +26,11 @@ import yaml
 from numdev.cli import logs
 from numdev.runs import schemas
 from numdev.runs.atomic import WriteError, read_jsonl_numbered, write_text
+from numdev.runs.layout import HYDRA_DIR, HYDRA_OVERRIDES, INTERRUPTED, MULTIRUN, RESULTS, TABLE
 from numdev.runs.tables import to_csv
 
 log = logging.getLogger(__name__)
 
-INTERRUPTED = "interrupted.json"  # beside results.jsonl while a job stopped by a signal is not completed
 # Fields that differ between two measurements of the same thing (timings, results, where and when).
 VOLATILE = ("seconds", "metrics", "provenance", "reason", "estimated_bytes", "limit_bytes")
 SAME_RUN = ("experiment", "overrides")  # every record of a job shares these
@@ -77,7 +77,7 @@ def read_sweep(directory: str | Path) -> Sweep:
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"no such sweep directory: {directory}")
-    files = sorted(directory.rglob("results.jsonl"))
+    files = sorted(directory.rglob(RESULTS))
     if not files:
         raise FileNotFoundError(f"no results.jsonl under {directory}: is it a numdev-bench run or sweep directory?")
     _check_jobs_present(directory, files)
@@ -158,7 +158,7 @@ def _check_not_interrupted(job_dir: Path) -> None:
 
 def _job_overrides(job_dir: Path) -> list[str] | None:
     """The overrides Hydra recorded for the job (its .hydra/overrides.yaml), None if unreadable or absent."""
-    path = job_dir / ".hydra" / "overrides.yaml"
+    path = job_dir / HYDRA_DIR / HYDRA_OVERRIDES
     try:
         overrides = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
@@ -183,7 +183,7 @@ def _check_metrics(where: str, record: dict) -> None:
 
 def _check_jobs_present(directory: Path, files: list[Path]) -> None:
     """A Hydra sweep (multirun.yaml) has jobs 0..N-1, N the size of its grid: each must have records."""
-    multirun = directory / "multirun.yaml"
+    multirun = directory / MULTIRUN
     if not multirun.is_file():
         return
     expected = _grid_size(multirun)
@@ -229,7 +229,7 @@ def _grid_size(multirun: Path) -> int | None:
 
 def write_table(directory: str | Path, out: str | Path | None = None) -> Path:
     rows = gather(directory)
-    out = Path(out) if out is not None else Path(directory) / "table.csv"
+    out = Path(out) if out is not None else Path(directory) / TABLE
     write_text(out, to_csv(rows))
     return out
 

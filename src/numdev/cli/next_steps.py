@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from numdev.cli.commands import command, tensorboard
-from numdev.runs.layout import RUN_RECORD
+from numdev.runs.layout import RUN_RECORD, SUMMARY, TABLE
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class NextSteps(Callback):
 def _bench(sweep: Path) -> list[str]:
     jobs = sum(1 for _ in sweep.glob("*/results.jsonl"))
     lines = [f"sweep done: {jobs} job(s) in {sweep}"]
-    table = sweep / "table.csv"
+    table = sweep / TABLE
     if table.is_file():  # an experiment's figure callback gathered it already
         lines.append(f"      table:  {table}")
     else:
@@ -50,7 +50,7 @@ def _train(sweep: Path) -> list[str]:
     # A plain sweep's runs are <sweep>/<job>/; a study's are <sweep>/r<replicate>/<role>/.
     runs = sorted({p.parent for pattern in (f"*/{RUN_RECORD}", f"*/*/{RUN_RECORD}") for p in sweep.glob(pattern)})
     lines = [f"sweep done: {len(runs)} run(s) in {sweep}"]
-    if (sweep / "summary.json").is_file():  # a study: its analysis printed its own next steps
+    if (sweep / SUMMARY).is_file():  # a study: its analysis printed its own next steps
         return lines
     lines.append(f"next: {tensorboard(sweep)}   (the runs side by side)")
     if len(runs) >= 2:

@@ -20,16 +20,17 @@ from pathlib import Path
 import numpy as np
 
 from numdev.figures.plotting import plt, save_png
+from numdev.runs.layout import DOWNSTREAM, FIG7, FIG8, LOSS_CURVES
 from numdev.stats import intervals as stats
 from numdev.weights.metrics import EARLY_METRIC, LABELS
 
 
 def draw_all(summary: dict, study_dir: Path, ladder: str) -> None:
     """Every study figure into study_dir; `ladder`: the calibration ladder's name (numdev.analysis.early.INIT_LADDER)."""
-    fig7(summary, study_dir / "fig7.png")
-    fig8(summary, study_dir / "fig8.png", ladder)
-    loss_curves(summary, study_dir / "loss_curves.png")
-    downstream(summary, study_dir / "downstream.png")
+    fig7(summary, study_dir / FIG7)
+    fig8(summary, study_dir / FIG8, ladder)
+    loss_curves(summary, study_dir / LOSS_CURVES)
+    downstream(summary, study_dir / DOWNSTREAM)
 
 
 def _band(ax, steps, values_by_rep: dict, colour, label: str, thin: bool = False) -> None:

@@ -28,7 +28,9 @@ from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
 from numdev.runs import schemas
 from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
+from numdev.runs.layout import CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, MULTIRUN, RUN_RECORD, SUMMARY, TABLE
 from numdev.runs.provenance import provenance
+from numdev.runs.record import read_run
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +71,10 @@ def bench_section(sweep: Path) -> Section:
         if field not in summary:
             raise ValueError(f"{summaries[0]}: field '{field}' is missing: the figure summary is incomplete; rerun numdev-figure {name} {sweep}")
     title, claim = BENCH_CLAIMS[name]
-    overrides = _task_overrides(sweep / "multirun.yaml") or _run_overrides(sweep / ".hydra" / "overrides.yaml")
-    config = sweep / "0" / ".hydra" / "config.yaml"
+    overrides = _task_overrides(sweep / MULTIRUN) or _run_overrides(sweep / HYDRA_DIR / HYDRA_OVERRIDES)
+    config = sweep / "0" / HYDRA_DIR / CONFIG
     if not config.exists():  # a single-run grid (experiment=reconcile, bias)
-        config = sweep / ".hydra" / "config.yaml"
+        config = sweep / HYDRA_DIR / CONFIG
     return Section(
         title=title,
         claim=claim,
@@ -87,7 +89,7 @@ def bench_section(sweep: Path) -> Section:
         rule=summary.get("verdict_rule", ""),
         parts=summary.get("parts") or {},
         deciding_rows=summary.get("deciding_rows") or [],
-        files=[("the run", sweep), ("its figure summary", summaries[0]), ("table.csv", sweep / "table.csv")],
+        files=[("the run", sweep), ("its figure summary", summaries[0]), (TABLE, sweep / TABLE)],
         provenance=summary.get("provenance") or _first_record_provenance(sweep),
     )
 
@@ -198,11 +200,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def _study_provenance(study_dir: Path) -> dict | None:
     """The study summary's provenance block; older summaries without one: the reference run's, else None."""
-    from numdev.analysis.study import SUMMARY
 
-    for path in (study_dir / SUMMARY, study_dir / "reference" / "run.json"):
+    for path in (study_dir / SUMMARY, study_dir / "reference" / RUN_RECORD):
         if path.is_file():
-            block = (schemas.read_study_summary(path) if path.name == SUMMARY else schemas.read_run(path)).get("provenance")
+            block = (schemas.read_study_summary(path) if path.name == SUMMARY else read_run(path.parent)).get("provenance")
             if block:
                 return block
     return None
@@ -213,14 +214,13 @@ def latest_study(root: Path, notes: list[str] | None = None, catalogue: bool = F
     catalogue=True the newest optimizations catalogue (experiment=optimizations: a summary with an
     optimizations table); where a newer study has no summary.json (unfinished, failed, not analysed),
     `notes` says so."""
-    from numdev.analysis.study import SUMMARY
 
     done = sorted((p.parent for p in (root / "train").glob(f"*/multirun_*/{SUMMARY}")), key=lambda p: p.name)
     done = [p for p in done if _kind_of(p / SUMMARY, notes) == ("catalogue" if catalogue else "study")]
     if not done:
         return None
     newer = [p for p in (root / "train").glob("*/multirun_*") if p.is_dir() and not (p / SUMMARY).is_file()
-             and p.name > done[-1].name and (p / "multirun.yaml").is_file() and any(p.glob("r*/*/config.yaml"))]
+             and p.name > done[-1].name and (p / MULTIRUN).is_file() and any(p.glob(f"r*/*/{CONFIG}"))]
     if newer:
         _fell_back(notes, f"the study: the newest {max(newer, key=lambda p: p.name)} has no summary.json (unfinished, failed "
                    f"or not analysed: numdev-study DIR): reporting the older {done[-1]}")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from numdev.analysis.study import SUMMARY, analyse
+from numdev.analysis.study import analyse
 from numdev.cli.commands import script, tensorboard
 from numdev.report.claims import STUDY_CLAIMS
 from numdev.report.html import LOSS_CURVES, SAMPLES, Section
 from numdev.runs.atomic import read_json
+from numdev.runs.layout import DOWNSTREAM, MULTIRUN, SUMMARY
+from numdev.runs.layout import LOSS_CURVES as LOSS_CURVES_PNG
 from numdev.runs.schemas import STUDY_SUMMARY
 from numdev.stats.intervals import Estimate
 from numdev.stats.verdicts import Verdict
@@ -234,7 +236,7 @@ def study_sections(study_dir: Path) -> list[Section]:
         claim="Not measured in the paper: held-out diffusion loss and how well samples follow their captions, for every run; "
         "a sibling's difference to the reference beside the seed-to-seed spread.",
         measured=summary["captions"].get("downstream", "no held-out loss or caption scores in these runs"),
-        figure=study_dir / "downstream.png", table_markdown=downstream_table(summary), command=command,
+        figure=study_dir / DOWNSTREAM, table_markdown=downstream_table(summary), command=command,
         provenance=origin, files=files,
     ))
     if summary.get("optimizations"):  # experiment=optimizations (numdev.analysis.optimizations)
@@ -248,7 +250,7 @@ def study_sections(study_dir: Path) -> list[Section]:
         title="The runs — training loss",
         claim="What a reader of the paper cannot see: the runs behind the curves.",
         measured=f"Training loss of every run, one panel per role ({setting}).",
-        figure=study_dir / "loss_curves.png", command=command, provenance=origin, anchor=LOSS_CURVES,
+        figure=study_dir / LOSS_CURVES_PNG, command=command, provenance=origin, anchor=LOSS_CURVES,
         tensorboard=tensorboard(study_dir), files=files,
     ))
     sections.append(Section(
@@ -299,7 +301,7 @@ def _optimizations_section(summary: dict, setting: str, command: str, origin: di
 def _extra_overrides(study_dir: Path) -> list[str]:
     import yaml
 
-    path = study_dir / "multirun.yaml"
+    path = study_dir / MULTIRUN
     if not path.is_file():
         return []
     task = yaml.safe_load(path.read_text(encoding="utf-8")).get("hydra", {}).get("overrides", {}).get("task", [])

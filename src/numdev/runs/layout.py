@@ -1,6 +1,7 @@
-"""The layout of a training run directory: every file's name, and the columns of its tables.
+"""The layout of every directory numdev writes: each file's name, and the columns of its tables.
 
-One home for the contract that train/ writes and analysis/ reads (docs/run_layout.md):
+One home for the contract that bench/ and train/ write and analysis/ and report/ read
+(docs/run_layout.md). A training run:
 
     <run_dir>/config.yaml               the resolved config
     <run_dir>/run.json                  what ran, and how it ended
@@ -13,6 +14,16 @@ One home for the contract that train/ writes and analysis/ reads (docs/run_layou
     <run_dir>/checkpoints/last.ckpt.sha256   its checksum (numdev.train.checkpoint_io)
     <run_dir>/instability.json, shadow.csv, eval.json, samples.png
     <run_dir>/<overrides>/events.out.tfevents.*   TensorBoard (numdev.train.tensorboard; a study: in <run_dir>)
+
+A study (a numdev-train sweep with a `study` block) or a bench sweep (Hydra's sweep directory):
+
+    <sweep>/multirun.yaml               Hydra's record of the sweep (its task overrides)
+    <sweep>/<job>/.hydra/overrides.yaml, config.yaml   Hydra's record of each job
+    <study>/summary.json                the study's analysis (numdev.analysis.study)
+    <study>/fig7.png, fig8.png, loss_curves.png, downstream.png   its figures (numdev.figures.study_plots)
+    <bench job>/results.jsonl           one record per line (numdev.bench.app); interrupted.json while stopped
+    <bench sweep>/table.csv, <figure>.png, <figure>.json   the gathered records and the figure (numdev-figure)
+    <compare out>/distances.csv, distances.png, compare.json   numdev-compare's output
 
 Nothing here imports train/ or analysis/: both import this.
 """
@@ -54,6 +65,19 @@ EVAL = "eval.json"
 HELDOUT = "heldout.json"
 SAMPLES = "samples.png"
 TENSORBOARD = "tensorboard"
+
+# Sweeps and studies (Hydra writes the first three).
+MULTIRUN = "multirun.yaml"
+HYDRA_DIR = ".hydra"
+HYDRA_OVERRIDES = "overrides.yaml"
+SUMMARY = "summary.json"
+FIG7, FIG8, LOSS_CURVES, DOWNSTREAM = "fig7.png", "fig8.png", "loss_curves.png", "downstream.png"
+# numdev-bench and numdev-figure.
+RESULTS = "results.jsonl"
+INTERRUPTED = "interrupted.json"  # beside results.jsonl while a job stopped by a signal is not completed
+TABLE = "table.csv"
+# numdev-compare.
+DISTANCES_CSV, DISTANCES_PNG, COMPARE_JSON = "distances.csv", "distances.png", "compare.json"
 
 # The sibling CSV and numdev-compare's distances.csv: one row per step and weight set.
 # `tensor` is a parameter name (its trained values), `<name>[unindexed]` (token-embedding rows no

@@ -118,7 +118,8 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
 
 
 def read_run(run_dir: Path) -> dict:
-    """run.json, checked against numdev.runs.schemas.RUN_RESUMES (one-line ValueError naming file and field)."""
+    """run.json, checked against numdev.runs.schemas.RUN_RESUMES (one-line ValueError naming file and field):
+    numdev's one reader of it (a live sibling's status is polled leniently by numdev.train.callbacks.sibling)."""
     return schemas.read_json_file(Path(run_dir) / RUN, schemas.RUN_RESUMES)
 
 

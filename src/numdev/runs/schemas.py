@@ -11,7 +11,7 @@ another FileSchema (a mapping checked by it, its messages naming the field's dot
 `each` checks every value of a mapping field (role -> entry). `finite=True` refuses NaN and
 infinities anywhere in the file. Every message is one line naming the file and the field.
 
-Readers for each file numdev reads back are at the end (read_run, read_saved_config,
+Readers for each file numdev reads back are at the end (read_saved_config,
 read_study_config, read_outcome, read_figure_summary, read_study_summary, read_bench_records):
 the analysis tools call these, not json/yaml directly.
 """
@@ -229,11 +229,6 @@ PROVENANCE = FileSchema("provenance block", optional={"machine": (str, dict), "g
 
 
 # -- the readers ------------------------------------------------------------------------------------
-def read_run(path: str | os.PathLike) -> dict:
-    """A run's run.json (the resumes list's entries checked too)."""
-    return read_json_file(path, RUN_RESUMES)
-
-
 def read_saved_config(path: str | os.PathLike) -> dict:
     """A run's config.yaml."""
     return read_yaml_file(path, CONFIG)

@@ -22,16 +22,12 @@ from numdev.cli.errors import Hangup, RunFailed, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.perturb import apply_init_perturbation
 from numdev.optimizations import Optimization
-from numdev.runs import record, schemas
+from numdev.runs import layout, record, schemas
 from numdev.runs.atomic import remove_temporaries
 from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR
 from numdev.runs.lock import RunLock
-from numdev.train.callbacks.instability import FILE as INSTABILITY_FILE
-from numdev.train.callbacks.instability import InstabilityMonitor
-from numdev.train.callbacks.samples import SampleGrid
-from numdev.train.callbacks.sibling import SiblingDistance
-from numdev.train.callbacks.snapshots import WeightSnapshots
-from numdev.train.callbacks.step_time import StepTimes
+from numdev.train.callbacks import connect
+from numdev.train.callbacks import results as callback_results
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
@@ -122,6 +118,7 @@ def check_backend_for(cfg: DictConfig, backend) -> None:
 
 def build_trainer(cfg: DictConfig):
     callbacks = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
+    connect(callbacks)  # the snapshot hub and its listeners (numdev.train.callbacks)
     logger = instantiate(cfg.logger) if cfg.get("logger") else None
     if logger is None:  # nothing to log learning rates to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
@@ -201,7 +198,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
     elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
     if resumed_from is not None:  # the run's own records are checked before anything is written
-        for name, schema in ((record.RUN, schemas.RUN_RESUMES), (INSTABILITY_FILE, schemas.INSTABILITY)):
+        for name, schema in ((record.RUN, schemas.RUN_RESUMES), (layout.INSTABILITY, schemas.INSTABILITY)):
             if (run_dir / name).is_file():
                 schemas.read_json_file(run_dir / name, schema)
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
@@ -282,18 +279,4 @@ def _results(trainer) -> dict:
     loss = trainer.callback_metrics.get("loss/train")
     if loss is not None:
         out["final_loss"] = float(loss)
-    for callback in trainer.callbacks:
-        if isinstance(callback, WeightSnapshots) and callback.seconds:
-            out["snapshot_write_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
-        if isinstance(callback, StepTimes) and callback.summary():
-            out["step_seconds"] = callback.summary()
-        if isinstance(callback, SiblingDistance) and callback.seconds:
-            out["sibling_seconds"] = {"mean": sum(callback.seconds) / len(callback.seconds), "count": len(callback.seconds)}
-        if isinstance(callback, InstabilityMonitor) and callback.stop_reason:
-            out["stop_reason"] = callback.stop_reason
-            if callback.failure:
-                out["error"] = callback.failure
-        if isinstance(callback, SampleGrid) and callback.final is not None:
-            final = callback.final
-            out["eval"] = {k: final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}
-    return out
+    return {**out, **callback_results(trainer.callbacks)}  # what each callback reports (numdev.train.callbacks.ReportsResults)

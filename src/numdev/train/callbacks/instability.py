@@ -49,10 +49,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from numdev.models.attention import Attention, name_attention_layers
+from numdev.runs import layout
 from numdev.runs.atomic import write_json
 from numdev.runs.schemas import INSTABILITY, read_json_file
 
-FILE = "instability.json"
 FORMAT = 1
 POLICIES = ("record", "skip", "stop", "fail")
 
@@ -145,7 +145,7 @@ class InstabilityMonitor(pl.Callback):
             self._attention.append((module.layer_name, torch.isfinite(total)))
 
     def on_train_start(self, trainer, pl_module) -> None:
-        path = self.run_dir / FILE
+        path = self.run_dir / layout.INSTABILITY
         if trainer.global_step > 0 and path.is_file():  # resumed: keep the events before the checkpoint
             previous = read_json_file(path, INSTABILITY)["events"]  # one-line error naming file and field
             self.events = [e for e in previous if e["step"] < trainer.global_step]
@@ -280,9 +280,14 @@ class InstabilityMonitor(pl.Callback):
             "ema_beta": self.detector.beta, "warmup_steps": self.detector.warmup, "check_loss": self.check_loss,
             "check_gradients": self.check_gradients, "check_attention": self.check_attention,
         }
-        write_json(self.run_dir / FILE, {"format": FORMAT, "settings": settings, "events": self.events})
+        write_json(self.run_dir / layout.INSTABILITY, {"format": FORMAT, "settings": settings, "events": self.events})
 
     # -- resume: the running average continues exactly --------------------------------------
+    def results(self) -> dict:
+        if not self.stop_reason:
+            return {}
+        return {"stop_reason": self.stop_reason, **({"error": self.failure} if self.failure else {})}
+
     def state_dict(self) -> dict:
         return {"detector": self.detector.state_dict()}
 

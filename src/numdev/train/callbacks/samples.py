@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from numdev.diffusion import generate
 from numdev.figures.plotting import save_png
 from numdev.figures.samples import sample_figure
+from numdev.runs import layout
 from numdev.runs.atomic import write_json
 from numdev.train.evaluation import score_shapes
 
@@ -67,9 +68,14 @@ class SampleGrid(pl.Callback):
         if last is None:
             return
         fig = self.figure(last)
-        save_png(fig, self.run_dir / "samples.png", dpi=130)
-        write_json(self.run_dir / "eval.json", last["summary"])
+        save_png(fig, self.run_dir / layout.SAMPLES, dpi=130)
+        write_json(self.run_dir / layout.EVAL, last["summary"])
         self.final = last["summary"]
+
+    def results(self) -> dict:
+        if self.final is None:
+            return {}
+        return {"eval": {k: self.final[k] for k in ("step", "scored", "colour_accuracy", "shape_accuracy", "position_accuracy")}}
 
     def evaluate(self, trainer, pl_module) -> dict | None:
         """Sample, score and log at the current step (once per step; rank zero only)."""

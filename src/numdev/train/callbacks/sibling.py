@@ -54,7 +54,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from numdev.runs.atomic import write_text
 from numdev.runs.layout import index_path, indexed_rows, read_token_rows, record_path, sibling_csv_path
 from numdev.runs.lock import is_held
-from numdev.train.callbacks.snapshots import WeightSnapshots
 from numdev.weights.distances import CompareCache, Prepared, check_same_architecture, compare, distance_rows, prepare
 from numdev.weights.metrics import distances_to_csv, read_distances_csv
 from numdev.weights.store import (
@@ -109,7 +108,7 @@ class SiblingDistance(pl.Callback):
         self._reference: tuple[tuple, Prepared] | None = None  # ((step, sha256, rows), prepared reference)
         self._mine: Prepared | None = None
         self._cache = CompareCache()
-        self._snapshots: WeightSnapshots | None = None
+        self.hub = None  # the run's WeightSnapshots, set by numdev.train.callbacks.connect
         self.stored_problem: str | None = None  # why the sibling's sorted values were last set aside (said once)
         self._trainer = None  # for its SIGTERM flag while waiting
         self._seen_dead = False  # the sibling looked dead at the previous poll
@@ -132,20 +131,28 @@ class SiblingDistance(pl.Callback):
                 f"sibling.reference={self.reference} does not exist (nor does its parent directory): "
                 "give the directory of a numdev-train run"
             )
-        snapshots = next((c for c in trainer.callbacks if isinstance(c, WeightSnapshots)), None)
-        if snapshots is None:
+        if self.hub is None:
             raise SiblingError("callbacks.sibling compares at the snapshot steps: it needs callbacks.snapshots (do not set it to null)")
-        snapshots.subscribe(self)
-        self._snapshots = snapshots
         self._trainer = trainer
+
+    def attach_to(self, hub) -> None:
+        """Listen to the run's snapshot hub (numdev.train.callbacks.connect); an inactive comparison does not."""
+        if self.active and hub is not None:
+            hub.subscribe(self)
+            self.hub = hub
+
+    def results(self) -> dict:
+        if not self.seconds:
+            return {}
+        return {"sibling_seconds": {"mean": sum(self.seconds) / len(self.seconds), "count": len(self.seconds)}}
 
     # -- the snapshot callback's listener -------------------------------------------------------------
 
-    def on_snapshot(self, trainer, pl_module, step: int, state: dict[str, torch.Tensor]) -> None:
+    def on_snapshot(self, trainer, pl_module, step: int, state: dict[str, torch.Tensor], prepared: Prepared | None = None) -> None:
         if not self.active:
             return
         start = time.perf_counter()
-        distances, mine, theirs = self.measure(step, state)
+        distances, mine, theirs = self.measure(step, state, prepared)
         self.rows = [r for r in self.rows if r["step"] != step] + distance_rows(step, distances)
         self.write_rows()
         self.seconds.append(time.perf_counter() - start)
@@ -174,8 +181,9 @@ class SiblingDistance(pl.Callback):
 
     # -- the comparison ---------------------------------------------------------------------------------
 
-    def measure(self, step: int, state: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
-        """Distances of `state` (this run at `step`) to the sibling's snapshot of `step`."""
+    def measure(self, step: int, state: dict[str, torch.Tensor], own: Prepared | None = None) -> tuple[dict, dict, dict]:
+        """Distances of `state` (this run at `step`) to the sibling's snapshot of `step`; `own`: the same
+        weights already sorted by the snapshot hub (snapshot.sorted_values), reused when split alike."""
         theirs, sha256 = self.wait_for(step)
         check_same_architecture(state, theirs, where=f"sibling {self.reference} at step {step}")
         rows = indexed_rows([read_token_rows(self.run_dir), read_token_rows(self.reference)], step)
@@ -184,7 +192,6 @@ class SiblingDistance(pl.Callback):
             previous = self._reference[1] if self._reference is not None else None
             self._reference = (key, self.prepare_reference(step, sha256, theirs, rows, previous))
         # This run's own sorts, when its snapshot callback wrote them (snapshot.sorted_values) with the same split.
-        own = self._snapshots.prepared if self._snapshots is not None else None
         previous = own if own is not None and _rows_key(own.rows) == _rows_key(rows) else self._mine
         self._mine = prepare(state, rows, self.threads, previous)
         distances = compare(self._mine, self._reference[1], self.threads, self._cache)

@@ -33,7 +33,10 @@ from numdev.weights.token_rows import TokenRows, embedding_name
 
 
 class SnapshotListener(Protocol):
-    def on_snapshot(self, trainer, pl_module, step: int, state: dict[str, torch.Tensor]) -> None: ...
+    def attach_to(self, hub: WeightSnapshots | None) -> None: ...
+
+    def on_snapshot(self, trainer, pl_module, step: int, state: dict[str, torch.Tensor], prepared: Prepared | None) -> None:
+        """`state`: the snapshot's float32 weights; `prepared`: the same sorted (snapshot.sorted_values), else None."""
 
     def on_resume(self, trainer, pl_module, step: int) -> None: ...
 
@@ -153,4 +156,9 @@ class WeightSnapshots(pl.Callback):
         self.writer.write(step, state, sorted_sets, rows)
         self.seconds.append(time.perf_counter() - start)
         for listener in self.listeners:
-            listener.on_snapshot(trainer, pl_module, step, state)
+            listener.on_snapshot(trainer, pl_module, step, state, self.prepared)
+
+    def results(self) -> dict:
+        if not self.seconds:
+            return {}
+        return {"snapshot_write_seconds": {"mean": sum(self.seconds) / len(self.seconds), "count": len(self.seconds)}}

@@ -29,6 +29,9 @@ class StepTimes(pl.Callback):
             self.seconds.append(time.perf_counter() - self._start)
             self._start = None
 
+    def results(self) -> dict:
+        return {"step_seconds": self.summary()} if self.summary() else {}
+
     def summary(self) -> dict | None:
         if not self.seconds:
             return None
