@@ -1,6 +1,6 @@
 """What a finished training sweep prints: the number of runs it holds, for a plain sweep and a study."""
 
-from numdev.cli.next_steps import _train
+from numdev.cli.next_steps import train_sweep as _train
 
 
 def _runs(root, *names):

@@ -121,11 +121,11 @@ def test_a_sweep_with_a_duplicate_job_is_refused_before_anything_runs(tmp_path):
 
 
 def test_a_study_whose_analysis_cannot_run_exits_non_zero_with_one_line(tmp_path, capsys):
-    from numdev.analysis.study import StudyAnalysis
+    from numdev.analysis.sweep_end import SweepEnd
 
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})  # a study with no finished role
     with pytest.raises(SystemExit) as stopped:
-        StudyAnalysis().on_multirun_end(config)
+        SweepEnd(study=True).on_multirun_end(config)
     assert stopped.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("numdev-train: error: the study's analysis did not run: ")
@@ -135,14 +135,14 @@ def test_a_study_whose_analysis_cannot_run_exits_non_zero_with_one_line(tmp_path
 def test_an_analysis_that_breaks_is_not_swallowed_as_a_warning(tmp_path, capsys, monkeypatch):
     """Hydra only warns about an exception in a callback and exits 0: the study's analysis turns any
     failure into one line and exit 1."""
-    from numdev.analysis import study
+    from numdev.analysis import sweep_end
 
     def broken(*args, **kwargs):
         raise KeyError("fig7")
 
-    monkeypatch.setattr(study, "analyse", broken)
+    monkeypatch.setattr(sweep_end, "analyse", broken)
     with pytest.raises(SystemExit) as stopped:
-        study.StudyAnalysis().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+        sweep_end.SweepEnd(study=True).on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
     assert stopped.value.code == 1
     assert capsys.readouterr().err.startswith("numdev-train: error: the study's analysis failed (KeyError: 'fig7')")
 

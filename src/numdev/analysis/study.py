@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from hydra.experimental.callback import Callback
 
 from numdev.analysis import early
 from numdev.analysis.compare import compare_runs
@@ -622,31 +621,7 @@ def _shadow_summary(path: Path) -> dict | None:
     return out
 
 
-class StudyAnalysis(Callback):
-    """Hydra callback (experiment=flash_stability): analyse the study when the multirun ends."""
-
-    def __init__(self, against_truth: bool = True):
-        self.against_truth = against_truth
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        """The study's analysis; without its summary.json the command exits 1 with one line."""
-        study_dir = Path(config.hydra.sweep.dir)
-        try:
-            analyse(study_dir, against_truth=self.against_truth, log=_log_step)
-        except (FileNotFoundError, ValueError, WriteError) as error:
-            fail("numdev-train", f"the study's analysis did not run: {error}; its runs are in {study_dir} "
-                 f"(analyse them again with numdev-study {study_dir})", 1)
-        except Exception as error:  # Hydra would only warn about a callback's exception, and exit 0
-            fail("numdev-train", f"the study's analysis failed ({type(error).__name__}: {error}); its runs are in "
-                 f"{study_dir} (numdev-study {study_dir} -v shows where)", 1)
-        if not (study_dir / SUMMARY).is_file():
-            fail("numdev-train", f"the study's analysis wrote no {study_dir / 'summary.json'}: run numdev-study {study_dir}", 1)
-        from numdev.cli.commands import tensorboard
-
-        log.info("TensorBoard: %s", tensorboard(study_dir))
-
-
-def _log_step(message: str) -> None:
+def log_step(message: str) -> None:
     """The analysis's progress lines: per-run steps in the log (and on the console with -v), the rest shown."""
     if message.startswith("[study]"):
         log.debug(message)
@@ -665,7 +640,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logs.console(args.verbose)
     try:
-        analyse(args.study_dir, log=_log_step, against_truth=not args.no_truth, partial=args.partial)
+        analyse(args.study_dir, log=log_step, against_truth=not args.no_truth, partial=args.partial)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
 

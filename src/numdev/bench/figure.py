@@ -4,7 +4,7 @@
     numdev-figure NAME SWEEP_DIR           gather SWEEP_DIR, write table.csv, NAME.png and NAME.json
 
 Each figure's aggregation, plot, claim and verdict rule live in numdev.figures.<NAME>; the list of
-figures is numdev.figures.FIGURES. A Hydra callback (SweepFigure) makes the figure when a sweep ends.
+figures is numdev.figures.FIGURES. numdev-bench makes the figure when a sweep ends (numdev.bench.sweep_end).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-from hydra.experimental.callback import Callback
 
 from numdev.bench.gather import read_sweep
 from numdev.cli import logs
@@ -82,26 +80,6 @@ def _records_provenance(summary: dict, sweep) -> None:
 
 def announce(name: str, summary: dict, directory: Path) -> None:
     log.info(f"{name}: {summary['caption']}\n  verdict: {summary['verdict']}\n  -> {directory / (name + '.png')}")
-
-
-class SweepFigure(Callback):
-    """Hydra callback: when a multirun ends, make its figure in the sweep directory."""
-
-    def __init__(self, figure: str):
-        from numdev.figures import get
-
-        get(figure)  # an unknown name fails here, before the sweep runs
-        self.figure = figure
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        """The sweep's figure; without it the command exits 1 with one line (Hydra would only warn)."""
-        directory = Path(config.hydra.sweep.dir)
-        try:
-            summary = make_figure(self.figure, directory)
-        except Exception as error:
-            fail("numdev-bench", f"the sweep's figure {self.figure} was not made ({type(error).__name__}: {error}); "
-                 f"its records are in {directory} (numdev-figure {self.figure} {directory} makes it again)", 1)
-        announce(self.figure, summary, directory)
 
 
 def main(argv: list[str] | None = None) -> None:

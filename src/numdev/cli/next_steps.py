@@ -1,4 +1,5 @@
-"""Hydra callback of both apps: at the end of a run or sweep, print what to run next.
+"""What to run next, printed at the end of a run or sweep by each app's end-of-sweep callback
+(numdev.bench.sweep_end, numdev.analysis.sweep_end).
 
 A finished sweep is only useful when the user knows the next command: numdev-gather and the
 figure for a bench sweep, TensorBoard and numdev-compare for training runs. Logged as they run
@@ -7,32 +8,20 @@ figure for a bench sweep, TensorBoard and numdev-compare for training runs. Logg
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
-
 from numdev.cli.commands import command, tensorboard
-from numdev.runs.layout import RUN_RECORD, SUMMARY, TABLE
-
-log = logging.getLogger(__name__)
+from numdev.runs.layout import RESULTS, RUN_RECORD, SUMMARY, TABLE
 
 
-class NextSteps(Callback):
-    def on_run_end(self, config: DictConfig, **kwargs) -> None:
-        run_dir = Path(config.hydra.run.dir)
-        if config.get("app") == "bench":
-            log.info(f"next: {command('numdev-gather', run_dir)}   (the records as {run_dir / 'table.csv'})")
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep = Path(config.hydra.sweep.dir)
-        lines = _bench(sweep) if config.get("app") == "bench" else _train(sweep)
-        log.info("\n".join(lines))
+def bench_run(run_dir: Path) -> str:
+    """After a single numdev-bench run."""
+    return f"next: {command('numdev-gather', run_dir)}   (the records as {run_dir / TABLE})"
 
 
-def _bench(sweep: Path) -> list[str]:
-    jobs = sum(1 for _ in sweep.glob("*/results.jsonl"))
+def bench_sweep(sweep: Path) -> list[str]:
+    """After a numdev-bench sweep (its figure, if any, made already)."""
+    jobs = sum(1 for _ in sweep.glob(f"*/{RESULTS}"))
     lines = [f"sweep done: {jobs} job(s) in {sweep}"]
     table = sweep / TABLE
     if table.is_file():  # an experiment's figure callback gathered it already
@@ -46,7 +35,8 @@ def _bench(sweep: Path) -> list[str]:
     return lines
 
 
-def _train(sweep: Path) -> list[str]:
+def train_sweep(sweep: Path) -> list[str]:
+    """After a numdev-train sweep (a study's analysis, if any, run already)."""
     # A plain sweep's runs are <sweep>/<job>/; a study's are <sweep>/r<replicate>/<role>/.
     runs = sorted({p.parent for pattern in (f"*/{RUN_RECORD}", f"*/*/{RUN_RECORD}") for p in sweep.glob(pattern)})
     lines = [f"sweep done: {len(runs)} run(s) in {sweep}"]
