@@ -6,7 +6,7 @@ sibling comparison cost. Prints JSON (and writes it with --out).
     python scripts/bench_train_step.py --steps 30 --gpu-backends sdpa_flash,baseline
 
 A step is what the LightningModule does per batch - noise draw, text tower, DiT forward, loss,
-backward, gradient clipping, AdamW - on the run's own config (conf/train.yaml + overrides), timed
+backward, gradient clipping, AdamW - on the run's own config (conf/train/train.yaml + overrides), timed
 outside Lightning's loop so only the model's work is measured (median of --steps after
 --warmup). The snapshot cost is one full WeightSnapshots write (float32 copy, safetensors,
 sha256, atomic file + index writes) divided by the training time between two snapshots at the
@@ -41,7 +41,7 @@ from numdev.weights.store import SnapshotWriter, parameter_state
 
 
 def config(overrides: list[str]):
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         return compose(config_name="train", overrides=["run_dir=unused", *overrides])
 
 

@@ -98,7 +98,7 @@ def per_parameter(timing: dict, parameters: int) -> dict:
 def make_runs(root: Path, model_name: str) -> tuple[Path, Path, dict[int, dict[str, torch.Tensor]]]:
     """Two run directories with snapshots at steps 1 and 2 (the trained sets move between them, the
     unindexed embedding rows do not, as in training); returns this run's states by step."""
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         cfg = compose(config_name="train", overrides=["run_dir=unused", f"model={model_name}"])
     model = build_model(cfg, instantiate(cfg.attention))
     datamodule = instantiate(cfg.data)

@@ -31,7 +31,7 @@ DOC = REPO / "docs" / "optimizations.md"
 
 def measure() -> dict:
     torch.set_num_threads(1)
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         cfg = compose(config_name="train", overrides=["experiment=optimizations", "study=reference", "run_dir=/tmp/unused"])
     model = build_model(cfg, instantiate(cfg.attention))
     inputs = {}

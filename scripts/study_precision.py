@@ -8,7 +8,7 @@ each deviates in one attention call (phase 1 at the study's own attention shapes
 Deviations: eager attention (the study's reference) and PyTorch's CPU flash kernel, each against
 the FP64 golden value and against each other, on N(0,1) inputs rounded to the format, mean over
 seeds with a 95% bootstrap interval. Step times: the median of --steps training steps of the
-study's model (conf/experiment/flash_stability) per precision, after 2 warm-up steps, written to
+study's model (conf/train/experiment/flash_stability) per precision, after 2 warm-up steps, written to
 the JSON and, with --write-docs, under the table with the machine they were taken on.
 """
 

@@ -15,7 +15,7 @@ def compose_train(*overrides: str, run_dir=None, smoke: bool = True):
     base = ["experiment=train_smoke"] if smoke else []
     if run_dir is not None:
         base.append(f"run_dir={run_dir}")
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         return compose(config_name="train", overrides=[*base, *overrides])
 
 

@@ -78,7 +78,7 @@ def test_the_launcher_configs_are_valid_against_the_plugins_schemas():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         cfg = compose(config_name="train", overrides=["hydra/launcher=parallel"], return_hydra_config=True)
         assert cfg.hydra.launcher._target_ == "hydra_plugins.numdev_launcher.parallel_launcher.ParallelLauncher"
         pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
@@ -99,7 +99,7 @@ def test_the_slurm_launcher_asks_for_gpus_only_for_a_gpu_trainer(trainer, overri
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", f"trainer={trainer}", "threads=3",
                                                       *overrides], return_hydra_config=True)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)

@@ -117,10 +117,12 @@ def test_valid_overrides_pass_the_check(app, args):
     assert override_mistake(app, args) is None
 
 
-def test_every_experiment_names_its_app():
-    """--help and the checks above tell the apps' experiments apart by the command each names."""
+def test_every_experiment_belongs_to_one_app():
+    """--help and the checks above tell the apps' experiments apart by the folder each is in
+    (conf/<app>/experiment/): a name in both would be ambiguous."""
     for name in options("experiment"):
-        assert experiment_app(name) in ("bench", "train"), f"conf/experiment/{name}.yaml names neither numdev-bench nor numdev-train"
+        assert experiment_app(name) in ("bench", "train"), f"experiment {name} is in both conf/bench/experiment and conf/train/experiment"
+    assert set(options("experiment", "bench")).isdisjoint(options("experiment", "train"))
 
 
 @pytest.mark.parametrize(("app", "foreign"), [("bench", ("trainer", "model", "study", "data", "flash_stability")),

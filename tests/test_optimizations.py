@@ -1,4 +1,4 @@
-"""The optimization group (conf/optimization/, numdev.optimizations): each applies what it says and
+"""The optimization group (conf/train/optimization/, numdev.optimizations): each applies what it says and
 nothing else, the arithmetic of the low-precision linears against ml_dtypes and float64, Qiu & Yao's
 tie fix in the flash emulator, the roles of experiment=optimizations, and adding one."""
 
@@ -256,7 +256,7 @@ def test_every_optimization_has_a_role_in_the_catalogue():
     assert roles - {None} <= set(SWEEP)  # a baseline is a role of the sweep
     for name in OPTIMIZATIONS:
         if name != "none":
-            assert f"opt_{name}" in SWEEP, f"conf/optimization/{name}.yaml has no role opt_{name} in experiment=optimizations"
+            assert f"opt_{name}" in SWEEP, f"conf/train/optimization/{name}.yaml has no role opt_{name} in experiment=optimizations"
     assert SWEEP.index("attn_flash_emulated") < SWEEP.index("opt_flash_tie_fix")
 
 
@@ -307,7 +307,7 @@ class HalfLearningRate:
 
 
 def test_adding_an_optimization_is_a_config_file_and_a_role(tmp_path, baseline):
-    """The recipe: conf/optimization/<name>.yaml (+ a module), conf/study/opt_<name>.yaml; here in a search-path dir."""
+    """The recipe: conf/train/optimization/<name>.yaml (+ a module), conf/train/study/opt_<name>.yaml; here in a search-path dir."""
     (tmp_path / "conf" / "optimization").mkdir(parents=True)
     (tmp_path / "conf" / "study").mkdir()
     (tmp_path / "conf" / "optimization" / "half_lr.yaml").write_text(

@@ -132,5 +132,5 @@ def test_added_keys_a_constructor_takes_still_run():
     from numdev.config.preflight import _added_key_problem
 
     parsed = OverridesParser.create().parse_overrides(["experiment=train_smoke", "+optim.optimizer.eps=1e-8", "+trainer.max_time=null"])
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         assert _added_key_problem("train", parsed, compose) is None

@@ -54,7 +54,7 @@ def test_a_run_is_named_by_its_overrides(tmp_path):
 
     from numdev.train.tensorboard import TensorBoardLogger
 
-    with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
         cfg = compose(config_name="train", overrides=["attention=sdpa_flash", "seed.init=1", f"output_root={tmp_path}"],
                       return_hydra_config=True)
     with open_dict(cfg):

@@ -13,7 +13,7 @@ EARLY_METRIC) is read early, on the log-spaced snapshot schedule (numdev.train.c
   slope, one intercept each) per replicate over the pair's exponential window; exp(a_role - a_ut)
   summarised as above. WINDOW_RULE says how the window is found; it is reported with the shift.
 
-The ladder (conf/study/eps_*.yaml, delta_*.yaml, ulp.yaml: `study.ladder: {name, size}`) gives the
+The ladder (conf/train/study/eps_*.yaml, delta_*.yaml, ulp.yaml: `study.ladder: {name, size}`) gives the
 units. Its init ladder perturbs the initial weights by relative sizes eps (ulp = ULP_RELATIVE); its
 smallest rung (ulp) is the floor control. At a step s:
 
@@ -306,7 +306,7 @@ def calibration(curves: dict, roles: dict[str, dict], under_test: str | None, me
     all_ladders = ladders(roles)
     init = all_ladders.get(INIT_LADDER)
     if not init or len(init) < 2 or any(name not in curves for name, _ in init):
-        return {"problem": "no init ladder (conf/study/ulp.yaml and eps_*.yaml) in this study"}
+        return {"problem": "no init ladder (conf/train/study/ulp.yaml and eps_*.yaml) in this study"}
     have = [s for s in EARLY_STEPS if all(_paired(curves, name, init[0][0], s, metric)[0] for name, _ in init[1:])]
     if not have:
         return {"problem": f"the ladder's curves have none of the early steps {EARLY_STEPS}: use snapshot.schedule=log"}

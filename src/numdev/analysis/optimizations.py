@@ -62,7 +62,7 @@ def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print, d
             continue
         baseline = (first["config"].get("study") or {}).get("baseline") or reference
         if baseline not in runs:
-            raise ValueError(f"conf/study/{role}.yaml: study.baseline={baseline!r} is not a role of this study: add it to the sweep")
+            raise ValueError(f"conf/train/study/{role}.yaml: study.baseline={baseline!r} is not a role of this study: add it to the sweep")
         rows.append({
             "role": role, "label": first["label"], "kind": first["kind"], "baseline": baseline,
             "kernel": kernel_of(first["record"]),

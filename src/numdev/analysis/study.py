@@ -1,7 +1,7 @@
 """The study's analysis: Figs. 7 and 8, the controls, replicates with intervals, the downstream effect.
 
 A study directory holds the runs of `numdev-train experiment=flash_stability`, one directory per
-replicate and role (the roles and what each changes: conf/study/, the only place they are
+replicate and role (the roles and what each changes: conf/train/study/, the only place they are
 defined; each run's config.yaml carries its `study` block: role, kind, label, replicate):
 
     r<replicate>/<role>/     e.g. r0/truth, r0/reference, r0/flash, r0/data, r0/noise, r0/ulp, r0/init, r0/fp32
@@ -56,7 +56,7 @@ from numdev.weights.store import list_snapshots
 
 log = logging.getLogger(__name__)
 
-REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/study/*.yaml: study.kind)
+REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/train/study/*.yaml: study.kind)
 KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "optimization", "ladder")
 DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "heldout_loss": (HELDOUT, "heldout_loss", "held-out loss"),
@@ -65,7 +65,7 @@ DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "position_accuracy": (EVAL, "position_accuracy", "position agreement"),
 }
 # The paper's Fig. 8 names two proxies: the roles that play them say so (study.paper: init |
-# low_precision in conf/study/init.yaml, fp32.yaml, bf16.yaml); these names are the fallback for
+# low_precision in conf/train/study/init.yaml, fp32.yaml, bf16.yaml); these names are the fallback for
 # studies whose roles predate the key.
 PAPER_INIT, PAPER_LOW_PRECISION = "init", "fp32"
 

@@ -1,6 +1,6 @@
-"""numdev-train's one end-of-sweep callback (conf/train.yaml, hydra.callbacks.sweep_end), in this order:
+"""numdev-train's one end-of-sweep callback (conf/train/train.yaml, hydra.callbacks.sweep_end), in this order:
 
-1. the study's analysis, when the sweep is a study (`study: true`: conf/experiment/flash_stability*.yaml
+1. the study's analysis, when the sweep is a study (`study: true`: conf/train/experiment/flash_stability*.yaml
    and the catalogue set it): summary.json and the figures (numdev.analysis.study);
 2. what to run next (numdev.cli.next_steps).
 """

@@ -40,7 +40,7 @@ log = logging.getLogger("numdev.bench.app")  # by name: also when run as python 
 
 
 @checked_overrides("numdev-bench", "bench", check_config)
-@hydra.main(config_path="pkg://numdev.conf", config_name="bench", version_base="1.3")
+@hydra.main(config_path="pkg://numdev.conf.bench", config_name="bench", version_base="1.3")
 @user_facing("numdev-bench", unexpected_key)
 def run(cfg: DictConfig) -> None:
     logs.setup(cfg.get("verbose"))

@@ -23,7 +23,7 @@ def single_stage(stage: str, precision: str):
 
 
 class Sweep:
-    """The numdev-bench runner of experiment=bias (conf/experiment/bias.yaml)."""
+    """The numdev-bench runner of experiment=bias (conf/bench/experiment/bias.yaml)."""
 
     def __init__(self, inputs: str, variant: str, lengths, block_c: int = 64, block_r: int = 64):
         if inputs not in GENERATORS:

@@ -1,4 +1,4 @@
-"""The numdev-bench runner of the matrix-product experiments (conf/experiment/gemm_*.yaml).
+"""The numdev-bench runner of the matrix-product experiments (conf/bench/experiment/gemm_*.yaml).
 
 For every K and seed: activations A (M x K) and weights B (K x N) drawn in float64 by the bench's
 input generators (numdev.bench.inputs) and rounded to float32 (the operands of an FP32 model: what

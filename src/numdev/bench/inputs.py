@@ -120,5 +120,5 @@ class OutlierInputs(InputGenerator):
         return {**super().describe(), "outlier_std": self.outlier_std, "outlier_prob": self.outlier_prob}
 
 
-# The generators by name (conf/inputs/<name>.yaml instantiates the same classes).
+# The generators by name (conf/bench/inputs/<name>.yaml instantiates the same classes).
 GENERATORS = {cls.name: cls for cls in (NormalInputs, UniformInputs, OutlierInputs)}

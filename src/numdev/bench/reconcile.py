@@ -32,7 +32,7 @@ def formats_for(name: str, precision: str):
 
 
 class Grid:
-    """The numdev-bench runner of experiment=reconcile (conf/experiment/reconcile.yaml)."""
+    """The numdev-bench runner of experiment=reconcile (conf/bench/experiment/reconcile.yaml)."""
 
     def __init__(self, inputs, variants, formats, kv_blocks, sram: int, block_r: int = 64, kernels: bool = True,
                  reference_kv_blocks: int = 64):

@@ -1,6 +1,6 @@
-"""numdev-bench's one end-of-run callback (conf/bench.yaml, hydra.callbacks.sweep_end), in this order:
+"""numdev-bench's one end-of-run callback (conf/bench/bench.yaml, hydra.callbacks.sweep_end), in this order:
 
-1. a sweep's figure, when its experiment names one (`figure`: conf/experiment/fig3.yaml and the
+1. a sweep's figure, when its experiment names one (`figure`: conf/bench/experiment/fig3.yaml and the
    like; a single run draws its own figure before it returns: numdev.bench.app);
 2. what to run next (numdev.cli.next_steps).
 """

@@ -2,7 +2,7 @@
 
 `study.replicate=0,0` would run every job twice: the second copy runs in the first one's directory
 (Hydra names a job's directory by its values), refused by the run lock at best, and at worst it
-overwrites or kills a real run. A Hydra callback (conf/train.yaml, conf/bench.yaml) checks the
+overwrites or kills a real run. A Hydra callback (conf/train/train.yaml, conf/bench/bench.yaml) checks the
 sweep's values, from the command line and the config's hydra.sweeper.params, when the multirun
 starts, before the sweep directory exists: one line naming the key.
 """

@@ -1,17 +1,18 @@
 """Which config groups, options and keys each app (bench, train) has, read from the installed conf.
 
-Both apps share one config package (numdev.conf), so Hydra's own --help lists every group of both
-and Hydra's errors cannot say that a key belongs to another option of its group. This module
-knows, from the YAML files themselves:
-  - an app's groups: the groups of its primary config's defaults list (conf/bench.yaml, conf/train.yaml);
-  - a group's options, and for `experiment` which app an option is for (the `numdev-<app>` it names);
+Each app has its own config root, conf/<app>/ (installed as numdev.conf.<app>: its primary config
+<app>.yaml and its own groups, experiments included); the groups both apps use (attention, and
+numdev's hydra/ options) live once in conf/ and reach both through Hydra's search path (the
+primary configs' hydra.searchpath). Hydra's errors cannot say that a key belongs to another option
+of its group, or to the other app; this module knows, from the YAML files themselves:
+  - an app's groups: the groups of its primary config's defaults list;
+  - a group's options (the app's own folder, else the shared one), and which app an experiment is for;
   - the keys each option sets (following its defaults to other options of the same group).
-It feeds `--help` (the `numdev_groups` resolver) and the override checks in numdev.cli.errors.
+It feeds `--help` (the `numdev_groups` resolver) and the override checks (numdev.config.preflight).
 """
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from pathlib import Path
 
@@ -21,9 +22,25 @@ APPS = ("bench", "train")
 
 
 def conf_dir() -> Path:
+    """conf/ (numdev.conf): the shared groups, and one folder per app."""
     import numdev.conf
 
     return Path(numdev.conf.__file__).parent
+
+
+def config_module(app: str) -> str:
+    """The package Hydra composes an app's config from (initialize_config_module, hydra.main's pkg://)."""
+    return f"numdev.conf.{app}"
+
+
+def group_dir(group: str, app: str | None = None) -> Path:
+    """The folder of a group's options: the app's own (conf/<app>/<group>; any app's when app is None),
+    else the shared one (conf/<group>)."""
+    for owner in [app] if app is not None else APPS:
+        folder = conf_dir() / owner / group
+        if folder.is_dir():
+            return folder
+    return conf_dir() / group
 
 
 @cache
@@ -42,7 +59,7 @@ def _defaults(path: Path) -> list:
 def app_defaults(app: str) -> dict[str, str | None]:
     """{group: default option} of an app's primary config (`attention@shadow` counts as `attention`)."""
     chosen = {}
-    for entry in _defaults(conf_dir() / f"{app}.yaml"):
+    for entry in _defaults(conf_dir() / app / f"{app}.yaml"):
         if isinstance(entry, dict):
             for key, option in entry.items():
                 group = key.split("@")[0].replace("override ", "").strip().lstrip("/")
@@ -54,22 +71,16 @@ def app_defaults(app: str) -> dict[str, str | None]:
 
 
 def options(group: str, app: str | None = None) -> list[str]:
-    """The options of a group; for `experiment`, only those for `app` (the experiment names `numdev-<app>`)."""
-    names = sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
-    if group == "experiment" and app is not None:
-        names = [n for n in names if experiment_app(n) in (app, None)]
-    return names
+    """The options of a group; for `experiment`, those of `app` (of both apps when app is None)."""
+    if group == "experiment" and app is None:
+        return sorted(name for owner in APPS for name in options(group, owner))
+    return sorted(p.stem for p in group_dir(group, app).glob("*.yaml"))
 
 
 def experiment_app(name: str) -> str | None:
-    """The app an experiment is for: the `numdev-bench`/`numdev-train` its file names (None: unknown)."""
-    path = conf_dir() / "experiment" / f"{name}.yaml"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    found = {app for app in APPS if re.search(rf"\bnumdev-{app}\b", text)}
-    return found.pop() if len(found) == 1 else None
+    """The app an experiment is for: the app whose conf/<app>/experiment/ holds it (None: neither)."""
+    found = [app for app in APPS if (conf_dir() / app / "experiment" / f"{name}.yaml").is_file()]
+    return found[0] if len(found) == 1 else None
 
 
 def group_app(group: str) -> list[str]:
@@ -77,25 +88,25 @@ def group_app(group: str) -> list[str]:
     return [app for app in APPS if group in app_defaults(app)]
 
 
-def is_global(group: str) -> bool:
+def is_global(group: str, app: str | None = None) -> bool:
     """Options that write at the top level (# @package _global_): their keys are not under the group."""
-    return any("@package _global_" in p.read_text(encoding="utf-8") for p in (conf_dir() / group).glob("*.yaml"))
+    return any("@package _global_" in p.read_text(encoding="utf-8") for p in group_dir(group, app).glob("*.yaml"))
 
 
-def option_keys(group: str, option: str) -> set[str]:
+def option_keys(group: str, option: str, app: str | None = None) -> set[str]:
     """The top-level keys an option sets, with those of the same-group options in its defaults."""
-    path = conf_dir() / group / f"{option}.yaml"
+    path = group_dir(group, app) / f"{option}.yaml"
     keys = {k for k in _load(path) if k != "defaults"} if path.is_file() else set()
     for entry in _defaults(path):
         if isinstance(entry, str) and entry != "_self_":
-            keys |= option_keys(group, entry.lstrip("/").removeprefix(f"{group}/"))
+            keys |= option_keys(group, entry.lstrip("/").removeprefix(f"{group}/"), app)
     return keys
 
 
-def experiment_choices(experiment: str) -> dict[str, str]:
-    """{group: option} that an experiment selects with `override /group: option`."""
+def experiment_choices(experiment: str, app: str) -> dict[str, str]:
+    """{group: option} that an experiment of `app` selects with `override /group: option`."""
     chosen = {}
-    for entry in _defaults(conf_dir() / "experiment" / f"{experiment}.yaml"):
+    for entry in _defaults(group_dir("experiment", app) / f"{experiment}.yaml"):
         if isinstance(entry, dict):
             for key, option in entry.items():
                 chosen[key.replace("override ", "").strip().lstrip("/")] = option
@@ -152,7 +163,7 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     chosen = dict(mine)
     for o in overrides:  # the group choices in force: experiment's overrides, then the command line's
         if o.key_or_group == "experiment" and not o.is_sweep_override() and o.value():
-            chosen.update({g: v for g, v in experiment_choices(str(o.value())).items() if g in mine})
+            chosen.update({g: v for g, v in experiment_choices(str(o.value()), app).items() if g in mine})
     for o in overrides:
         if o.package is None and "." not in o.key_or_group and o.key_or_group in mine and not o.is_delete():
             chosen[o.key_or_group] = list(o.sweep_string_iterator()) if o.is_sweep_override() else o.value()
@@ -177,13 +188,13 @@ def override_mistake(app: str, args: list[str]) -> str | None:
                 return (f"{name} is a setting of numdev-{owners[0]}, not of numdev-{app}: run {script(f'numdev-{owners[0]}')} {o.input_line} "
                         f"(numdev-{app}'s groups: {', '.join(mine)})")
             continue
-        if o.package is not None or is_global(group) or not isinstance(chosen.get(group), str):
+        if o.package is not None or is_global(group, app) or not isinstance(chosen.get(group), str):
             continue  # a sweep over the group's options, or options that write elsewhere: Hydra checks
         top = key.split(".")[0]
         option = chosen[group]
-        if option not in options(group) or top in option_keys(group, option):
+        if option not in options(group, app) or top in option_keys(group, option, app):
             continue  # an unknown option: Hydra's own error lists the options
-        having = [opt for opt in options(group) if top in option_keys(group, opt)]
+        having = [opt for opt in options(group, app) if top in option_keys(group, opt, app)]
         if having:
             fix = f"{group}={having[0]}"
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
@@ -194,16 +205,16 @@ def override_mistake(app: str, args: list[str]) -> str | None:
 def top_level_keys(app: str) -> set[str]:
     """Every top-level key an app's config can have: its primary config's own keys, its groups (and
     the packages they are placed at), and the keys its global options (experiments, studies) set."""
-    keys = {k for k in _load(conf_dir() / f"{app}.yaml") if k != "defaults"}
-    for entry in _defaults(conf_dir() / f"{app}.yaml"):
+    keys = {k for k in _load(conf_dir() / app / f"{app}.yaml") if k != "defaults"}
+    for entry in _defaults(conf_dir() / app / f"{app}.yaml"):
         if isinstance(entry, dict):
             for key in entry:
                 group, _, package = key.replace("override ", "").strip().lstrip("/").partition("@")
                 keys.add((package or group).split(".")[0].split("/")[0])
     for group in app_defaults(app):
-        if (conf_dir() / group).is_dir() and is_global(group):
-            for option in options(group, app if group == "experiment" else None):
-                keys |= option_keys(group, option)
+        if group_dir(group, app).is_dir() and is_global(group, app):
+            for option in options(group, app):
+                keys |= option_keys(group, option, app)
     return keys - {"hydra"}
 
 
@@ -221,10 +232,10 @@ def _leaf_paths(app: str) -> dict[str, list[str]]:
             path = prefix.rstrip(".")
             paths.setdefault(path.rsplit(".", 1)[-1], []).append(path)
 
-    walk(_load(conf_dir() / f"{app}.yaml"), "")
+    walk(_load(conf_dir() / app / f"{app}.yaml"), "")
     for group, option in app_defaults(app).items():
-        path = conf_dir() / group / f"{option}.yaml"
-        if isinstance(option, str) and path.is_file() and not is_global(group):
+        path = group_dir(group, app) / f"{option}.yaml"
+        if isinstance(option, str) and path.is_file() and not is_global(group, app):
             walk(_load(path), f"{group}.")
     return paths
 
@@ -278,7 +289,7 @@ def unknown_group(app: str, overrides) -> str | None:
 def unexpected_key(node: str, name: str) -> str:
     """The message for `+data.root=...` that reached a constructor without that argument."""
     group = node.split(".")[0]
-    having = [opt for opt in options(group) if name in option_keys(group, opt)] if (conf_dir() / group).is_dir() else []
+    having = [opt for opt in options(group) if name in option_keys(group, opt)] if group_dir(group).is_dir() else []
     if having:
         return (f"{node}.{name} is not a setting of the chosen {group}: it is one of {' or '.join(f'{group}={h}' for h in having)}; "
                 f"choose that option too ({group}={having[0]} {node}.{name}=...) instead of +{node}.{name}")

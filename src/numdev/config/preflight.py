@@ -42,6 +42,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
     from hydra.errors import HydraException, InstantiationException
 
     from numdev.cli.errors import USER_ERRORS, one_line
+    from numdev.config.groups import config_module
 
     if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
         return None
@@ -51,7 +52,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
     except HydraException:
         return None  # a syntax error: Hydra's own message
     try:
-        with initialize_config_module(config_module="numdev.conf", version_base="1.3"):
+        with initialize_config_module(config_module=config_module(app), version_base="1.3"):
             jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
             if jobs is None:
                 return None
@@ -117,7 +118,7 @@ def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
     groups and get their values set on a copy, as Hydra's override would set them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from numdev.config.groups import conf_dir
+    from numdev.config.groups import group_dir
 
     parser = OverridesParser.create()
     composed: dict[tuple, DictConfig] = {}
@@ -125,7 +126,7 @@ def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
     for overrides in jobs:
         parsed = parser.parse_overrides(overrides)
         plain = [o for o in parsed if not (o.is_add() or o.is_delete() or o.is_force_add() or o.package is not None)
-                 and "/" not in o.key_or_group and not ("." not in o.key_or_group and (conf_dir() / o.key_or_group).is_dir())
+                 and "/" not in o.key_or_group and not ("." not in o.key_or_group and group_dir(o.key_or_group, app).is_dir())
                  and not o.key_or_group.startswith("hydra")]
         structural = tuple(o.input_line for o in parsed if o not in plain)
         if structural not in composed:

@@ -141,7 +141,7 @@ def validate(cfg: DictConfig, schema: dict[str, type]) -> None:
 
 # -- sections shared by both commands -------------------------------------------------------------
 @dataclass
-class Inputs:  # conf/inputs/*.yaml (numdev-bench)
+class Inputs:  # conf/bench/inputs/*.yaml (numdev-bench)
     scale: float = number(above=0)
     quantize: bool = boolean()
     outlier_std: float = number(min=0)
@@ -166,7 +166,7 @@ class Tiles:
 
 
 @dataclass
-class Bench:  # top-level keys of conf/bench.yaml
+class Bench:  # top-level keys of conf/bench/bench.yaml
     causal: bool = boolean()
     seeds: list = integers(min=0, below=SEED_LIMIT)
     memory_limit_gb: float | None = number(above=0, null=True)
@@ -293,7 +293,7 @@ class Sibling:
 
 
 @dataclass
-class Train:  # top-level keys of conf/train.yaml
+class Train:  # top-level keys of conf/train/train.yaml
     threads: int | None = integer(min=1, null=True)
     verbose: bool = boolean()
 

@@ -3,7 +3,7 @@ rule together, and this one list of them that every caller imports (numdev-bench
 callback, numdev-figure, numdev-demo, numdev-report, the Makefile's bench-figures target via
 `numdev-figure --list`, scripts/bench_emulator.py).
 
-A bench figure `NAME` is made by `numdev-bench experiment=NAME` (conf/experiment/NAME.yaml) and
+A bench figure `NAME` is made by `numdev-bench experiment=NAME` (conf/bench/experiment/NAME.yaml) and
 drawn by `numdev.figures.NAME.summarise(rows, out_dir)`, which returns its caption, numbers,
 verdict (numdev.stats.intervals.verdicts, by a stated rule) and provenance. Study figures (Figs. 7 and 8) are made
 by `numdev-train experiment=flash_stability`; their code lives in numdev.analysis.study (owned by

@@ -1,6 +1,6 @@
 """FlashAttention-3, Table 3: RMSE of Baseline and FA2-style Flash against FP64 with outlier
 inputs, FP16 and FP8 (e4m3). The claim judged: Flash's RMSE is below Baseline's at each format.
-Baselines (conf/fa3_row): FP16, eager PyTorch's (numerics preset eager); FP8, FA3's own (per-tensor
+Baselines (conf/bench/fa3_row): FP16, eager PyTorch's (numerics preset eager); FP8, FA3's own (per-tensor
 scaling, FP32 matmul accumulation, FP16 softmax), which no PyTorch eager path computes."""
 
 from __future__ import annotations

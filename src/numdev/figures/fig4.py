@@ -1,5 +1,5 @@
 """Fig. 4: Flash and Baseline against the FP64 golden value, per format, in the paper-like and the
-real-kernel setting (conf/setting). The claim "about 10x at BF16" is judged in each setting
+real-kernel setting (conf/bench/setting). The claim "about 10x at BF16" is judged in each setting
 (numdev.stats.verdicts.about_verdict: within 7-14x holds, more than 1x but outside the band partly) and
 combined, so it cannot show green while real kernels go the other way. Each setting divides by its
 own Baseline: paper_like by the paper's (every stage in the run precision), real_kernel by eager

@@ -1,4 +1,4 @@
-"""Training optimizations applied to a run as a user applies them (conf/optimization/, one file each).
+"""Training optimizations applied to a run as a user applies them (conf/train/optimization/, one file each).
 
 `optimization=<name>` picks one; numdev.train.run applies it through the hooks of
 numdev.optimizations.base.Optimization (process settings, the attention backend, the model, the

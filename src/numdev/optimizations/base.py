@@ -28,7 +28,7 @@ class Optimization:
 
     def __init__(self, name: str = "none"):
         if not isinstance(name, str) or not name:
-            raise ValueError(f"optimization.name={name!r} must be the optimization's name (its file in conf/optimization/)")
+            raise ValueError(f"optimization.name={name!r} must be the optimization's name (its file in conf/train/optimization/)")
         self.name = name
 
     @contextlib.contextmanager

@@ -28,7 +28,7 @@ log = logging.getLogger("numdev.train.app")  # by name: also when run as python 
 
 
 @checked_overrides("numdev-train", "train", check_config)
-@hydra.main(config_path="pkg://numdev.conf", config_name="train", version_base="1.3")
+@hydra.main(config_path="pkg://numdev.conf.train", config_name="train", version_base="1.3")
 @user_facing("numdev-train", unexpected_key)
 def run(cfg: DictConfig) -> None:
     logs.setup(cfg.get("verbose"))

@@ -1,6 +1,6 @@
 """Scale-out glue: the precision plugin FSDP needs, and the multi-process launches that cannot work.
 
-The strategies themselves are Lightning's (conf/trainer/ddp_cpu.yaml, ddp_gpu.yaml, fsdp_gpu.yaml);
+The strategies themselves are Lightning's (conf/train/trainer/ddp_cpu.yaml, ddp_gpu.yaml, fsdp_gpu.yaml);
 how the data and the noise split over ranks is in data/sampler.py and DiffusionModule.draw.
 See docs/training.md#scale-out.
 """

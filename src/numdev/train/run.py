@@ -53,7 +53,7 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
 
 
 def build_optimization(cfg: DictConfig) -> Optimization:
-    """The run's optimization (conf/optimization/; none when the config has no `optimization`)."""
+    """The run's optimization (conf/train/optimization/; none when the config has no `optimization`)."""
     node = cfg.get("optimization")
     return Optimization() if node is None else instantiate(node)
 

@@ -1,4 +1,4 @@
-"""The training callbacks (conf/callbacks/default.yaml lists them), and how they are wired.
+"""The training callbacks (conf/train/callbacks/default.yaml lists them), and how they are wired.
 
 Two contracts, both explicit:
 

@@ -2,7 +2,7 @@
 
 A step here is Lightning's training batch: forward, backward and the optimizer step, from this
 callback's on_train_batch_start to its on_train_batch_end. It is the first callback
-(conf/callbacks/default.yaml lists it first), so snapshot writing and sibling comparisons, which
+(conf/train/callbacks/default.yaml lists it first), so snapshot writing and sibling comparisons, which
 run in later callbacks' on_train_batch_end, are not in it; data loading happens before the start.
 The median over steps is the run's cost (robust to the compilation of the first steps and to
 other processes on a shared machine); the first step is reported beside it.
