@@ -82,14 +82,12 @@ def _seed(cfg: DictConfig, name: str) -> int:
 
 def check_config(cfg: DictConfig) -> None:
     """Every value the run reads from its config is valid (also called on every job before a sweep starts: numdev.config.preflight)."""
-    validate(cfg, TRAIN)  # every declared key's type and range (numdev.config.schema)
-    steps = cfg.trainer.get("max_steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"trainer.max_steps={steps!r} must be a positive integer: the data stream is endless")
+    validate(cfg, TRAIN)  # every declared key's type and range (numdev.config.schema): seeds, threads, steps, ...
+    if cfg.trainer.get("max_steps") is None:
+        raise ValueError("trainer.max_steps=None must be a positive integer: the data stream is endless")
     for name in ("init", "data", "noise"):
-        _seed(cfg, name)
-    if cfg.get("threads") is not None and (not isinstance(cfg.threads, int) or cfg.threads <= 0):
-        raise ValueError(f"threads={cfg.threads!r} must be a positive integer or null")
+        if cfg.seed.get(name) is None:
+            raise ValueError(f"seed.{name}=None must be a non-negative integer below 2^64 (a 64-bit seed)")
     _check_optimizer(cfg)
 
 
