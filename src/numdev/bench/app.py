@@ -12,7 +12,6 @@ import contextlib
 import inspect
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from numdev.bench.gather import record_key
 from numdev.bench.runner import check_config, run_bench
 from numdev.cli import logs
 from numdev.cli.errors import RunFailed, user_facing
-from numdev.cli.workers import stop_worker_pools
+from numdev.cli.workers import console_script
 from numdev.config.groups import unexpected_key
 from numdev.config.preflight import checked_overrides
 from numdev.config.schema import BENCH, validate
@@ -124,14 +123,8 @@ def _signals_end_the_run(results: Path):
 
 
 def main() -> None:
-    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind.
-    -v / --verbose: the libraries' messages on the console too (verbose=true)."""
-    sys.argv = logs.verbosity_from_argv(sys.argv)
-    logs.quiet_libraries()
-    try:
-        run()
-    finally:
-        stop_worker_pools()
+    """numdev-bench: the Hydra app, as a console script (numdev.cli.workers.console_script)."""
+    console_script(run)
 
 
 if __name__ == "__main__":

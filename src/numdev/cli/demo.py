@@ -98,18 +98,23 @@ STUDY = ("experiment=flash_stability_early", "study.replicate=0,1,2")  # 3 of th
 STUDY_NAME = "flash_stability_early"
 
 
-def run_study(output_root: Path) -> Path:
-    log.info(f"[study] {study_command(output_root)} (every role and ladder rung; 3 replicates of the study's 10: "
-          "intervals are ranges of 3, labelled so)")
+def _train_sweep(step: str, overrides: tuple[str, ...], name: str, output_root: Path) -> Path:
+    """Run a numdev-train sweep as its printed command does (progress bars off); its sweep directory."""
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "numdev.train.app", *STUDY, f"output_root={output_root}", "trainer.enable_progress_bar=false",
+        [sys.executable, "-m", "numdev.train.app", *overrides, f"output_root={output_root}", "trainer.enable_progress_bar=false",
          *(["-v"] if logs.VERBOSE else [])],
         check=True,
     )
-    study = latest_sweep(output_root, "train", STUDY_NAME)
-    log.info(f"[study] {time.perf_counter() - start:.0f} s -> {study}")
-    return study
+    sweep = latest_sweep(output_root, "train", name)
+    log.info(f"[{step}] {time.perf_counter() - start:.0f} s -> {sweep}")
+    return sweep
+
+
+def run_study(output_root: Path) -> Path:
+    log.info(f"[study] {study_command(output_root)} (every role and ladder rung; 3 replicates of the study's 10: "
+          "intervals are ranges of 3, labelled so)")
+    return _train_sweep("study", STUDY, STUDY_NAME, output_root)
 
 
 # The catalogue at demo size: 3 of its 5 replicates, the first 16 of its 64 steps (eps* is read at step 2).
@@ -120,15 +125,7 @@ CATALOGUE_NAME = "optimizations"
 def run_catalogue(output_root: Path) -> Path:
     log.info(f"[catalogue] {catalogue_command(output_root)} (every optimization beside its baseline; 3 replicates of 5 "
              "and 16 steps of 64: intervals are ranges of 3, held-out loss is at step 16)")
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "numdev.train.app", *CATALOGUE, f"output_root={output_root}", "trainer.enable_progress_bar=false",
-         *(["-v"] if logs.VERBOSE else [])],
-        check=True,
-    )
-    catalogue = latest_sweep(output_root, "train", CATALOGUE_NAME)
-    log.info(f"[catalogue] {time.perf_counter() - start:.0f} s -> {catalogue}")
-    return catalogue
+    return _train_sweep("catalogue", CATALOGUE, CATALOGUE_NAME, output_root)
 
 
 def main(argv: list[str] | None = None) -> None:

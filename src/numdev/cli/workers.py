@@ -21,3 +21,17 @@ def stop_worker_pools() -> None:
     executor = getattr(reusable, "_executor", None) if reusable is not None else None
     if executor is not None:
         executor.shutdown(wait=True)
+
+
+def console_script(app) -> None:
+    """An app's console entry point: -v / --verbose read (the libraries' messages and numdev's progress
+    lines on the console too: verbose=true), the Hydra app `app` run (one run, or a -m sweep), then
+    no worker process left behind."""
+    from numdev.cli import logs
+
+    sys.argv = logs.verbosity_from_argv(sys.argv)
+    logs.quiet_libraries()
+    try:
+        app()
+    finally:
+        stop_worker_pools()

@@ -11,14 +11,13 @@ See docs/training.md and docs/run_layout.md.
 from __future__ import annotations
 
 import logging
-import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from numdev.cli import logs
 from numdev.cli.errors import RunFailed, user_facing
-from numdev.cli.workers import stop_worker_pools
+from numdev.cli.workers import console_script
 from numdev.config.groups import unexpected_key
 from numdev.config.preflight import checked_overrides
 from numdev.train.evaluation import agreement_text
@@ -54,14 +53,8 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """The console script: the Hydra app (one run, or a -m sweep), then no worker process left behind.
-    -v / --verbose: the libraries' messages and numdev's progress lines on the console too (verbose=true)."""
-    sys.argv = logs.verbosity_from_argv(sys.argv)
-    logs.quiet_libraries()
-    try:
-        run()
-    finally:
-        stop_worker_pools()
+    """numdev-train: the Hydra app, as a console script (numdev.cli.workers.console_script)."""
+    console_script(run)
 
 
 if __name__ == "__main__":
