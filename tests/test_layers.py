@@ -86,7 +86,7 @@ def unit(module: str) -> str | None:
     """The layer unit of a module: numdev.cli.demo, else its top package under numdev (None: the root)."""
     parts = module.split(".")
     if parts[0] == "hydra_plugins":
-        return "cli"  # numdev's launcher plugin, where Hydra looks for it
+        return "config"  # numdev's Hydra plugins (the launcher, the search path), where Hydra looks for them
     if module.startswith("numdev.cli.demo"):
         return "cli.demo"
     return parts[1] if len(parts) > 1 else None

@@ -24,8 +24,8 @@ from numdev.optimizations.mx_linear import MXLinear, quantize
 from numdev.train.run import train
 from numdev.weights.store import load_snapshot
 
-OPTIMIZATIONS = sorted(p.stem for p in (REPO / "conf" / "optimization").glob("*.yaml"))
-SWEEP = yaml.safe_load((REPO / "conf" / "experiment" / "optimizations.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")
+OPTIMIZATIONS = sorted(p.stem for p in (REPO / "conf" / "train" / "optimization").glob("*.yaml"))
+SWEEP = yaml.safe_load((REPO / "conf" / "train" / "experiment" / "optimizations.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")
 
 
 class BatchOrder(pl.Callback):
@@ -252,7 +252,7 @@ def test_the_tie_fix_leaves_the_attention_output_as_accurate_and_removes_p_equal
 
 
 def test_every_optimization_has_a_role_in_the_catalogue():
-    roles = {yaml.safe_load((REPO / "conf" / "study" / f"{r}.yaml").read_text())["study"].get("baseline") for r in SWEEP}
+    roles = {yaml.safe_load((REPO / "conf" / "train" / "study" / f"{r}.yaml").read_text())["study"].get("baseline") for r in SWEEP}
     assert roles - {None} <= set(SWEEP)  # a baseline is a role of the sweep
     for name in OPTIMIZATIONS:
         if name != "none":
@@ -312,7 +312,7 @@ def test_adding_an_optimization_is_a_config_file_and_a_role(tmp_path, baseline):
     (tmp_path / "conf" / "study").mkdir()
     (tmp_path / "conf" / "optimization" / "half_lr.yaml").write_text(
         "_target_: test_optimizations.HalfLearningRate\nname: half_lr\n")
-    role = (REPO / "conf" / "study" / "opt_fused_adamw.yaml").read_text().replace("fused_adamw", "half_lr")
+    role = (REPO / "conf" / "train" / "study" / "opt_fused_adamw.yaml").read_text().replace("fused_adamw", "half_lr")
     (tmp_path / "conf" / "study" / "opt_half_lr.yaml").write_text(role)
     cfg = compose_train("experiment=optimizations", "study=opt_half_lr", "run_dir=/tmp/x",
                         f"hydra.searchpath=[file://{tmp_path / 'conf'}]", smoke=False)

@@ -20,14 +20,14 @@ from numdev.stats.verdicts import FAILS, HOLDS, NOT_MEASURABLE
 from numdev.weights.metrics import read_distances_csv as read_csv
 from numdev.weights.store import load_snapshot
 
-ROLE_FILES = sorted((REPO / "conf" / "study").glob("*.yaml"))
+ROLE_FILES = sorted((REPO / "conf" / "train" / "study").glob("*.yaml"))
 
 
 # ----------------------------------------------------------------------------- fast: roles, controls, rules
 
 
 def _sweep(experiment: str) -> list[str]:
-    return yaml.safe_load((REPO / "conf" / "experiment" / f"{experiment}.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")
+    return yaml.safe_load((REPO / "conf" / "train" / "experiment" / f"{experiment}.yaml").read_text())["hydra"]["sweeper"]["params"]["study"].split(",")
 
 
 def test_every_role_is_one_file_and_the_study_sweeps_each_once():
@@ -38,7 +38,7 @@ def test_every_role_is_one_file_and_the_study_sweeps_each_once():
     for sweep in (order, low_floor, full, catalogue):
         assert len(set(sweep)) == len(sweep) and sweep[:2] == ["truth", "reference"]
     assert full == [r for r in order if r in full]
-    assert not {r for r in full if yaml.safe_load((REPO / "conf" / "study" / f"{r}.yaml").read_text())["study"]["kind"] == "ladder"}
+    assert not {r for r in full if yaml.safe_load((REPO / "conf" / "train" / "study" / f"{r}.yaml").read_text())["study"]["kind"] == "ladder"}
     kinds = {}
     for path in ROLE_FILES:
         block = yaml.safe_load(path.read_text())["study"]

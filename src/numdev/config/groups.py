@@ -2,8 +2,7 @@
 
 Each app has its own config root, conf/<app>/ (installed as numdev.conf.<app>: its primary config
 <app>.yaml and its own groups, experiments included); the groups both apps use (attention, and
-numdev's hydra/ options) live once in conf/ and reach both through Hydra's search path (the
-primary configs' hydra.searchpath). Hydra's errors cannot say that a key belongs to another option
+numdev's hydra/ options) live once in conf/ and reach both through Hydra's search path (numdev.config.search_path). Hydra's errors cannot say that a key belongs to another option
 of its group, or to the other app; this module knows, from the YAML files themselves:
   - an app's groups: the groups of its primary config's defaults list;
   - a group's options (the app's own folder, else the shared one), and which app an experiment is for;
