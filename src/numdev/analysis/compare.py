@@ -39,13 +39,6 @@ from numdev.weights.store import list_snapshots, load_snapshot
 
 logger = logging.getLogger(__name__)
 
-PANELS = (
-    ("max_abs", "max |Δ| (trained weights)"),
-    ("mean_abs", "mean |Δ| (trained weights)"),
-    ("w1_over_std", "W1 / std, numel-weighted mean"),
-    ("pooled_wasserstein", "pooled W1 (whole model, the paper's)"),
-)
-
 
 def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log=print) -> list[dict]:
     """Rows (numdev.weights.metrics.DISTANCE_COLUMNS) for every snapshot step both runs have; run_b is the reference."""
@@ -114,29 +107,6 @@ def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
         return False  # a missing run: list_snapshots names it
 
 
-def model_curve(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
-    model_rows = [r for r in rows if r["tensor"] == MODEL_ROW]
-    return [int(r["step"]) for r in model_rows], [float(r[metric]) for r in model_rows]
-
-
-def plot_curves(curves: dict[str, list[dict]], path: Path, title: str) -> None:
-    """One panel per metric; one line per named comparison (rows as compare_runs returns)."""
-    from numdev.figures.plotting import plt, save_png  # matplotlib only when a figure is made
-
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
-    for ax, (metric, label) in zip(axes, PANELS):
-        for name, rows in curves.items():
-            steps, values = model_curve(rows, metric)
-            ax.plot(steps, values, "o-", ms=3, label=name)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(label)
-        ax.set_yscale("symlog", linthresh=1e-12)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    save_png(fig, path)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="numdev-compare", description=__doc__.strip().splitlines()[0])
     parser.add_argument("run_a")
@@ -149,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=logger.warning)
         write_text(out / DISTANCES_CSV, distances_to_csv(rows))
+        from numdev.figures.distances import plot_curves  # matplotlib only when a figure is made
+
         plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / DISTANCES_PNG, "weight distance over training")
         last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
         steps = sorted({r["step"] for r in rows})

@@ -393,9 +393,9 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
     summary["headline"] = headline(summary)
     summary["verdicts"] = claim_verdicts(summary, curves["reference"])
     summary["captions"] = captions(summary)
-    from numdev.figures import study_plots  # matplotlib only when figures are drawn
+    from numdev.figures import study as study_figures
 
-    study_plots.draw_all(summary, study_dir, early.INIT_LADDER)
+    study_figures.draw_all(summary, study_dir, early.INIT_LADDER)
     write_json(study_dir / SUMMARY, summary)
     for caption in summary["captions"].values():
         log(caption)

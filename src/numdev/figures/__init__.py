@@ -5,9 +5,9 @@ callback, numdev-figure, numdev-demo, numdev-report, the Makefile's bench-figure
 
 A bench figure `NAME` is made by `numdev-bench experiment=NAME` (conf/bench/experiment/NAME.yaml) and
 drawn by `numdev.figures.NAME.summarise(rows, out_dir)`, which returns its caption, numbers,
-verdict (numdev.stats.intervals.verdicts, by a stated rule) and provenance. Study figures (Figs. 7 and 8) are made
-by `numdev-train experiment=flash_stability`; their code lives in numdev.analysis.study (owned by
-the study), their entries here.
+verdict (numdev.stats.verdicts, by a stated rule) and provenance. Study figures (Figs. 7 and 8) are made
+by `numdev-train experiment=flash_stability`: their numbers and verdicts come from numdev.analysis.study,
+their claims and drawings from numdev.figures.study.
 """
 
 from __future__ import annotations

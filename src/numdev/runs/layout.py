@@ -20,7 +20,7 @@ A study (a numdev-train sweep with a `study` block) or a bench sweep (Hydra's sw
     <sweep>/multirun.yaml               Hydra's record of the sweep (its task overrides)
     <sweep>/<job>/.hydra/overrides.yaml, config.yaml   Hydra's record of each job
     <study>/summary.json                the study's analysis (numdev.analysis.study)
-    <study>/fig7.png, fig8.png, loss_curves.png, downstream.png   its figures (numdev.figures.study_plots)
+    <study>/fig7.png, fig8.png, loss_curves.png, downstream.png   its figures (numdev.figures.study)
     <bench job>/results.jsonl           one record per line (numdev.bench.app); interrupted.json while stopped
     <bench sweep>/table.csv, <figure>.png, <figure>.json   the gathered records and the figure (numdev-figure)
     <compare out>/distances.csv, distances.png, compare.json   numdev-compare's output
