@@ -298,7 +298,10 @@ def speed_sentences(report: dict) -> list[str]:
     default path's ratio, the matmuls' share of it, and whether the target is met on this machine."""
     row = max(report["lengths"], key=lambda row: row["n"])
     kernel = row["flash_kernel"]
-    milliseconds = lambda cell: ", ".join(f"{seconds * 1e3:.0f}" for seconds in sorted(cell["wall_s_all"]))
+
+    def milliseconds(cell):
+        return ", ".join(f"{seconds * 1e3:.0f}" for seconds in sorted(cell["wall_s_all"]))
+
     sentences = []
     for preset in [key for key in row if isinstance(row[key], dict) and "before" in row[key]]:
         cell = row[preset]

@@ -166,7 +166,7 @@ def fig8(summary: dict, path: Path, ladder: str) -> None:
     _ladder_panel(axes[0][0], summary, ladder)
     _early_panel(axes[0][1], summary)
     roles = [r for r in summary["role_order"] if not summary["roles"].get(r, {}).get("ladder") or r == "ulp"]
-    for ax, (against, metric) in zip(axes[0][2:], [("reference", metric)]):
+    for ax, against in zip(axes[0][2:], ["reference"]):
         for role in roles:
             entry = summary["pairs"][against].get(role, {}).get(metric)
             if not entry:
