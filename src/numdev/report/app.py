@@ -22,9 +22,9 @@ import yaml
 from numdev.cli import logs
 from numdev.cli.commands import script
 from numdev.cli.errors import fail
+from numdev.figures import BENCH_FIGURES, FIGURES
 from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
 from numdev.report import provenance as report_provenance
-from numdev.report.claims import BENCH_CLAIMS
 from numdev.report.html import Section, render
 from numdev.runs import schemas
 from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
@@ -60,17 +60,17 @@ def _fell_back(notes: list[str] | None, text: str) -> None:
 
 def bench_section(sweep: Path) -> Section:
     summaries = sorted(sweep.glob("*.json"))
-    summaries = [p for p in summaries if p.stem in BENCH_CLAIMS]
+    summaries = [p for p in summaries if p.stem in BENCH_FIGURES]
     if not summaries:
         raise FileNotFoundError(f"{sweep} has no figure summary (fig3.json, ...): run the sweep through an experiment config")
     summary = schemas.read_figure_summary(summaries[0])
     name = summary["figure"]
-    if name not in BENCH_CLAIMS:
-        raise ValueError(f"{summaries[0]}: field 'figure' is {name!r}, not one of {', '.join(BENCH_CLAIMS)}: the file was edited")
+    if name not in BENCH_FIGURES:
+        raise ValueError(f"{summaries[0]}: field 'figure' is {name!r}, not one of {', '.join(BENCH_FIGURES)}: the file was edited")
     for field in ("caption",):
         if field not in summary:
             raise ValueError(f"{summaries[0]}: field '{field}' is missing: the figure summary is incomplete; rerun numdev-figure {name} {sweep}")
-    title, claim = BENCH_CLAIMS[name]
+    title, claim = FIGURES[name].title, FIGURES[name].claim
     overrides = _task_overrides(sweep / MULTIRUN) or _run_overrides(sweep / HYDRA_DIR / HYDRA_OVERRIDES)
     config = sweep / "0" / HYDRA_DIR / CONFIG
     if not config.exists():  # a single-run grid (experiment=reconcile, bias)

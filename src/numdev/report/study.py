@@ -10,7 +10,7 @@ from pathlib import Path
 
 from numdev.analysis.study import analyse
 from numdev.cli.commands import script, tensorboard
-from numdev.report.claims import STUDY_CLAIMS
+from numdev.figures import FIGURES
 from numdev.report.html import LOSS_CURVES, SAMPLES, Section
 from numdev.runs.atomic import read_json
 from numdev.runs.layout import DOWNSTREAM, MULTIRUN, SUMMARY
@@ -201,8 +201,8 @@ def study_sections(study_dir: Path) -> list[Section]:
             line += "; gradients max |Δ| " + ", ".join(f"{q} {shadow[q]['max_abs']:.2e}" for q in ("dq", "dk", "dv") if q in shadow)
         extra7.append(line + ".")
     files = [("the study", study_dir), ("summary.json", path)]
-    title7, claim7 = STUDY_CLAIMS["fig7"]
-    title8, claim8 = STUDY_CLAIMS["fig8"]
+    title7, claim7 = FIGURES["fig7"].title, FIGURES["fig7"].claim
+    title8, claim8 = FIGURES["fig8"].title, FIGURES["fig8"].claim
     paper_metric = summary["paper_metric"]
     equivalents, early_rows = equivalent_table(summary), early_table(summary)
     tables8 = ""
