@@ -73,3 +73,22 @@ def test_gemm_scaling_judges_block_against_tensor(tmp_path, block_over_tensor, s
     summary = gemm_scaling.summarise(rows, tmp_path)
     assert summary["status"] == status
     assert set(summary["max_abs"]["fp4_e2m1"]) == {"tensor", "row", "block"}
+
+
+def test_gemm_scaling_orders_formats_of_equal_mantissa_bits_the_same_in_every_process(tmp_path):
+    """fp6_e2m3 and fp8_e4m3 both have 3 mantissa bits: their order in the caption and on the axis
+    came from a set, whose order depends on the process's string hashing (PYTHONHASHSEED)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pathlib; sys.path.insert(0, 'tests'); from test_gemm_figures import _row, SEEDS;"
+        "from numdev.figures import gemm_scaling;"
+        "rows = [_row(f'{f}_{s}', seed, 512, 1.0 + seed, input=f, scaling=s) for seed in SEEDS"
+        " for f in ('fp8_e4m3', 'fp6_e2m3', 'fp4_e2m1') for s in ('tensor', 'block')];"
+        f"print(list(gemm_scaling.summarise(rows, pathlib.Path({str(tmp_path)!r}))['max_abs']))"
+    )
+    orders = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": str(seed), "PATH": ""}, capture_output=True,
+                             text=True, check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1])).stdout
+              for seed in range(6)}
+    assert orders == {"['fp4_e2m1', 'fp6_e2m3', 'fp8_e4m3']\n"}

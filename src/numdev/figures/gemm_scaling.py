@@ -35,7 +35,7 @@ def summarise(rows, out_dir: Path) -> dict:
         m = model_of(rows, label)
         scaling = "block_ceil" if m["scaling"] == "block" and m.get("block_scale") == "ceil" else m["scaling"]
         cell.setdefault((m["input"], scaling), label)
-    formats = sorted({f for f, _ in cell}, key=lambda f: parse_format(f).mantissa_bits)
+    formats = sorted({f for f, _ in cell}, key=lambda f: (parse_format(f).mantissa_bits, f))  # a name breaks ties (fp6_e2m3, fp8_e4m3): sets iterate in a per-process order
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     xs = list(range(len(formats)))
     for i, scaling in enumerate(SCALINGS):
