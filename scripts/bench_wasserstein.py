@@ -56,7 +56,7 @@ from hydra.utils import instantiate
 from torch.utils.tensorboard import SummaryWriter
 
 from numdev.runs.atomic import write_json
-from numdev.runs.layout import indexed_rows, read_token_rows
+from numdev.runs.layout import RunDir, indexed_rows
 from numdev.runs.provenance import provenance
 from numdev.train.callbacks.sibling import SiblingDistance
 from numdev.train.run import build_model
@@ -107,7 +107,7 @@ def make_runs(root: Path, model_name: str) -> tuple[Path, Path, dict[int, dict[s
     runs = {"reference": root / "reference", "mine": root / "mine"}
     for run_dir in runs.values():
         TokenRows(run_dir, embedding, initial[embedding].shape[0], model.tokenize).start(datamodule.caption_vocabulary(), 0)
-    rows = torch.from_numpy(indexed_rows([read_token_rows(runs["mine"])], 0)[embedding])
+    rows = torch.from_numpy(indexed_rows([RunDir(runs["mine"]).read_token_rows()], 0)[embedding])
     g = torch.Generator().manual_seed(0)
 
     def moved(state):
@@ -126,7 +126,7 @@ def make_runs(root: Path, model_name: str) -> tuple[Path, Path, dict[int, dict[s
         for step, state in states[name].items():
             sorted_sets = None
             if name == "reference":  # as WeightSnapshots does with snapshot.sorted_values=true
-                own_rows = indexed_rows([read_token_rows(run_dir)], step)
+                own_rows = indexed_rows([RunDir(run_dir).read_token_rows()], step)
                 prepared = prepare(state, own_rows, previous=prepared)
                 sorted_sets = SortedSets(prepared.sorted, prepared.pooled_sorted, own_rows)
             writer.write(step, state, sorted_sets)
@@ -183,7 +183,7 @@ def main() -> None:
         old_distances, _ = old_live.result
         assert not old_callback._reference[1].stored and callback.stored_problem is None, "the cases did not take the paths they name"
 
-        rows = indexed_rows([read_token_rows(mine_dir), read_token_rows(reference_dir)], 1)
+        rows = indexed_rows([RunDir(mine_dir).read_token_rows(), RunDir(reference_dir).read_token_rows()], 1)
         prepared_mine, prepared_theirs = prepare(mine, rows, args.threads), prepare(theirs, rows, args.threads)
         cases["prepare_one_side"] = per_parameter(timed(lambda: prepare(mine, rows, args.threads), args.repeats), parameters)
         sha256 = load_snapshot_entry(reference_dir, 2)[1]
@@ -196,7 +196,7 @@ def main() -> None:
         cases["compare_prepared"] = per_parameter(
             timed(lambda: compare(prepared_mine, prepared_theirs, args.threads), args.repeats), parameters
         )
-        own_rows = indexed_rows([read_token_rows(reference_dir)], 2)
+        own_rows = indexed_rows([RunDir(reference_dir).read_token_rows()], 2)
         sorted_sets = SortedSets(prepared_theirs.sorted, prepared_theirs.pooled_sorted, own_rows)
         scratch = Path(tmp) / "scratch"
         cases["write_sorted_values"] = per_parameter(

@@ -919,7 +919,7 @@ _CONFIG = {"model": {"hidden": 32}, "trainer": {"max_steps": 4}, "seed": {"init"
            "study": {"role": "flash", "replicate": 0, "kind": "under_test", "label": "Flash"}}
 _OUTCOME = {"heldout_loss": 0.25, "colour_accuracy": 0.5, "scored": 4, "step": 4}
 READERS = {  # file -> (reader, good content, writer)
-    "run.json": (lambda p: __import__("numdev.runs.record").runs.record.read_run(p.parent), _RUN, json.dumps),
+    "run.json": (lambda p: __import__("numdev.runs.layout").runs.layout.RunDir(p.parent).read_record(), _RUN, json.dumps),
     "config.yaml": (lambda p: __import__("numdev.runs.schemas").runs.schemas.read_study_config(p), _CONFIG, lambda d: __import__("yaml").safe_dump(d)),
     "heldout.json": (lambda p: __import__("numdev.runs.schemas").runs.schemas.read_outcome(p, "heldout_loss"), _OUTCOME, json.dumps),
     "eval.json": (lambda p: __import__("numdev.runs.schemas").runs.schemas.read_outcome(p, "colour_accuracy"), _OUTCOME, json.dumps),

@@ -10,7 +10,7 @@ from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from numdev.models.attention import Attention
-from numdev.runs.layout import events_dir
+from numdev.runs.layout import RunDir
 from numdev.train.callbacks.instability import LossSpikeDetector
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.module import DiffusionModule
@@ -116,7 +116,7 @@ def test_a_loss_spike_is_logged_to_json_and_tensorboard(tmp_path, monkeypatch):
     (spike,) = _events(tmp_path)
     assert spike["kind"] == "loss_spike" and spike["step"] == 5 and spike["action"] == "recorded"
     assert spike["magnitude"] > 10 and spike["loss"] == pytest.approx(spike["magnitude"] * spike["average"])
-    events = EventAccumulator(str(events_dir(tmp_path)))
+    events = EventAccumulator(str(RunDir(tmp_path).events()))
     events.Reload()
     (scalar,) = events.Scalars("instability/loss_spike")
     assert scalar.step == 5 and scalar.value == pytest.approx(spike["magnitude"])

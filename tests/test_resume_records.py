@@ -14,7 +14,7 @@ import torch
 from helpers import compose_train, kill_when
 
 from numdev.analysis.compare import compare_runs
-from numdev.runs.layout import index_path, sibling_csv_path, snapshot_path, token_rows_path
+from numdev.runs.layout import RunDir
 from numdev.train.run import train
 from numdev.weights.metrics import read_distances_csv
 from numdev.weights.store import SnapshotError, list_snapshots, load_snapshot
@@ -23,7 +23,7 @@ SIBLING = ["sibling.label=ref"]
 
 
 def _hashes(run_dir: Path) -> dict[int, str]:
-    return {e["step"]: e["sha256"] for e in json.loads(index_path(run_dir).read_text())["snapshots"]}
+    return {e["step"]: e["sha256"] for e in json.loads(RunDir(run_dir).index.read_text())["snapshots"]}
 
 
 def _key(row: dict) -> tuple:
@@ -44,10 +44,10 @@ def _compare(reference: Path, run_dir: Path, *overrides: str):
 def test_a_resumed_run_keeps_the_sibling_row_of_its_checkpoint_step(reference, tmp_path):
     run_dir = tmp_path / "flash"
     train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=4"))  # checkpoint at step 4
-    before = read_distances_csv(sibling_csv_path(run_dir, "ref"))
+    before = read_distances_csv(RunDir(run_dir).sibling_csv("ref"))
     assert sorted({r["step"] for r in before}) == [0, 2, 4]
     train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=8", "resume=true"))
-    after = read_distances_csv(sibling_csv_path(run_dir, "ref"))
+    after = read_distances_csv(RunDir(run_dir).sibling_csv("ref"))
     assert sorted({r["step"] for r in after}) == [0, 2, 4, 6, 8] == list_snapshots(run_dir)
     assert [r for r in after if r["step"] <= 4] == before  # kept as they were
     assert sorted(after, key=_key) == sorted(compare_runs(run_dir, reference), key=_key)
@@ -56,7 +56,7 @@ def test_a_resumed_run_keeps_the_sibling_row_of_its_checkpoint_step(reference, t
 def test_a_lost_or_old_format_sibling_csv_is_recomputed_from_the_snapshots(reference, tmp_path):
     run_dir = tmp_path / "flash"
     train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=4"))
-    csv = sibling_csv_path(run_dir, "ref")
+    csv = RunDir(run_dir).sibling_csv("ref")
     csv.write_text("step,tensor,max_abs,wasserstein\n0,__model__,0.0,0.0\n")  # the columns before this version
     train(_compare(reference, run_dir, "attention=sdpa_flash", "trainer.max_steps=6", "resume=true"))
     rows = read_distances_csv(csv)
@@ -68,7 +68,7 @@ def test_a_deleted_index_is_rebuilt_from_the_verified_files(reference, tmp_path)
     run_dir = tmp_path / "run"
     train(compose_train("trainer.max_steps=4", run_dir=run_dir))
     written = _hashes(run_dir)
-    index_path(run_dir).unlink()
+    RunDir(run_dir).index.unlink()
     train(compose_train("trainer.max_steps=8", "resume=auto", run_dir=run_dir))
     rebuilt = _hashes(run_dir)
     assert list(rebuilt) == [0, 2, 4, 6, 8]
@@ -88,8 +88,8 @@ def test_a_deleted_index_is_rebuilt_from_the_verified_files(reference, tmp_path)
 def test_an_unlisted_file_that_fails_verification_is_refused_by_name(tmp_path, tamper, message):
     run_dir = tmp_path / "run"
     train(compose_train("trainer.max_steps=4", run_dir=run_dir))
-    index_path(run_dir).unlink()
-    tamper(snapshot_path(run_dir, 2))
+    RunDir(run_dir).index.unlink()
+    tamper(RunDir(run_dir).snapshot(2))
     with pytest.raises(SnapshotError, match=message):
         train(compose_train("trainer.max_steps=8", "resume=auto", run_dir=run_dir))
 
@@ -111,7 +111,7 @@ def _command(run_dir: Path, reference: Path) -> list[str]:
 
 def _csv_steps(run_dir: Path) -> set[int]:
     try:
-        return {r["step"] for r in read_distances_csv(sibling_csv_path(run_dir, "ref"))}
+        return {r["step"] for r in read_distances_csv(RunDir(run_dir).sibling_csv("ref"))}
     except (FileNotFoundError, ValueError):
         return set()
 
@@ -127,12 +127,12 @@ def test_killed_comparing_run_without_its_index_resumes_with_every_row_and_snaps
     process = subprocess.Popen(_command(run_dir, reference), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     kill_when(process, lambda: max(_csv_steps(run_dir), default=-1) >= 5)  # past the checkpoint at step 4
     assert 5 <= max(_csv_steps(run_dir)) < 10
-    index_path(run_dir).unlink()  # and the index is lost too
+    RunDir(run_dir).index.unlink()  # and the index is lost too
     result = subprocess.run(_command(run_dir, reference), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["from_step"] in (4, 8)
     assert list(_hashes(run_dir)) == list(range(11)) and _hashes(run_dir)[0] == _hashes(reference)[0]
-    rows = read_distances_csv(sibling_csv_path(run_dir, "ref"))
+    rows = read_distances_csv(RunDir(run_dir).sibling_csv("ref"))
     assert sorted({r["step"] for r in rows}) == list(range(11))
     assert sorted(rows, key=_key) == sorted(compare_runs(run_dir, reference), key=_key)
-    assert token_rows_path(run_dir).is_file()
+    assert RunDir(run_dir).token_rows.is_file()

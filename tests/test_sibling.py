@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from numdev.analysis.compare import compare_runs
 from numdev.runs.layout import MODEL_ROW as MODEL
-from numdev.runs.layout import events_dir
+from numdev.runs.layout import RunDir
 from numdev.train.callbacks.sibling import SiblingDistance, SiblingError
 from numdev.train.run import train
 from numdev.weights.metrics import read_distances_csv as read_csv
@@ -64,7 +64,7 @@ def test_offline_compare_agrees_with_the_callback_and_tensorboard(runs):
     offline = compare_runs(runs / "flash", runs / "reference")
     key = lambda r: (r["step"], r["tensor"])  # noqa: E731
     assert sorted(live, key=key) == sorted(offline, key=key)
-    events = EventAccumulator(str(events_dir(runs / "flash")), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(RunDir(runs / "flash").events()), size_guidance={"scalars": 0})
     events.Reload()
     logged = {e.step: e.value for e in events.Scalars("distance/ref/wasserstein")}
     for row in (r for r in offline if r["tensor"] == MODEL):

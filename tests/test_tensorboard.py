@@ -13,7 +13,7 @@ from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from numdev.runs.layout import events_dir
+from numdev.runs.layout import RunDir
 from numdev.train.run import train
 
 
@@ -21,7 +21,7 @@ def test_the_first_cards_are_the_loss_and_the_hparams_hold_the_config(tmp_path):
     run = train(compose_train("trainer.max_steps=2", "snapshot.every_n_steps=1", "callbacks.samples.every_n_steps=2",
                               "callbacks.samples.num_samples=2", run_dir=tmp_path))
     assert run["status"] == "finished"
-    where = events_dir(tmp_path)
+    where = RunDir(tmp_path).events()
     assert where == tmp_path / "run"  # outside a Hydra job: no overrides to name it by
     events = EventAccumulator(str(where), size_guidance={"scalars": 0})
     events.Reload()

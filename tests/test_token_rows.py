@@ -9,7 +9,7 @@ from helpers import compose_train
 from hydra.utils import instantiate
 
 from numdev.data.shapes import ShapesDataset
-from numdev.runs.layout import indexed_rows, read_token_rows, token_rows_path
+from numdev.runs.layout import RunDir, indexed_rows
 from numdev.train.run import build_model
 from numdev.weights.token_rows import TokenRows, TokenRowsError, embedding_name
 
@@ -32,7 +32,7 @@ def test_the_shapes_grammar_declares_exactly_the_tokens_its_captions_have(model,
     captions = [ShapesDataset(size=3000, max_objects=3)[i]["caption"] for i in range(0, 3000, 3)]  # real captions
     seen = rows.ids_of([*captions, ""])
     assert seen == set(rows.first_step)  # nothing missing, nothing extra
-    record = read_token_rows(tmp_path)
+    record = RunDir(tmp_path).read_token_rows()
     assert record["source"] == "declared" and record["ids"] == sorted(seen) and set(record["first_step"]) == {0}
     assert embedding_name(model) == record["tensor"] == "text.encoder.token_embedding.weight"
 
@@ -50,7 +50,7 @@ def test_seen_rows_count_from_the_snapshot_after_their_batch(model, tmp_path):
     rows.start(None, 0)  # a streamed dataset: nothing known before training
     rows.check(["a red circle"], 0)
     rows.check(["a red circle", "a blue square"], 5)
-    record = read_token_rows(tmp_path)
+    record = RunDir(tmp_path).read_token_rows()
     red, blue = rows.ids_of(["a red circle"]), rows.ids_of(["blue square"]) - rows.ids_of(["a red circle"])
     at = lambda step: set(indexed_rows([record], step)[record["tensor"]].tolist())  # noqa: E731
     assert at(0) == set() and at(1) == red and at(6) == red | blue
@@ -78,6 +78,6 @@ def test_the_union_of_both_runs_rows_is_compared():
 def test_a_damaged_record_is_one_line_naming_the_file(tmp_path, edit, message):
     record = {"format": 1, "tensor": "e", "rows": 10, "source": "declared", "ids": [1, 2], "first_step": [0, 0]}
     edit(record)
-    token_rows_path(tmp_path).write_text(json.dumps(record))
+    RunDir(tmp_path).token_rows.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=rf"token_rows.json: {message}"):
-        read_token_rows(tmp_path)
+        RunDir(tmp_path).read_token_rows()

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from numdev.cli.errors import user_facing
 from numdev.models.attention import Attention
-from numdev.runs.layout import events_dir
+from numdev.runs.layout import RunDir
 from numdev.train.module import DiffusionModule
 from numdev.train.run import build_trainer, train
 from numdev.weights.store import list_snapshots, load_snapshot
@@ -56,7 +56,7 @@ def test_every_cpu_backend_trains_and_writes_the_run_layout(backend_runs, name):
     for path in ("checkpoints/last.ckpt", "config.yaml", "samples.png", "eval.json"):
         assert (run_dir / path).exists(), path
     assert torch.isfinite(torch.tensor(record["final_loss"]))
-    events = EventAccumulator(str(events_dir(run_dir)))
+    events = EventAccumulator(str(RunDir(run_dir).events()))
     events.Reload()
     tags = events.Tags()
     assert {"loss/train", "train/grad_norm", "lr-AdamW", "samples/colour_accuracy"} <= set(tags["scalars"])

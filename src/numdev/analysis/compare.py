@@ -29,8 +29,8 @@ from numdev.runs.layout import (
     MODEL_ROW,
     TOKEN_ROWS,
     WEIGHTS_DIR,
+    RunDir,
     indexed_rows,
-    read_token_rows,
 )
 from numdev.runs.provenance import provenance
 from numdev.weights.distances import check_same_architecture, compare, distance_rows, prepare
@@ -59,7 +59,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, strict: bool = False, log
         if strict:
             raise ValueError(message + " (drop --strict to compare the common steps)")
         log(f"warning: {message}; comparing the {len(common)} common steps")
-    token_rows = [read_token_rows(run_a), read_token_rows(run_b)]
+    token_rows = [RunDir(run_a).read_token_rows(), RunDir(run_b).read_token_rows()]
     if sum(r is None for r in token_rows) == 1:  # (runs made before token_rows.json existed have none)
         log(f"warning: only one run has {TOKEN_ROWS}: every token-embedding row is compared as trained")
     rows = []

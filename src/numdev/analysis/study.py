@@ -41,9 +41,8 @@ from numdev.runs.layout import (
     SAMPLES,
     SHADOW_CSV,
     SUMMARY,
-    events_dir,
+    RunDir,
     read_shadow_csv,
-    sibling_csv_path,
 )
 from numdev.runs.layout import MODEL_ROW as MODEL
 from numdev.runs.provenance import provenance
@@ -178,7 +177,7 @@ def _read_json(path: Path, what: str, required: bool = True) -> dict | None:
 
 def pair_rows(run: Path, sibling: Path, label: str, log=print) -> list[dict]:
     """Distance rows of `run` against `sibling`: the live CSV if complete, else from the snapshots."""
-    live = sibling_csv_path(run, label)
+    live = RunDir(run).sibling_csv(label)
     rows = read_csv(live) if live.is_file() else []
     if sorted({r["step"] for r in rows}) != list_snapshots(sibling):
         log(f"[study] {run.parent.name}/{run.name} vs {label}: computing the distances from the snapshots")
@@ -591,7 +590,7 @@ def _loss_curve(run_dir: Path) -> dict | None:
 
     # Its directory watcher logs "No path found after <event file>" (INFO) at the end of every file it reads.
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    where = events_dir(run_dir)
+    where = RunDir(run_dir).events()
     if where is None:
         return None
     events = EventAccumulator(str(where), size_guidance={"scalars": 0})

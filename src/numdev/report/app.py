@@ -28,9 +28,8 @@ from numdev.report import provenance as report_provenance
 from numdev.report.html import Section, render
 from numdev.runs import schemas
 from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
-from numdev.runs.layout import CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, MULTIRUN, RUN_RECORD, SUMMARY, TABLE
+from numdev.runs.layout import CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, MULTIRUN, RUN_RECORD, SUMMARY, TABLE, RunDir
 from numdev.runs.provenance import provenance
-from numdev.runs.record import read_run
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +202,7 @@ def _study_provenance(study_dir: Path) -> dict | None:
 
     for path in (study_dir / SUMMARY, study_dir / "reference" / RUN_RECORD):
         if path.is_file():
-            block = (schemas.read_study_summary(path) if path.name == SUMMARY else read_run(path.parent)).get("provenance")
+            block = (schemas.read_study_summary(path) if path.name == SUMMARY else RunDir(path.parent).read_record()).get("provenance")
             if block:
                 return block
     return None

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from numdev.runs import tables
+from numdev.runs import schemas, tables
 
 CONFIG = "config.yaml"
 RUN_RECORD = "run.json"
@@ -98,54 +99,122 @@ def sorted_values_name(step: int) -> str:
     return f"sorted_{int(step):08d}.safetensors"
 
 
-def weights_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / WEIGHTS_DIR
+@dataclass(frozen=True)
+class RunDir:
+    """A training run's directory as one object: the path of every file numdev writes there, and a
+    checked reader for each (a damaged, truncated or forged file is one ValueError naming it).
 
+        run = RunDir(run_dir)
+        run.record, run.config, run.index, run.snapshot(step), run.sibling_csv(label), ...
+        run.read_record(), run.read_study_config(), run.read_token_rows(), run.read_shadow(), ...
+    """
 
-def index_path(run_dir: str | Path) -> Path:
-    return weights_dir(run_dir) / INDEX
+    path: Path
 
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
 
-def snapshot_path(run_dir: str | Path, step: int) -> Path:
-    return weights_dir(run_dir) / snapshot_name(step)
+    # -- where each file is ----------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
 
+    @property
+    def record(self) -> Path:
+        return self.path / RUN_RECORD
 
-def sorted_values_path(run_dir: str | Path, step: int) -> Path:
-    return weights_dir(run_dir) / sorted_values_name(step)
+    @property
+    def weights(self) -> Path:
+        return self.path / WEIGHTS_DIR
 
+    @property
+    def index(self) -> Path:
+        return self.weights / INDEX
 
-def record_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / RUN_RECORD
+    def snapshot(self, step: int) -> Path:
+        return self.weights / snapshot_name(step)
 
+    def sorted_values(self, step: int) -> Path:
+        return self.weights / sorted_values_name(step)
 
-def config_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / CONFIG
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / CHECKPOINT
 
+    @property
+    def token_rows(self) -> Path:
+        return self.path / TOKEN_ROWS
 
-def checkpoint_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / CHECKPOINT
+    def sibling_csv(self, label: str) -> Path:
+        return self.path / SIBLING_DIR / f"{label}.csv"
+
+    @property
+    def instability(self) -> Path:
+        return self.path / INSTABILITY
+
+    @property
+    def shadow_csv(self) -> Path:
+        return self.path / SHADOW_CSV
+
+    @property
+    def eval(self) -> Path:
+        return self.path / EVAL
+
+    @property
+    def heldout(self) -> Path:
+        return self.path / HELDOUT
+
+    @property
+    def samples(self) -> Path:
+        return self.path / SAMPLES
+
+    def events(self) -> Path | None:
+        """The directory holding the run's TensorBoard event files: the run directory itself (a study),
+        the directory named by its overrides below it (numdev.train.tensorboard), or tensorboard/ (older runs)."""
+        places = [self.path, *sorted(p for p in self.path.iterdir() if p.is_dir())] if self.path.is_dir() else []
+        return next((p for p in places if any(p.glob("events.out.tfevents.*"))), None)
+
+    # -- what each file holds, checked ---------------------------------------------------------------
+    def read_record(self) -> dict:
+        """run.json (the resumes list's entries checked too)."""
+        return schemas.read_json_file(self.record, schemas.RUN_RESUMES)
+
+    def read_config(self) -> dict:
+        return schemas.read_saved_config(self.config)
+
+    def read_study_config(self) -> dict:
+        """config.yaml with its `study` block checked (a study role's run)."""
+        return schemas.read_study_config(self.config)
+
+    def read_instability(self) -> dict:
+        return schemas.read_json_file(self.instability, schemas.INSTABILITY)
+
+    def read_outcome(self, key: str) -> float | None:
+        """eval.json (colour/shape/position agreement) or heldout.json (heldout_loss), by the key asked for."""
+        return schemas.read_outcome(self.heldout if key == "heldout_loss" else self.eval, key)
+
+    def read_shadow(self) -> list[dict]:
+        return read_shadow_csv(self.shadow_csv)
+
+    def read_token_rows(self) -> dict | None:
+        """token_rows.json, validated; None if the run has none (a run made before it existed)."""
+        path = self.token_rows
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not valid JSON ({error}): delete it and resume the run to write it again") from None
+        problem = token_rows_problem(record)
+        if problem:
+            raise ValueError(f"{path}: {problem}: the file is corrupt or was not written by numdev")
+        return record
 
 
 def checkpoint_digest_path(checkpoint: str | Path) -> Path:
     """The checksum file beside a checkpoint file (numdev.train.checkpoint_io)."""
     checkpoint = Path(checkpoint)
     return checkpoint.with_name(checkpoint.name + CHECKPOINT_DIGEST_SUFFIX)
-
-
-def token_rows_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / TOKEN_ROWS
-
-
-def events_dir(run_dir: str | Path) -> Path | None:
-    """The directory holding a run's TensorBoard event files: the run directory itself (a study), the
-    directory named by its overrides below it (numdev.train.tensorboard), or tensorboard/ (older runs)."""
-    run_dir = Path(run_dir)
-    places = [run_dir, *sorted(p for p in run_dir.iterdir() if p.is_dir())] if run_dir.is_dir() else []
-    return next((p for p in places if any(p.glob("events.out.tfevents.*"))), None)
-
-
-def sibling_csv_path(run_dir: str | Path, label: str) -> Path:
-    return Path(run_dir) / SIBLING_DIR / f"{label}.csv"
 
 
 def read_shadow_csv(path: str | Path) -> list[dict]:
@@ -157,21 +226,6 @@ def read_shadow_csv(path: str | Path) -> list[dict]:
 #   batches trained so far), "describe": <where the captions came from>,
 #   "ids": [token id, ...], "first_step": [the first snapshot step whose weights that row trained in, ...]}
 TOKEN_ROWS_FORMAT = 1
-
-
-def read_token_rows(run_dir: str | Path) -> dict | None:
-    """The run's token_rows.json, validated; None if the run has none (a run made before it existed)."""
-    path = token_rows_path(run_dir)
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}): delete it and resume the run to write it again") from None
-    problem = token_rows_problem(record)
-    if problem:
-        raise ValueError(f"{path}: {problem}: the file is corrupt or was not written by numdev")
-    return record
 
 
 def token_rows_problem(record) -> str | None:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 import numdev
 from numdev.runs import schemas
 from numdev.runs.atomic import write_json, write_text
-from numdev.runs.layout import CONFIG
+from numdev.runs.layout import CONFIG, RunDir
 from numdev.runs.layout import RUN_RECORD as RUN
 from numdev.runs.provenance import provenance
 
@@ -91,7 +91,7 @@ def _flatten(tree, prefix: str = "") -> dict:
 
 def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None) -> dict:
     path = run_dir / RUN
-    previous = read_run(run_dir) if resumed_from is not None and path.is_file() else {}
+    previous = RunDir(run_dir).read_record() if resumed_from is not None and path.is_file() else {}
     record = {
         "numdev_version": numdev.__version__,
         "app": "train",
@@ -117,17 +117,11 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
     return record
 
 
-def read_run(run_dir: Path) -> dict:
-    """run.json, checked against numdev.runs.schemas.RUN_RESUMES (one-line ValueError naming file and field):
-    numdev's one reader of it (a live sibling's status is polled leniently by numdev.train.callbacks.sibling)."""
-    return schemas.read_json_file(Path(run_dir) / RUN, schemas.RUN_RESUMES)
-
-
 def finished_record(run_dir: Path, cfg: DictConfig) -> dict | None:
     """run.json if the run already finished all of cfg's steps (a requeue or a repeated resume), else None."""
     if not (Path(run_dir) / RUN).is_file():
         return None
-    run = read_run(run_dir)
+    run = RunDir(run_dir).read_record()
     done = run["status"] == "finished" and (run.get("final_step") or 0) >= int(cfg.trainer.max_steps)
     return run if done else None
 
@@ -148,7 +142,7 @@ def close_abandoned(run_dir: Path, reason: str) -> bool:
     if is_held(run_dir):  # first the lock, then the record: a live run writes its record before it lets go
         return False
     try:
-        record = schemas.read_json_file(run_dir / RUN, schemas.RUN_RESUMES)
+        record = RunDir(run_dir).read_record()
     except (ValueError, OSError):
         return False
     if record.get("status") != "running":

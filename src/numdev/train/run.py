@@ -22,9 +22,9 @@ from numdev.cli.errors import Hangup, RunFailed, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.perturb import apply_init_perturbation
 from numdev.optimizations import Optimization
-from numdev.runs import layout, record, schemas
+from numdev.runs import record
 from numdev.runs.atomic import remove_temporaries
-from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR
+from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
 from numdev.train.callbacks import results as callback_results
@@ -196,9 +196,11 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
     elif rank_zero and _holds_run(run_dir):
         raise ValueError(f"{run_dir} already holds a run: add resume=true to continue it, or use a new run directory")
     if resumed_from is not None:  # the run's own records are checked before anything is written
-        for name, schema in ((record.RUN, schemas.RUN_RESUMES), (layout.INSTABILITY, schemas.INSTABILITY)):
-            if (run_dir / name).is_file():
-                schemas.read_json_file(run_dir / name, schema)
+        run = RunDir(run_dir)
+        if run.record.is_file():
+            run.read_record()
+        if run.instability.is_file():
+            run.read_instability()
     datamodule.setup("fit")  # bad data (empty, corrupt, a broken manifest) is refused before any record is written
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero and resumed_from is not None:  # a killed session's half-written temporary files

@@ -1,7 +1,7 @@
 """The weight distances, defined once: name, label, CSV type; and the distance CSV that holds them.
 
 numdev.weights.distances computes them (its docstring gives every formula); the sibling CSVs
-(<run_dir>/sibling/<label>.csv, numdev.runs.layout.sibling_csv_path) and numdev-compare's
+(<run_dir>/sibling/<label>.csv, numdev.runs.layout.RunDir.sibling_csv) and numdev-compare's
 distances.csv hold one row per step and weight set, one column per metric; the study
 (numdev.analysis.study), its figures and the report name them by `LABELS`.
 """

@@ -56,11 +56,9 @@ from numdev.runs.layout import (
     ROWS_SUFFIX,
     SORTED_FORMAT,
     TRAINED,
-    index_path,
+    RunDir,
     rows_digest,
     snapshot_name,
-    sorted_values_path,
-    weights_dir,
 )
 from numdev.runs.schemas import SNAPSHOT_INDEX
 
@@ -102,8 +100,8 @@ class SnapshotWriter:
         self.run_dir = Path(run_dir)
         self.trained_only = trained_only
         self._base: dict[str, torch.Tensor] | None = None  # step 0's state, what a trained-only snapshot leaves out
-        self.directory = weights_dir(run_dir)
-        self.index_path = index_path(run_dir)
+        self.directory = RunDir(run_dir).weights
+        self.index_path = RunDir(run_dir).index
         self.index = {"format": INDEX_FORMAT, "model": model_name, "param_shapes": param_shapes, "snapshots": []}
         if self.index_path.exists():
             existing = read_index(run_dir)
@@ -201,7 +199,7 @@ def verified_entry(path: Path, step: int, param_shapes: dict[str, list[int]]) ->
 
 
 def read_index(run_dir: str | Path) -> dict:
-    path = index_path(run_dir)
+    path = RunDir(run_dir).index
     if not path.is_file():
         raise SnapshotError(f"{path} does not exist: {run_dir} is not a training run directory with snapshots")
     try:
@@ -239,7 +237,7 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
     """load_snapshot's parameters and the sha256 the index records for them (read from the same index)."""
     index = read_index(run_dir)
     entry = _entry(index, run_dir, step)
-    path = weights_dir(run_dir) / entry["file"]
+    path = RunDir(run_dir).weights / entry["file"]
     if not path.is_file():
         raise SnapshotError(f"{path} is missing (listed in {INDEX} for step {step})")
     data = path.read_bytes()
@@ -289,7 +287,7 @@ def _entry(index: dict, run_dir: str | Path, step: int) -> dict:
     if entry is None:
         steps = sorted(int(e["step"]) for e in index["snapshots"])
         listed = f"{steps[0]}..{steps[-1]} ({len(steps)} snapshots)" if steps else "none"
-        raise SnapshotError(f"{index_path(run_dir)}: no snapshot at step {step}; steps: {listed}")
+        raise SnapshotError(f"{RunDir(run_dir).index}: no snapshot at step {step}; steps: {listed}")
     return entry
 
 
@@ -330,7 +328,7 @@ def write_sorted_values(run_dir: str | Path, step: int, snapshot_sha256: str, so
     header["__metadata__"] = {"numdev": json.dumps(meta, sort_keys=True)}
     text = json.dumps(header).encode("utf-8")
     text += b" " * (-len(text) % 8)  # safetensors pads its header with spaces to 8 bytes
-    path = sorted_values_path(run_dir, step)
+    path = RunDir(run_dir).sorted_values(step)
     write_buffers(path, [struct.pack("<Q", len(text)), text, *arrays.values()])
     return path
 
@@ -371,7 +369,7 @@ class SortedFile:
 def open_sorted_values(run_dir: str | Path, step: int, snapshot_sha256: str) -> SortedFile:
     """The sorted values of the snapshot at `step` whose file has `snapshot_sha256`; a file that is
     missing, unreadable, truncated, of another step or snapshot (stale, moved) is a SortedValuesError."""
-    path = sorted_values_path(run_dir, step)
+    path = RunDir(run_dir).sorted_values(step)
     try:
         handle = open(path, "rb", buffering=0)  # noqa: SIM115 (SortedFile closes it)
     except FileNotFoundError:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from numdev.runs.atomic import write_json
-from numdev.runs.layout import TOKEN_ROWS_FORMAT, read_token_rows, token_rows_path, token_rows_problem
+from numdev.runs.layout import TOKEN_ROWS_FORMAT, RunDir, token_rows_problem
 
 
 class TokenRowsError(ValueError):
@@ -41,14 +41,14 @@ class TokenRows:
     """The token-rows record of one run, kept in memory and in its run directory."""
 
     def __init__(self, run_dir: str | Path, tensor: str, rows: int, tokenize):
-        self.path = token_rows_path(run_dir)
+        self.path = RunDir(run_dir).token_rows
         self.run_dir, self.tensor, self.rows, self.tokenize = Path(run_dir), tensor, rows, tokenize
         self.source, self.describe = "seen", "the captions of the batches trained so far"
         self.first_step: dict[int, int] = {}
 
     def start(self, vocabulary: tuple[list[str], str] | None, global_step: int) -> None:
         """Declare the rows (or continue the seen ones of a resumed run) and write the record."""
-        previous = read_token_rows(self.run_dir)
+        previous = RunDir(self.run_dir).read_token_rows()
         if vocabulary is not None:
             texts, self.describe = vocabulary
             self.source = "declared"
@@ -78,7 +78,7 @@ class TokenRows:
         self.write()
 
     def record(self) -> dict:
-        """The record token_rows.json holds (what numdev.runs.layout.read_token_rows returns)."""
+        """The record token_rows.json holds (what numdev.runs.layout.RunDir.read_token_rows returns)."""
         ids = sorted(self.first_step)
         return {
             "format": TOKEN_ROWS_FORMAT,

@@ -49,9 +49,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from numdev.models.attention import Attention, name_attention_layers
-from numdev.runs import layout
 from numdev.runs.atomic import write_json
-from numdev.runs.schemas import INSTABILITY, read_json_file
+from numdev.runs.layout import RunDir
 
 FORMAT = 1
 POLICIES = ("record", "skip", "stop", "fail")
@@ -145,9 +144,9 @@ class InstabilityMonitor(pl.Callback):
             self._attention.append((module.layer_name, torch.isfinite(total)))
 
     def on_train_start(self, trainer, pl_module) -> None:
-        path = self.run_dir / layout.INSTABILITY
-        if trainer.global_step > 0 and path.is_file():  # resumed: keep the events before the checkpoint
-            previous = read_json_file(path, INSTABILITY)["events"]  # one-line error naming file and field
+        run = RunDir(self.run_dir)
+        if trainer.global_step > 0 and run.instability.is_file():  # resumed: keep the events before the checkpoint
+            previous = run.read_instability()["events"]  # one-line error naming file and field
             self.events = [e for e in previous if e["step"] < trainer.global_step]
         if trainer.is_global_zero:
             self._write()
@@ -280,7 +279,7 @@ class InstabilityMonitor(pl.Callback):
             "ema_beta": self.detector.beta, "warmup_steps": self.detector.warmup, "check_loss": self.check_loss,
             "check_gradients": self.check_gradients, "check_attention": self.check_attention,
         }
-        write_json(self.run_dir / layout.INSTABILITY, {"format": FORMAT, "settings": settings, "events": self.events})
+        write_json(RunDir(self.run_dir).instability, {"format": FORMAT, "settings": settings, "events": self.events})
 
     # -- resume: the running average continues exactly --------------------------------------
     def results(self) -> dict:

@@ -52,7 +52,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from numdev.runs.atomic import write_text
-from numdev.runs.layout import index_path, indexed_rows, read_token_rows, record_path, sibling_csv_path
+from numdev.runs.layout import RunDir, indexed_rows
 from numdev.runs.lock import is_held
 from numdev.weights.distances import CompareCache, Prepared, check_same_architecture, compare, distance_rows, prepare
 from numdev.weights.metrics import distances_to_csv, read_distances_csv
@@ -119,7 +119,7 @@ class SiblingDistance(pl.Callback):
 
     @property
     def csv_path(self) -> Path:
-        return sibling_csv_path(self.run_dir, self.label)
+        return RunDir(self.run_dir).sibling_csv(self.label)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.active:
@@ -186,7 +186,7 @@ class SiblingDistance(pl.Callback):
         weights already sorted by the snapshot hub (snapshot.sorted_values), reused when split alike."""
         theirs, sha256 = self.wait_for(step)
         check_same_architecture(state, theirs, where=f"sibling {self.reference} at step {step}")
-        rows = indexed_rows([read_token_rows(self.run_dir), read_token_rows(self.reference)], step)
+        rows = indexed_rows([RunDir(self.run_dir).read_token_rows(), RunDir(self.reference).read_token_rows()], step)
         key = (step, sha256, _rows_key(rows))
         if self._reference is None or self._reference[0] != key:
             previous = self._reference[1] if self._reference is not None else None
@@ -279,10 +279,10 @@ class SiblingDistance(pl.Callback):
 
     def _try_load(self, step: int) -> tuple[dict[str, torch.Tensor], str] | None:
         self._check_alive(step)
-        if not index_path(self.reference).is_file():
+        if not RunDir(self.reference).index.is_file():
             # A sibling still starting up has a run.json before its first snapshot: wait for it.
             if self._status() in FINISHED:
-                raise SiblingError(f"sibling {self.reference} is a run without snapshots ({index_path(self.reference)} missing)")
+                raise SiblingError(f"sibling {self.reference} is a run without snapshots ({RunDir(self.reference).index} missing)")
             return None
         steps = list_snapshots(self.reference)
         if step in steps:
@@ -314,7 +314,7 @@ class SiblingDistance(pl.Callback):
 
     def _record(self) -> dict:
         try:
-            record = json.loads(record_path(self.reference).read_text(encoding="utf-8"))
+            record = json.loads(RunDir(self.reference).record.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             return {}
         return record if isinstance(record, dict) else {}
