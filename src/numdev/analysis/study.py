@@ -39,10 +39,8 @@ from numdev.runs.layout import (
     MULTIRUN,
     RUN_RECORD,
     SAMPLES,
-    SHADOW_CSV,
     SUMMARY,
     RunDir,
-    read_shadow_csv,
 )
 from numdev.runs.layout import MODEL_ROW as MODEL
 from numdev.runs.provenance import provenance
@@ -379,7 +377,7 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
         "early": early_summary(curves["reference"], under_test),
         "calibration": early.calibration(curves["reference"], roles_info, under_test) if EARLY_METRIC in metrics else {},
         "downstream": downstream(runs),
-        "shadow": _shadow_summary(_first(runs[under_test])["dir"] / SHADOW_CSV) if under_test else None,
+        "shadow": _shadow_summary(RunDir(_first(runs[under_test])["dir"])) if under_test else None,
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
         "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / SAMPLES).is_file()},
     }
@@ -602,10 +600,10 @@ def _loss_curve(run_dir: Path) -> dict | None:
     return None
 
 
-def _shadow_summary(path: Path) -> dict | None:
-    if not path.is_file():
+def _shadow_summary(run: RunDir) -> dict | None:
+    if not run.shadow_csv.is_file():
         return None
-    rows = read_shadow_csv(path)
+    rows = run.read_shadow()
     out = {}
     for quantity in ("out", "dq", "dk", "dv"):
         chosen = [r for r in rows if r["quantity"] == quantity]

@@ -179,9 +179,6 @@ class RunDir:
         """run.json (the resumes list's entries checked too)."""
         return schemas.read_json_file(self.record, schemas.RUN_RESUMES)
 
-    def read_config(self) -> dict:
-        return schemas.read_saved_config(self.config)
-
     def read_study_config(self) -> dict:
         """config.yaml with its `study` block checked (a study role's run)."""
         return schemas.read_study_config(self.config)

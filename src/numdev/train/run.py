@@ -234,7 +234,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
             pass
         if interrupted:
             raise RunFailed(
-                f"{message}: {run_dir / record.RUN} says failed; to continue from the last checkpoint "
+                f"{message}: {RunDir(run_dir).record} says failed; to continue from the last checkpoint "
                 "run the same command with resume=auto", 128 + interrupted
             ) from None
         raise
