@@ -278,6 +278,8 @@ CATALOGUE = [
     Case("bench-unknown-preset", "numdev-bench", [*BENCH, "numerics.preset=fastest"], "unknown numerics preset 'fastest'"),
     Case("bench-unknown-variant", "numdev-bench", [*BENCH, "variant=fa9"], "unknown flash variant 'fa9'"),
     Case("bench-tile-zero", "numdev-bench", [*BENCH, "tiles.block_c=0"], "block_c=0 must be a positive integer"),
+    Case("bench-unknown-figure", "numdev-bench", [*BENCH, "figure=nope"], "figure=nope: unknown figure 'nope'"),
+    Case("bench-study-figure", "numdev-bench", [*BENCH, "figure=fig7"], "figure=fig7 is made by the study"),
     Case("bench-tile-type", "numdev-bench", [*BENCH, "tiles.block_r=abc"], "tiles.block_r='abc' must be a positive integer or null"),
     Case("bench-type-seq", "numdev-bench", [*BENCH, "shape.seq_q=abc"], "shape.seq_q='abc' must be a positive integer"),
     Case("bench-negative-seq", "numdev-bench", [*BENCH, "shape.seq_q=-3"], "shape.seq_q=-3 must be a positive integer"),
@@ -920,9 +922,9 @@ _CONFIG = {"model": {"hidden": 32}, "trainer": {"max_steps": 4}, "seed": {"init"
 _OUTCOME = {"heldout_loss": 0.25, "colour_accuracy": 0.5, "scored": 4, "step": 4}
 READERS = {  # file -> (reader, good content, writer)
     "run.json": (lambda p: __import__("numdev.runs.layout").runs.layout.RunDir(p.parent).read_record(), _RUN, json.dumps),
-    "config.yaml": (lambda p: __import__("numdev.runs.schemas").runs.schemas.read_study_config(p), _CONFIG, lambda d: __import__("yaml").safe_dump(d)),
-    "heldout.json": (lambda p: __import__("numdev.runs.schemas").runs.schemas.read_outcome(p, "heldout_loss"), _OUTCOME, json.dumps),
-    "eval.json": (lambda p: __import__("numdev.runs.schemas").runs.schemas.read_outcome(p, "colour_accuracy"), _OUTCOME, json.dumps),
+    "config.yaml": (lambda p: __import__("numdev.runs.layout").runs.layout.RunDir(p.parent).read_study_config(), _CONFIG, lambda d: __import__("yaml").safe_dump(d)),
+    "heldout.json": (lambda p: __import__("numdev.runs.layout").runs.layout.RunDir(p.parent).read_outcome("heldout_loss"), _OUTCOME, json.dumps),
+    "eval.json": (lambda p: __import__("numdev.runs.layout").runs.layout.RunDir(p.parent).read_outcome("colour_accuracy"), _OUTCOME, json.dumps),
 }
 DAMAGE = {  # name -> (edit of the parsed content or raw bytes, per file: the field named, or None for the whole file)
     "a-list": (lambda d: [d], "holds a list, not a mapping"),

@@ -99,6 +99,16 @@ def check_config(cfg: DictConfig) -> None:
     """Every value a run reads is valid: the schema's types and ranges, then what the run builds
     from them (formats, inputs, methods, pairs). Called on every job before a sweep starts (numdev.config.preflight)."""
     validate(cfg, BENCH)
+    if cfg.get("figure") is not None:  # drawn when the run or sweep ends (numdev.bench.sweep_end): refused now, not then
+        from numdev.figures import get
+
+        try:
+            figure = get(str(cfg.figure))
+        except ValueError as error:
+            raise ValueError(f"figure={cfg.figure}: {error}") from None
+        if figure.phase != "bench":
+            raise ValueError(f"figure={cfg.figure} is made by the study (numdev-train experiment=flash_stability), "
+                             "not from bench records: choose a bench figure (numdev-figure --list bench)")
     _build(cfg)
 
 
