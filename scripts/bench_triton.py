@@ -1,4 +1,4 @@
-"""Throughput of the Triton FlashAttention kernel against PyTorch's FA2 (sdpa_flash) and flash-attn.
+"""Throughput of the Triton FlashAttention kernel against PyTorch's FA2 (sdpa_flash), cuDNN and FlashAttention 2/3/4.
 
     python scripts/bench_triton.py                      # the full sweep, JSON on stdout
     python scripts/bench_triton.py --seq 4096 --dims 128 --out bench.json
@@ -8,7 +8,9 @@ with 16k tokens per batch and a model width of 2048 (heads = 2048 / d), as in th
 FLOPs: forward 4 * B * H * N^2 * d (halved with --causal), backward 2.5x forward.
 
 Methods: `triton` with default knobs (FA2 numerics), `triton` with each perturbation knob set,
-`sdpa_flash`, and `flash_attn` when it is installed. The summary gives triton / sdpa_flash forward
+`sdpa_flash`, `sdpa_cudnn` when it runs, and `flash_attn[<kernel>]` for every FlashAttention kernel
+installed (fa2, fa3, fa4; fa3_fwd forward only), all timed in one process (triton.testing.do_bench,
+median). The summary gives triton / sdpa_flash forward
 at N=4096, d=128 (target: >= 0.8 on an H100) and each knob's cost relative to the defaults.
 """
 
@@ -50,12 +52,18 @@ def main(argv=None) -> int:
 
     from triton.testing import do_bench
 
-    from numdev.attention import available_backends, build_backend
+    from numdev.attention import available_backends, build_backend, flash_attn_backend
+    from numdev.runs.provenance import provenance
 
-    methods = dict(PERTURBED)
-    methods["sdpa_flash"] = None
-    if "flash_attn" in available_backends("cuda", torch.bfloat16):
-        methods["flash_attn"] = None
+    methods = {name: build_backend("triton", **knobs) for name, knobs in PERTURBED.items()}
+    methods["sdpa_flash"] = build_backend("sdpa_flash")
+    if "sdpa_cudnn" in available_backends("cuda", torch.bfloat16):
+        methods["sdpa_cudnn"] = build_backend("sdpa_cudnn")
+    probe = torch.zeros(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
+    for kernel in flash_attn_backend.installed():
+        backend = build_backend("flash_attn", kernel=kernel)
+        if backend.unsupported_reason(probe) is None:
+            methods[f"flash_attn[{kernel}]"] = backend
     if args.methods:
         methods = {name: methods[name] for name in args.methods if name in methods}
 
@@ -71,10 +79,13 @@ def main(argv=None) -> int:
             )
             grad_out = torch.randn_like(q)
             flops = 4 * batch * heads * seq * seq * dim * (0.5 if args.causal else 1.0)
-            for name, knobs in methods.items():
-                backend = build_backend("triton", **knobs) if knobs is not None else build_backend(name)
+            for name, backend in methods.items():
                 for mode in args.modes:
                     record = {"method": name, "mode": mode, "seq": seq, "dim": dim, "batch": batch, "heads": heads}
+                    if mode == "fwd_bwd" and name.startswith("flash_attn[") and not flash_attn_backend.KERNELS[backend.kernel].backward:
+                        record["skipped"] = "forward-only kernel"
+                        results.append(record)
+                        continue
                     try:
                         ms = _time(do_bench, backend, q, k, v, grad_out, args.causal, mode)
                         mode_flops = flops * (3.5 if mode == "fwd_bwd" else 1.0)
@@ -87,6 +98,8 @@ def main(argv=None) -> int:
 
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "provenance": provenance(),
+        "kernels": {name: backend.describe() for name, backend in methods.items() if not name.startswith("triton")},
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": _version("triton"),

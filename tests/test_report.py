@@ -245,3 +245,29 @@ def test_the_report_finds_the_study_and_the_catalogue_apart_and_shows_the_catalo
     assert "numdev-report --study <a href=" in page and f">{catalogue}</a>" in page  # where its own Figs. 7-8 are
     with pytest.raises(ValueError, match="no optimizations table"):
         build_report([], None, tmp_path / "report2", catalogue=study)
+
+
+def test_a_gpu_result_names_its_gpu_driver_and_kernel_libraries(monkeypatch):
+    """On a CUDA machine the block adds the capability, the driver (nvidia-smi), cuDNN and Triton;
+    on a CPU machine none of these keys appear. The GPU is faked here: the fields' plumbing only."""
+    import subprocess
+
+    import torch
+
+    assert "gpu_driver" not in provenance()["machine"] or torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91400)
+    real_run = subprocess.run
+
+    def run(args, *rest, **options):
+        if args[0] == "nvidia-smi":
+            return subprocess.CompletedProcess(args, 0, stdout="580.95.05\n")
+        return real_run(args, *rest, **options)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    block = provenance()
+    assert block["machine"]["gpu_capability"] == "9.0" and block["machine"]["gpu_driver"] == "580.95.05"
+    assert block["versions"]["cudnn"] == 91400
+    assert ", GPU NVIDIA H100 80GB HBM3 (driver 580.95.05);" in machine_line(block)

@@ -8,6 +8,7 @@ which machine it describes.
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -57,11 +58,34 @@ def git_state() -> dict:
     return {"commit": commit, "dirty": dirty}
 
 
+def gpu_details() -> tuple[dict, dict]:
+    """On a CUDA machine, (machine fields, version fields): the GPU's compute capability and
+    driver, cuDNN's and Triton's versions. Empty on a machine without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}, {}
+    major, minor = torch.cuda.get_device_capability(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        driver = None
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    return ({"gpu_capability": f"{major}.{minor}", "gpu_driver": driver},
+            {"cudnn": torch.backends.cudnn.version(), "triton": triton})
+
+
 def provenance(seeds=None, threads: int | None = None) -> dict:
-    """The block every result file carries: machine, threads, versions, git commit, seeds, date."""
+    """The block every result file carries: machine, threads, versions, git commit, seeds, date
+    (and, on a CUDA machine, the GPU's driver and capability, cuDNN's and Triton's versions)."""
     import torch
 
     accelerator = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    gpu_machine, gpu_versions = gpu_details()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
@@ -71,12 +95,14 @@ def provenance(seeds=None, threads: int | None = None) -> dict:
             "torch_threads": threads if threads is not None else torch.get_num_threads(),
             "gpu": accelerator,
             "platform": platform.platform(),
+            **gpu_machine,
         },
         "versions": {
             "numdev": numdev.__version__,
             "python": platform.python_version(),
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
+            **gpu_versions,
         },
         "git": git_state(),
         "seeds": list(seeds) if seeds is not None else None,
@@ -87,7 +113,8 @@ def machine_line(block: dict, commit: bool = True) -> str:
     """One line for a report header or a table caption: 'Intel Xeon …, 2 threads, torch 2.14.1, abc1234 (dirty)'.
     commit=False: the machine, the versions and the day only (for README's user text)."""
     machine, versions, git = block["machine"], block["versions"], block["git"]
-    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
+    driver = f" (driver {machine['gpu_driver']})" if machine.get("gpu_driver") else ""
+    gpu = f", GPU {machine['gpu']}{driver}" if machine.get("gpu") else ""
     where = f"{machine['cpu']}, {machine['torch_threads']} thread(s) of {machine['logical_cpus']}{gpu}; torch {versions['torch']}"
     if not commit:
         return f"{where}; {str(block['date'])[:10]}"
