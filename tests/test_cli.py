@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,31 @@ def test_unknown_config_values_are_hydra_errors_naming_them(tmp_path, override, 
     result = numdev_train(override, f"output_root={tmp_path}", cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert expected in result.stderr
+
+
+def _flash_attn_installed() -> bool:
+    from numdev.attention import flash_attn_backend
+
+    return bool(flash_attn_backend.installed())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa_flash", "flash_attn", "triton"])
+def test_gpu_training_runs_with_each_backend(tmp_path, attention, precision):
+    """trainer=gpu end to end (two steps, a snapshot, the samples) with each GPU backend; the record
+    says the run was on CUDA and, for flash_attn, which kernel and version ran."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if attention == "flash_attn" and not _flash_attn_installed():
+        pytest.skip("no FlashAttention kernel installed (docs/gpu.md)")
+    result = numdev_train(*SMOKE, "trainer=gpu", f"attention={attention}", f"precision={precision}",
+                          f"output_root={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [record] = [json.loads(p.read_text()) for p in tmp_path.rglob("run.json")]
+    assert record["status"] == "finished" and record["device"] == "cuda" and record["backend"] == attention
+    assert record["provenance"]["machine"]["gpu"] and math.isfinite(record["final_loss"])
+    if attention == "flash_attn":
+        assert {"kernel", "module", "version"} <= set(record["attention"])
