@@ -243,6 +243,8 @@ CATALOGUE = [
          "tile size block_r='abc' must be a positive integer"),
     Case("train-heads", "numdev-train", [*TRAIN, "model.heads=3"], "not divisible by 3 heads"),
     Case("train-backend-on-cpu", "numdev-train", [*TRAIN, "attention=flash_attn"], "cannot run here"),
+    Case("train-flash-attn-unknown-kernel", "numdev-train", [*TRAIN, "attention=flash_attn", "attention.kernel=fa5"],
+         "attention.kernel='fa5': use one of auto, fa2, fa3, fa4, fa3_fwd"),
     Case("train-gpu-without-gpu", "numdev-train", [*TRAIN, "trainer=fsdp_gpu"], "no CUDA device is visible: use trainer=cpu"),
     Case("train-ddp-in-sweep", "numdev-train", ["-m", "experiment=train_smoke", "trainer=ddp_cpu", "hydra.sweep.dir={tmp}/sweep"],
          "a -m sweep with trainer.devices=2"),
