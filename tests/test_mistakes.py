@@ -9,8 +9,16 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
+from numdev.cli.commands import script
 from numdev.config.groups import app_defaults, experiment_app, options, override_mistake
 from numdev.train.callbacks.snapshots import SnapshotWriter
+
+
+def _with_scripts(text: str) -> str:
+    """{numdev-train} -> the console script as numdev prints it here (.venv/bin/numdev-train under make's venv)."""
+    for name in ("numdev-train", "numdev-bench"):
+        text = text.replace("{" + name + "}", script(name))
+    return text
 
 
 def _run(tmp, name, value):
@@ -67,12 +75,14 @@ def test_compare_of_two_different_runs_is_quiet_and_records_provenance(tmp_path)
     [
         # Hydra would suggest +data.root, which then fails in ShapesDataModule's constructor.
         ("numdev.train.app", ["data.root=/tmp/images"], "data.root is a setting of data=folder, not of data=shapes (the data in use): "
-         "choose it too, e.g. .venv/bin/numdev-train data=folder data.root=/tmp/images"),
-        ("numdev.bench.app", ["trainer=gpu"], "trainer is a config group of numdev-train, not of numdev-bench: run .venv/bin/numdev-train trainer=gpu"),
+         "choose it too, e.g. {numdev-train} data=folder data.root=/tmp/images"),
+        ("numdev.bench.app", ["trainer=gpu"], "trainer is a config group of numdev-train, not of numdev-bench: run {numdev-train} trainer=gpu"),
     ],
 )
-def test_an_override_for_another_option_or_app_is_one_line_naming_the_fix(tmp_path, module, args, expected):
+def test_an_override_for_another_option_or_app_is_one_line_naming_the_fix(tmp_path, monkeypatch, module, args, expected):
     result = run_cli(module, *args, f"output_root={tmp_path}", cwd=REPO, check=False)
+    monkeypatch.chdir(REPO)  # the command is printed as the user in REPO types it
+    expected = _with_scripts(expected)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     program = "numdev-train" if "train" in module else "numdev-bench"
     assert result.stderr.startswith(f"{program}: error: ") and result.stderr.count("\n") == 1, result.stderr
@@ -83,11 +93,11 @@ def test_an_override_for_another_option_or_app_is_one_line_naming_the_fix(tmp_pa
 @pytest.mark.parametrize(
     ("app", "args", "expected"),
     [
-        ("train", ["+data.root=/tmp/images"], "e.g. .venv/bin/numdev-train data=folder data.root=/tmp/images"),
+        ("train", ["+data.root=/tmp/images"], "e.g. {numdev-train} data=folder data.root=/tmp/images"),
         ("train", ["data.shards=/d/shard-0.tar"], "data.shards is a setting of data=webdataset, not of data=shapes"),
         ("train", ["experiment=train_gpu_base", "data.manifest=c.csv"], "data.manifest is a setting of data=folder, not of data=shapes"),
         ("train", ["experiment=fig4"], "experiment=fig4 is a numdev-bench experiment, not a numdev-train one: "
-         "run .venv/bin/numdev-bench experiment=fig4"),
+         "run {numdev-bench} experiment=fig4"),
         ("bench", ["experiment=flash_stability"], "experiment=flash_stability is a numdev-train experiment"),
         ("bench", ["-m", "trainer.max_steps=3,4"], "trainer.max_steps is a setting of numdev-train, not of numdev-bench"),
         ("train", ["numerics=fa2"], "numerics is a config group of numdev-bench, not of numdev-train"),
@@ -95,7 +105,7 @@ def test_an_override_for_another_option_or_app_is_one_line_naming_the_fix(tmp_pa
     ],
 )
 def test_overrides_that_belong_elsewhere_are_named(app, args, expected):
-    assert expected in (override_mistake(app, args) or "")
+    assert _with_scripts(expected) in (override_mistake(app, args) or "")
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from conftest import REPO, run_cli
 from PIL import Image
 
 import numdev.report.study
+from numdev.cli.commands import script
 from numdev.report.app import build_report
 from numdev.report.html import LOSS_CURVES, SAMPLES
 from numdev.runs.provenance import machine_line, provenance
@@ -81,7 +82,7 @@ def test_files_written_before_provenance_read_unknown(tmp_path):
     assert "Report written by: " + provenance()["machine"]["cpu"] in page  # the report's own machine is known
 
 
-def test_bench_records_carry_provenance_and_the_sweep_says_what_next(tmp_path):
+def test_bench_records_carry_provenance_and_the_sweep_says_what_next(tmp_path, monkeypatch):
     result = run_cli("numdev.bench.app", "-m", "numerics.precision=bf16,fp16", "shape.seq_q=32", "shape.dim=16",
                      "tiles.block_r=16", "tiles.block_c=16", f"output_root={tmp_path}", cwd=REPO)
     echoes = [line for line in result.stdout.splitlines() if line.startswith("numdev-bench job ")]
@@ -92,7 +93,8 @@ def test_bench_records_carry_provenance_and_the_sweep_says_what_next(tmp_path):
             assert f"| {part} |" in echo, (part, echo)
     sweep = next((tmp_path / "bench" / "default").glob("multirun_*"))
     assert f"sweep done: 2 job(s) in {sweep}" in result.stdout
-    assert f"next: .venv/bin/numdev-gather {sweep}" in result.stdout  # runnable from the repo root as printed
+    monkeypatch.chdir(REPO)  # as numdev prints it for a user in the repository's root: .venv/bin/numdev-gather under make's venv
+    assert f"next: {script('numdev-gather')} {sweep}" in result.stdout  # runnable from the repo root as printed
     records = [json.loads(line) for line in (sweep / "0" / "results.jsonl").read_text().splitlines()]
     assert len(records) == 3
     for record in records:
