@@ -184,6 +184,23 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # the golden value and nothing else runs matmuls on the GPU
     started = time.perf_counter()
     rows = []
+    versions = {label: backend.describe() for precision in args.dtypes
+                for label, backend in kernels(args.device, DTYPES[precision]).items()}
+
+    def report(complete: bool) -> dict:
+        return {
+            "what": "real FlashAttention kernels against numdev's emulator (bit for bit) and the FP64 golden value",
+            "complete": complete,  # false: a partial file, written after each cell so a killed run keeps its rows
+            "device": args.device,
+            "grid": {key: value for key, value in vars(args).items() if key != "out"},
+            "kernel_versions": versions,
+            "tiles": {label: {str(d): t for d, t in tiles.items()} for label, tiles in TILES.items()},
+            "provenance": provenance(seeds=args.seeds),
+            "seconds": round(time.perf_counter() - started, 1),
+            "summary": summarise(rows),
+            "rows": rows,
+        }
+
     for precision in args.dtypes:
         for dim in args.dims:
             for causal in map(bool, args.causal):
@@ -195,19 +212,10 @@ def main(argv=None) -> int:
                             shares = {p: round(e["bit_identical_fraction"], 6) for p, e in row.get("emulators", {}).items()}
                             print(f"{precision} d={dim} causal={int(causal)} N={n} seed {seed} {row['kernel']}: "
                                   f"{row.get('error') or shares}", file=sys.stderr, flush=True)
-    report = {
-        "what": "real FlashAttention kernels against numdev's emulator (bit for bit) and the FP64 golden value",
-        "device": args.device,
-        "grid": {key: value for key, value in vars(args).items() if key != "out"},
-        "kernel_versions": {label: backend.describe() for precision in args.dtypes
-                            for label, backend in kernels(args.device, DTYPES[precision]).items()},
-        "tiles": {label: {str(d): t for d, t in tiles.items()} for label, tiles in TILES.items()},
-        "provenance": provenance(seeds=args.seeds),
-        "seconds": round(time.perf_counter() - started, 1),
-        "summary": summarise(rows),
-        "rows": rows,
-    }
-    text = json.dumps(report, indent=1)
+                    if args.out:
+                        write_text(args.out, json.dumps(report(False), indent=1) + "\n")
+    final = report(True)
+    text = json.dumps(final, indent=1)
     if args.out:
         write_text(args.out, text + "\n")
     print(text)

@@ -21,7 +21,7 @@ def test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
-    assert json.loads(result.stdout) == report
+    assert json.loads(result.stdout) == report and report["complete"] is True  # partial files say false
     assert report["provenance"]["machine"]["cpu"] and report["kernel_versions"] == {"sdpa_flash": {"backend": "sdpa_flash", "dtype": None}}
     summary = report["summary"]
     assert len(summary) == 2 * 2 * 2  # dtypes x causal x N
