@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import compose_train
 
+from numdev.cli.commands import argv
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.run import train
 from numdev.weights.store import list_snapshots, load_snapshot
@@ -22,8 +22,7 @@ TOLERANCE = 1e-5
 
 
 def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
     return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 

@@ -7,11 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from numdev.cli.commands import argv
 
 # Sampling every step slows the steps down so that a signal lands mid-training.
 SLOW = ["experiment=train_smoke", "trainer.max_steps=40", "snapshot.every_n_steps=1", "callbacks.checkpoint.every_n_steps=4",
@@ -19,8 +20,7 @@ SLOW = ["experiment=train_smoke", "trainer.max_steps=40", "snapshot.every_n_step
 
 
 def _command(run_dir: Path, *overrides: str) -> list[str]:
-    script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
     return [*command, *SLOW, f"hydra.run.dir={run_dir}", *overrides]
 
 
@@ -131,8 +131,7 @@ def _session_processes(sid: int) -> list[str]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_a_parallel_sweep_leaves_no_process_behind(tmp_path):
     pytest.importorskip("joblib")
-    script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script), "-m", "hydra/launcher=parallel", "experiment=train_smoke", "trainer.max_steps=2",
+    command = [*argv("numdev-train"), "-m", "hydra/launcher=parallel", "experiment=train_smoke", "trainer.max_steps=2",
                "seed.init=0,1", "threads=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     # Its own session, so that everything it starts (workers, their trackers) can be found afterwards.
     process = subprocess.Popen(command, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from helpers import compose_train, kill_when
 
+from numdev.cli.commands import argv
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.run import train
 
@@ -35,8 +35,7 @@ def _latest_snapshot(run_dir: Path) -> int:
 
 
 def _command(run_dir: Path) -> list[str]:
-    script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
     return [*command, "experiment=train_smoke", *OVERRIDES, f"hydra.run.dir={run_dir}", "resume=auto"]
 
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from helpers import console_noise
 
+from numdev.cli.commands import argv
+
 SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2", "threads=1"]
 
 
 def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
     return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, timeout=500)
 
 

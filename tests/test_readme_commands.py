@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from importlib.metadata import entry_points
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -98,11 +100,16 @@ def test_readme_has_commands_and_none_is_bare():
 
 
 def test_the_demo_prints_runnable_commands(monkeypatch):
+    """Under make's venv: .venv/bin/<script>; from another environment without the scripts beside its
+    interpreter: <python> -m <module>. Never a bare name, which runs only in an activated venv."""
     monkeypatch.chdir(REPO)
     for command in demo_commands():
-        first = shlex.split(command)[0]
-        assert first.startswith(".venv/bin/"), command  # not a bare name: runs without activating the venv
-        assert (REPO / first).is_file() or _missing_script(first), command
+        words = shlex.split(command)
+        assert "/" in words[0], command  # a path, not a bare name: runs without activating the venv
+        if words[1:2] == ["-m"]:
+            assert Path(words[0]).resolve() == Path(sys.executable).resolve() and find_spec(words[2]), command
+        else:
+            assert (REPO / words[0]).is_file() or _missing_script(words[0]), command
 
 
 def test_install_extras_exist():
@@ -134,3 +141,23 @@ def test_the_command_runs_as_printed(command):
     if words[0] != "make":
         assert "usage" in (result.stdout + result.stderr).lower() or "== Configuration groups ==" in result.stdout
 
+
+
+def test_from_an_environment_without_the_scripts_commands_fall_back_to_python_m(monkeypatch, tmp_path):
+    """numdev's printed commands (numdev.cli.commands) under an interpreter whose bin/ has no numdev
+    scripts (another venv, a pip --target install): `<python> -m <the entry point's module>`, which runs."""
+    from numdev.cli.commands import argv, command, script
+
+    real = sys.executable
+    python = tmp_path / "env" / "bin" / "python"  # an interpreter path with no numdev scripts beside it
+    python.parent.mkdir(parents=True)
+    python.symlink_to(real)
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.chdir(tmp_path)
+    assert argv("numdev-report") == [str(python), "-m", "numdev.report.app"]
+    assert script("numdev-bench") == "env/bin/python -m numdev.bench.app"
+    assert command("numdev-gather", tmp_path / "sweep") == "env/bin/python -m numdev.bench.gather sweep"
+    assert script("not-a-numdev-script") == "not-a-numdev-script"  # nothing to fall back to: the name as given
+    fallback = argv("numdev-figure")  # run by this environment's interpreter, as the fallback means
+    result = subprocess.run([real, *fallback[1:], "--list"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "fig4" in result.stdout, result.stderr

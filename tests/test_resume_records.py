@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 from helpers import compose_train, kill_when
 
 from numdev.analysis.compare import compare_runs
+from numdev.cli.commands import argv
 from numdev.runs.layout import RunDir
 from numdev.train.run import train
 from numdev.weights.metrics import read_distances_csv
@@ -103,8 +103,7 @@ KILL_OVERRIDES = [
 
 
 def _command(run_dir: Path, reference: Path) -> list[str]:
-    script = Path(sys.executable).with_name("numdev-train")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
     return [*command, "experiment=train_smoke", *KILL_OVERRIDES, *SIBLING, f"sibling.reference={reference}",
             f"hydra.run.dir={run_dir}", "resume=auto"]
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from slurm_cluster import Cluster, missing_programs
+
+from numdev.cli.commands import argv
 
 SMOKE = ["experiment=train_smoke", "callbacks.samples.num_samples=2", "threads=1"]
 # Sampling every step slows the steps down so that the requeue lands mid-training.
@@ -43,8 +44,7 @@ def slurm(tmp_path_factory):
 
 
 def _train(*args: str) -> list[str]:
-    script = Path(sys.executable).with_name("numdev-train")
-    return [*([str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]), *args]
+    return [*argv("numdev-train"), *args]
 
 
 def _snapshots(run_dir: Path) -> dict[int, str]:

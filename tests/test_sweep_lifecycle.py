@@ -12,13 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from numdev.cli.commands import argv
 from numdev.cli.sweep_jobs import duplicate_values
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -29,8 +29,7 @@ ENDLESS_STUDY = ["experiment=flash_stability_smoke", "study.replicate=0", "train
 
 
 def _numdev_train() -> list[str]:
-    script = Path(sys.executable).with_name("numdev-train")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "numdev.train.app"]
+    return argv("numdev-train")
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:

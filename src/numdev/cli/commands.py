@@ -7,6 +7,7 @@ running interpreter instead: `.venv/bin/numdev-bench` from the repository root.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shlex
 import sys
@@ -21,14 +22,30 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def script(name: str, module: str | None = None) -> str:
-    """`.venv/bin/<name>` as the user can type it; `<python> -m <module>` when the script is missing."""
+def _module_of(name: str) -> str | None:
+    """The module of an installed console script (numdev's own, from the package's entry points)."""
+    for entry in importlib.metadata.entry_points(group="console_scripts", name=name):
+        return entry.module
+    return None
+
+
+def argv(name: str, module: str | None = None) -> list[str]:
+    """The argument list that runs console script `name` from this interpreter's environment: the
+    script beside the interpreter, else `<python> -m <module>` (`module`, or the script's own)."""
     beside = Path(sys.executable).parent / name  # not resolved: the venv's bin/, not the base interpreter's
     if beside.is_file() and os.access(beside, os.X_OK):
-        return _shown(beside)
-    if module is not None:
-        return f"{_shown(Path(sys.executable))} -m {module}"
-    return name
+        return [str(beside)]
+    module = module or _module_of(name)
+    return [sys.executable, "-m", module] if module is not None else [name]
+
+
+def script(name: str, module: str | None = None) -> str:
+    """`.venv/bin/<name>` as the user can type it; `<python> -m <module>` when the script is not
+    beside the interpreter (another environment, an install without scripts)."""
+    words = argv(name, module)
+    if len(words) == 1:
+        return _shown(Path(words[0])) if "/" in words[0] else words[0]
+    return f"{_shown(Path(words[0]))} -m {words[2]}"
 
 
 def command(name: str, *args: str | os.PathLike, module: str | None = None) -> str:
