@@ -2,7 +2,9 @@
 
 `make demo` installs into .venv without activating it, so a bare `numdev-bench` or `tensorboard`
 is "command not found" in the user's shell. Printed commands name the console script beside the
-running interpreter instead: `.venv/bin/numdev-bench` from the repository root.
+running interpreter instead: `.venv/bin/numdev-bench` from the repository root; from an environment
+without the scripts beside its interpreter (another venv, a `pip --target` install, as on a lent GPU
+machine), `<python> -m <module>`, the module read from the script's entry point.
 """
 
 from __future__ import annotations
