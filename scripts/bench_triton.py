@@ -59,11 +59,7 @@ def main(argv=None) -> int:
     methods["sdpa_flash"] = build_backend("sdpa_flash")
     if "sdpa_cudnn" in available_backends("cuda", torch.bfloat16):
         methods["sdpa_cudnn"] = build_backend("sdpa_cudnn")
-    probe = torch.zeros(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
-    for kernel in flash_attn_backend.installed():
-        backend = build_backend("flash_attn", kernel=kernel)
-        if backend.unsupported_reason(probe) is None:
-            methods[f"flash_attn[{kernel}]"] = backend
+    methods.update(flash_attn_backend.runnable("cuda", torch.bfloat16))
     if args.methods:
         methods = {name: methods[name] for name in args.methods if name in methods}
 

@@ -82,6 +82,15 @@ def test_auto_takes_the_first_installed_kernel_and_records_it(kernels):
     assert build_backend("flash_attn").describe()["kernel"] == "fa2"
 
 
+def test_runnable_lists_the_installed_kernels_that_take_the_inputs(kernels):
+    kernels({"fa4": _module("flash_attn.cute", _sdpa_in_kernel_layout)})
+    assert fab.runnable("cpu", torch.bfloat16) == {}  # installed, but CUDA only
+    backend = build_backend("flash_attn")
+    assert backend.resolved() == "fa4"
+    kernels({"fa2": _module("flash_attn", _sdpa_in_kernel_layout)})
+    assert backend.resolved() == "fa4"  # auto resolves once, not on every attention call
+
+
 def test_a_namespace_without_flash_attn_func_is_not_flash_attn_2(kernels):
     """FlashAttention-4's wheel leaves `flash_attn` a namespace: fa2 must not be found in it."""
     kernels({"fa4": _module("flash_attn.cute", _sdpa_in_kernel_layout)})

@@ -100,6 +100,14 @@ def version(name: str) -> str:
     return str(found) if found else "unknown"
 
 
+def runnable(device: str, dtype: torch.dtype) -> dict[str, FlashAttn]:
+    """{"flash_attn[<kernel>]": backend} for every installed kernel that runs on `device` with
+    `dtype` (the scripts that time or compare every real kernel list them with this)."""
+    probe = torch.zeros(1, 1, 16, 64, device=device, dtype=dtype)
+    backends = {f"flash_attn[{name}]": FlashAttn(kernel=name) for name in installed()}
+    return {label: b for label, b in backends.items() if b.unsupported_reason(probe) is None}
+
+
 def none_installed() -> str:
     return ("no FlashAttention kernel is installed; install one of: "
             + "; ".join(f"{k.name} ({k.module}): {k.install}" for k in KERNELS.values()))
@@ -111,13 +119,17 @@ class FlashAttn(AttentionBackend):
         if kernel not in KERNEL_CHOICES:
             raise ValueError(f"attention.kernel={kernel!r}: use one of {', '.join(KERNEL_CHOICES)}")
         self.kernel = kernel
+        self._resolved: str | None = None
 
     def resolved(self) -> str | None:
-        """The kernel this backend calls: the one asked for, or auto's first installed one."""
+        """The kernel this backend calls: the one asked for, or auto's first installed one (found
+        once, at the first call: not on every attention call)."""
         if self.kernel != "auto":
             return self.kernel
-        found = installed()
-        return found[0] if found else None
+        if self._resolved is None:
+            found = installed()
+            self._resolved = found[0] if found else None
+        return self._resolved
 
     def unsupported_reason(self, q):
         name = self.resolved()
