@@ -158,17 +158,29 @@ def summarise(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--dims", type=_at_least(1), nargs="+", default=[64, 128])
     parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
-    parser.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--compare-heads", type=int, default=1, help="heads of batch 0 compared on the CPU")
+    parser.add_argument("--n", type=_at_least(1), nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--seeds", type=_at_least(0), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--batch", type=_at_least(1), default=2)
+    parser.add_argument("--heads", type=_at_least(1), default=8)
+    parser.add_argument("--compare-heads", type=_at_least(1), default=1, help="heads of batch 0 compared on the CPU")
     parser.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

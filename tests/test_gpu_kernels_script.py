@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,7 +40,14 @@ def test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline
     assert {r["seed"] for r in report["rows"]} == {0, 1, 2}
 
 
-def test_asking_for_a_gpu_without_one_is_one_line(tmp_path):
+@pytest.mark.parametrize("bad", [["--n", "0"], ["--dims", "-64"], ["--seeds", "-1"], ["--batch", "x"]])
+def test_bad_grid_values_are_refused_before_anything_runs(bad):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_kernels.py"), "--device", "cpu", *bad],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and f"argument {bad[0]}" in result.stderr
+
+
+def test_bad_heads_are_one_line(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_kernels.py"), "--device", "cpu", "--heads", "1",
                              "--compare-heads", "2"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--compare-heads 2 must be 1..--heads (1)" in result.stderr
