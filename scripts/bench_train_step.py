@@ -14,12 +14,21 @@ default interval (snapshot.every_n_steps x the baseline's step time). The siblin
 is what the sibling callback adds at each snapshot step (scripts/bench_wasserstein.py's
 live_comparison: load and verify the reference's snapshot, sort, compare, write the CSV), divided
 the same way. Threads are pinned (--threads) and recorded with the machine (numdev.runs.provenance).
+
+Low precision on CPUs without bf16/fp16 instructions (numdev.train.precision): `--cpu-gemm
+native,fp32` times every bf16/fp16 row with PyTorch's own low-precision kernels and with FP32 GEMMs
+on rounded operands; `precision_ratios` is each row's step time over the fp32 row of the same
+backend, measured in the same run, and `auto_route` what precision.gemm=auto picks here. Another CPU
+kind's kernel choice can be seen on this machine by capping the libraries' instruction sets, e.g.
+ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (recorded in
+`environment`; an emulation of an AVX2-only CPU's kernel choice, not that CPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -35,6 +44,7 @@ from hydra.utils import instantiate
 from numdev.runs.atomic import write_json
 from numdev.runs.provenance import provenance
 from numdev.train.callbacks.sibling import SiblingDistance
+from numdev.train.precision import resolve
 from numdev.train.run import build_model, build_module
 from numdev.weights.distances import distance_rows
 from numdev.weights.store import SnapshotWriter, parameter_state
@@ -90,16 +100,21 @@ def time_steps(module, optimizer, plugin, batch, steps: int, warmup: int, device
     return times
 
 
-def bench(model: str, backends: list[str], precision: str, extra: list[str], steps: int, warmup: int, device: torch.device) -> list[dict]:
+def bench(model: str, backends: list[str], precision: str, extra: list[str], steps: int, warmup: int, device: torch.device,
+          gemm: str | None = None) -> list[dict]:
     rows = []
     for backend in backends:
         overrides = [f"model={model}", f"attention={backend}", f"precision={precision}", *extra]
+        if gemm is not None and precision in LOW_PRECISIONS:
+            overrides.append(f"precision.gemm={gemm}")
         cfg, module, optimizer, plugin, batch = setup(overrides, device)
         times = time_steps(module, optimizer, plugin, batch, steps, warmup, device)
+        route = plugin.describe_route() if hasattr(plugin, "describe_route") else None
         rows.append({
             "model": model,
             "backend": backend,
             "precision": precision,
+            "gemm": route,  # bf16/fp16 products: native kernels or FP32 GEMMs (numdev.train.precision)
             "device": device.type,
             "batch": cfg.data.batch_size,
             "resolution": cfg.data.resolution,
@@ -116,6 +131,18 @@ def bench(model: str, backends: list[str], precision: str, extra: list[str], ste
     for row in rows:
         row["relative_to_" + rows[0]["backend"]] = row["step_seconds_median"] / reference
     return rows
+
+
+LOW_PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-true")
+
+
+def precision_ratios(rows: list[dict]) -> list[dict]:
+    """Each low-precision row's median step time over the fp32 row of the same backend (measured in this run)."""
+    fp32 = {r["backend"]: r["step_seconds_median"] for r in rows if r["precision"] == "fp32"}
+    return [{"backend": r["backend"], "precision": r["precision"], "gemm_route": (r["gemm"] or {}).get("route"),
+             "gemm_setting": (r["gemm"] or {}).get("setting"),
+             "step_time_over_fp32": r["step_seconds_median"] / fp32[r["backend"]]}
+            for r in rows if r["precision"] != "fp32" and r["backend"] in fp32]
 
 
 def snapshot_cost(model: str, step_seconds: float, repeats: int = 3) -> dict:
@@ -179,7 +206,9 @@ def main() -> None:
     parser.add_argument("--gpu-resolution", type=int, default=32, help="dit_base has patch 2: 32 -> 256 image tokens")
     parser.add_argument("--gpu-batch", type=int, default=32)
     parser.add_argument("--cpu-precision", default="fp32,bf16-mixed", help="comma-separated precision configs for the CPU rows")
+    parser.add_argument("--cpu-gemm", default="auto", help="comma-separated precision.gemm settings for the low-precision CPU rows (auto, native, fp32)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--no-costs", action="store_true", help="skip the snapshot and sibling-comparison costs")
     parser.add_argument("--no-gpu", action="store_true")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
@@ -192,16 +221,23 @@ def main() -> None:
         "provenance": provenance(threads=torch.get_num_threads()),
         "host": {"machine": platform.machine(), "processor": platform.processor(), "threads": torch.get_num_threads()},
         "torch": torch.__version__,
+        "environment": {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS") if k in os.environ},
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu": [
             row
             for precision in args.cpu_precision.split(",")
-            for row in bench("dit_tiny", args.cpu_backends.split(","), precision, [], args.steps, args.warmup, cpu)
+            for gemm in (args.cpu_gemm.split(",") if precision in LOW_PRECISIONS else [None])
+            for row in bench("dit_tiny", args.cpu_backends.split(","), precision, [], args.steps, args.warmup, cpu, gemm)
         ],
     }
-    step_seconds = report["cpu"][0]["step_seconds_median"]
-    report["snapshot"] = snapshot_cost("dit_tiny", step_seconds)
-    report["sibling"] = sibling_cost("dit_tiny", step_seconds, torch.get_num_threads())
-    report["snapshot_and_sibling_fraction"] = report["snapshot"]["fraction_of_training_time"] + report["sibling"]["fraction_of_training_time"]
+    report["precision_ratios"] = precision_ratios(report["cpu"])
+    report["auto_route"] = {name: dict(zip(("route", "why"), resolve("auto", dtype, "cpu")))
+                            for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16))}
+    if not args.no_costs:
+        step_seconds = report["cpu"][0]["step_seconds_median"]
+        report["snapshot"] = snapshot_cost("dit_tiny", step_seconds)
+        report["sibling"] = sibling_cost("dit_tiny", step_seconds, torch.get_num_threads())
+        report["snapshot_and_sibling_fraction"] = report["snapshot"]["fraction_of_training_time"] + report["sibling"]["fraction_of_training_time"]
     if torch.cuda.is_available() and not args.no_gpu:
         gpu = torch.device("cuda")
         report["gpu_name"] = torch.cuda.get_device_name(0)

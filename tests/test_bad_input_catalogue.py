@@ -387,6 +387,8 @@ CATALOGUE = [
     Case("train-bool-string", "numdev-train", [*TRAIN, 'trainer.enable_progress_bar="false"'],
          "trainer.enable_progress_bar='false' must be true or false (unquoted: trainer.enable_progress_bar=false)"),
     Case("train-threads-zero", "numdev-train", [*TRAIN, "threads=0"], "threads=0 must be a positive integer or null"),
+    Case("train-precision-gemm-unknown", "numdev-train", [*TRAIN, "precision=bf16-mixed", "precision.gemm=fastest"],
+         "precision.gemm='fastest': use one of auto, native, fp32"),
     Case("bench-causal-string", "numdev-bench", [*BENCH, 'causal="false"'], "causal='false' must be true or false (unquoted: causal=false)"),
     Case("bench-seeds-type", "numdev-bench", [*BENCH, "seeds=abc"], "seeds='abc' must be a list of non-negative integers below 2^64, e.g. [0,1]"),
     Case("bench-scale-type", "numdev-bench", [*BENCH, "inputs.scale=abc"], "inputs.scale='abc' must be a positive number"),

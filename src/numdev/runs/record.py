@@ -89,7 +89,7 @@ def _flatten(tree, prefix: str = "") -> dict:
     return {prefix.rstrip("."): tree}
 
 
-def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None) -> dict:
+def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | None, gemm: dict | None = None) -> dict:
     path = run_dir / RUN
     previous = RunDir(run_dir).read_record() if resumed_from is not None and path.is_file() else {}
     record = {
@@ -101,6 +101,7 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
         "backend": backend.name,
         "attention": backend.describe(),
         "precision": cfg.precision.name,
+        "precision_gemm": gemm,  # bf16/fp16 products: native kernels or FP32 GEMMs (numdev.train.precision)
         "seeds": {k: int(v) for k, v in cfg.seed.items()},
         "max_steps": int(cfg.trainer.max_steps),
         "device": cfg.trainer.accelerator,

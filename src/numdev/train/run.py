@@ -33,6 +33,7 @@ from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.memory import check_training_memory
 from numdev.train.module import DiffusionModule
+from numdev.train.precision import SETTINGS as GEMM_SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ def check_config(cfg: DictConfig) -> None:
     for name in ("init", "data", "noise"):
         if cfg.seed.get(name) is None:
             raise ValueError(f"seed.{name}=None must be a non-negative integer below 2^64 (a 64-bit seed)")
+    gemm = cfg.precision.get("gemm", "auto")
+    if gemm not in GEMM_SETTINGS:
+        raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
     _check_optimizer(cfg)
 
 
@@ -208,7 +212,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
             remove_temporaries(run_dir / sub)
     if rank_zero:
         record.write_config(run_dir, cfg)
-        run = record.start_record(run_dir, cfg, backend, resumed_from)
+        run = record.start_record(run_dir, cfg, backend, resumed_from, gemm=_gemm_route(trainer))
     else:
         run = {"status": "running", "global_rank": trainer.global_rank}
     if logger is not None:
@@ -243,6 +247,12 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
         results["optimization"] = optimization.describe(module.model, trainer.optimizers[0] if trainer.optimizers else None)
     status = "failed" if "error" in results else "stopped" if "stop_reason" in results else "finished"
     return finish(status, final_step=int(trainer.global_step), **results)
+
+
+def _gemm_route(trainer) -> dict | None:
+    """How this run computes its low-precision matrix products (numdev.train.precision), if it has a say."""
+    describe = getattr(trainer.precision_plugin, "describe_route", None)
+    return describe() if describe is not None else None
 
 
 def _signal_of(error: BaseException) -> signal.Signals | None:
