@@ -94,3 +94,9 @@ def test_the_speed_tables_are_the_benchmarks_from_the_committed_timings(tmp_path
     source = REPO / "docs" / "results" / result
     getattr(bench, writer)(json.loads(source.read_text(encoding="utf-8")), copy, source)
     assert read_block(doc, block) == read_block(copy, block)
+
+
+def test_the_precision_speed_table_is_the_scripts_from_the_committed_benchmarks():
+    table = _script("precision_speed_table")
+    assert table.results(), "no docs/results/bench_precision_*.json"
+    assert read_block(table.DOC, table.BLOCK) == table.block_text().strip()

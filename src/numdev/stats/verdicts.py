@@ -23,11 +23,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
-from numdev.stats.intervals import Estimate
+from numdev.stats.intervals import MIN_CI, RANGE, Estimate
 
 HOLDS, FAILS, PARTLY, NOT_MEASURABLE = "holds", "fails", "partly", "not measurable"
 BY_CONSTRUCTION = "by construction"
 STATUSES = (HOLDS, FAILS, PARTLY, NOT_MEASURABLE, BY_CONSTRUCTION)
+RANGE_NO_VERDICT = f"a range from fewer than {MIN_CI} replicates carries no verdict"
 SYMBOLS = {HOLDS: "✓", FAILS: "✗", PARTLY: "◐", NOT_MEASURABLE: "–", BY_CONSTRUCTION: "□"}
 
 # A monotone trend is judged by Kendall's tau between x and the per-seed values (every seed's point
@@ -73,6 +74,8 @@ def ratio_verdict(estimate: Estimate, claim: str, threshold: float = 1.0, what: 
     rule = f"{what}'s {estimate.spread_name} lies wholly {claim} {threshold:g}"
     if not np.isfinite(estimate.value) or not estimate.has_interval:
         return Verdict(NOT_MEASURABLE, rule, f"{what} = {estimate.value:.3g} from {estimate.n} seed(s): no interval")
+    if estimate.method == RANGE:
+        return Verdict(NOT_MEASURABLE, rule, f"{what} {estimate.text()}: {RANGE_NO_VERDICT}")
     interval = f"{what} {estimate.text()}"
     above, below = estimate.low > threshold, estimate.high < threshold
     if (claim == "above" and above) or (claim == "below" and below):
@@ -88,6 +91,8 @@ def range_verdict(estimate: Estimate, low: float, high: float, what: str = "the 
     rule = f"{what}'s {estimate.spread_name} lies within [{low:g}, {high:g}]"
     if not np.isfinite(estimate.value) or not estimate.has_interval:
         return Verdict(NOT_MEASURABLE, rule, f"{what} = {estimate.value:.3g} from {estimate.n} seed(s): no interval")
+    if estimate.method == RANGE:
+        return Verdict(NOT_MEASURABLE, rule, f"{what} {estimate.text()}: {RANGE_NO_VERDICT}")
     interval = f"{what} {estimate.text()}"
     if estimate.low >= low and estimate.high <= high:
         return Verdict(HOLDS, rule, interval)
@@ -165,6 +170,8 @@ def about_verdict(estimate: Estimate, band: tuple[float, float] = ABOUT_10X, flo
             f"within the band: partly; wholly at or below {floor:g}: fails")
     if not np.isfinite(estimate.value) or not estimate.has_interval:
         return Verdict(NOT_MEASURABLE, rule, f"{what} = {estimate.value:.3g} from {estimate.n} seed(s): no interval")
+    if estimate.method == RANGE:
+        return Verdict(NOT_MEASURABLE, rule, f"{what} {estimate.text()}: {RANGE_NO_VERDICT}")
     interval = f"{what} {estimate.text()}"
     if estimate.low >= low and estimate.high <= high:
         return Verdict(HOLDS, rule, interval)
@@ -241,6 +248,8 @@ def _t_test_over_seeds(values: np.ndarray, sign: int, rule: str, summary: str, a
     result = scipy_stats.ttest_1samp(values, 0.0, alternative="greater" if sign > 0 else "less")
     other = scipy_stats.ttest_1samp(values, 0.0, alternative="less" if sign > 0 else "greater")
     detail = f"{summary}; t-test p = {result.pvalue:.2g} (df {len(values) - 1})"
+    if len(values) < MIN_CI:
+        return Verdict(NOT_MEASURABLE, rule, f"{detail}: {len(values)} replicates: a test from fewer than {MIN_CI} carries no verdict")
     if result.pvalue < alpha:
         return Verdict(HOLDS, rule, detail)
     if other.pvalue < alpha:

@@ -1,0 +1,135 @@
+"""The harm study's summary.json as a typed, versioned record (experiment=harm, numdev.analysis.harm).
+
+The analysis writes it; the figures (numdev.figures.harm), the report and scripts/harm_table.py read it
+through `read_harm_summary`, which checks the schema name, the version and every field's type and
+refuses a file that fails (naming the file and the field): a summary edited, truncated or written
+by another numdev is never half-read.
+
+Field by field:
+- `workload`: model, resolution, steps, precision, learning rate, the attention tiling of each role;
+- `margin`: the pre-registered outcome, margin and its sense (`relative`: a fraction of the reference's);
+- `roles`: one RoleSummary per role (its claim, outcomes per replicate, effects, function-level
+  measures, calibration over steps, margin to harm, the verdict on its claim);
+- `calibration`: the ladders' rungs, steps, rules and the replicates whose ladder is non-monotone;
+- `harm`: delta_harm (numdev.analysis.harm.threshold);
+- `headline`: the sentence, shown only when every pre-registered claim holds, else why not;
+- `table`: the headline table's rows (every measure side by side, judged against the paper's 2-5x).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA = "numdev.harm_summary"
+VERSION = 1
+
+
+@dataclass
+class RoleSummary:
+    role: str
+    kind: str
+    label: str
+    replicates: list[int]
+    claim: str | None = None
+    claim_than: str | None = None
+    tiling: list[dict] | None = None
+    gemm_route: str | None = None
+    outcomes: dict = field(default_factory=dict)  # outcome -> {replicate: value}
+    effects: dict = field(default_factory=dict)  # outcome -> effect against the reference (and against independent seeds)
+    function_level: dict = field(default_factory=dict)  # churn, prediction disagreement, loss barrier
+    calibration: dict = field(default_factory=dict)  # ladder -> {steps, stability, value}
+    margin_to_harm: dict | None = None
+    control: dict | None = None  # the verdict on its pre-registered claim
+    per_call: dict | None = None  # the shadow's per-call deviation (relative RMS, signed bias)
+
+
+@dataclass
+class HarmSummary:
+    study_dir: str
+    command: str
+    provenance: dict
+    workload: dict
+    margin: dict
+    replicates: list[int]
+    roles: dict[str, RoleSummary]
+    calibration: dict
+    harm: dict
+    headline: dict
+    table: list[dict]
+    rules: dict
+    problems: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+    version: int = VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def role(self, name: str) -> RoleSummary | None:
+        return self.roles.get(name)
+
+
+_TYPES = {"str": str, "int": int, "dict": dict, "list": list}
+
+
+def _check(cls, data, where: str) -> dict:
+    """`data`'s fields for dataclass `cls`: each present when required and of its declared type."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: holds a {type(data).__name__}, not a mapping")
+    out = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"{where}: field {f.name!r} is missing")
+            continue
+        value = data[f.name]
+        declared = str(f.type)
+        if value is None and "None" in declared:
+            out[f.name] = None
+            continue
+        kind = declared.split(" | ")[0].split("[")[0]
+        expected = _TYPES.get(kind)
+        if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            raise ValueError(f"{where}: field {f.name!r} is a {type(value).__name__}, not a {kind}")
+        if kind == "list" and "int" in declared and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"{where}: field {f.name!r} must be a list of integers")
+        out[f.name] = value
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}")
+    return out
+
+
+def from_json(data, where: str = "summary.json") -> HarmSummary:
+    """A HarmSummary from parsed JSON, every field checked (ValueError naming `where` and the field)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: holds a {type(data).__name__}, not a mapping")
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{where}: not a harm study summary (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{where}: version {data.get('version')!r}; this numdev reads version {VERSION}: re-run numdev-study on the study")
+    top = _check(HarmSummary, data, where)
+    roles = {}
+    for name, block in top["roles"].items():
+        role = RoleSummary(**_check(RoleSummary, block, f"{where}: roles.{name}"))
+        if role.role != name:
+            raise ValueError(f"{where}: roles.{name} says it is role {role.role!r}")
+        roles[name] = role
+    top["roles"] = roles
+    return HarmSummary(**top)
+
+
+def read_harm_summary(path: str | Path) -> HarmSummary:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error}): re-run numdev-study on the study") from None
+    return from_json(data, str(path))
+
+
+def is_harm_summary(data) -> bool:
+    return isinstance(data, dict) and data.get("schema") == SCHEMA
