@@ -13,7 +13,8 @@ import yaml
 from conftest import REPO, run_cli
 from helpers import compose_train, console_noise
 
-from numdev.analysis.study import KIND_ORDER, analyse, ratio_of_growths
+from numdev.analysis.study import analyse, ratio_of_growths
+from numdev.analysis.study_runs import KIND_ORDER
 from numdev.models.perturb import perturb_one_ulp
 from numdev.report.app import build_report
 from numdev.stats.verdicts import FAILS, HOLDS, NOT_MEASURABLE
@@ -133,7 +134,7 @@ def test_a_directory_that_is_not_a_study_is_a_one_line_error(tmp_path):
 def test_the_jobs_a_study_lacks_are_named_from_its_sweep_and_its_replicates(tmp_path):
     """A role missing at one replicate, a role the sweep lists that never ran, a replicate given on the
     command line (range() and lists in Hydra's own grammar)."""
-    from numdev.analysis.study import missing_jobs
+    from numdev.analysis.study_runs import missing_jobs
 
     runs = {"reference": {0: {}, 1: {}}, "flash": {0: {}, 1: {}}, "data": {0: {}}}
     assert missing_jobs(tmp_path, runs) == ["r1/data"]  # no multirun.yaml: the replicates the other roles have

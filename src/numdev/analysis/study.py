@@ -20,41 +20,44 @@ caption agreement.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from numdev.analysis import early
-from numdev.analysis.compare import compare_runs
+from numdev.analysis.study_runs import (
+    REFERENCE,
+    UNDER_TEST,
+    discover,
+    first_run,
+    kind_of,
+    missing_jobs,
+    model_curves,
+    pair_rows,
+    read_json,
+    role_of_kind,
+    study_curves,
+)
 from numdev.cli import logs
 from numdev.cli.errors import fail
 from numdev.runs.atomic import WriteError, write_json
 from numdev.runs.layout import (
     EVAL,
     HELDOUT,
-    MULTIRUN,
-    RUN_RECORD,
     SAMPLES,
     SUMMARY,
     RunDir,
 )
-from numdev.runs.layout import MODEL_ROW as MODEL
 from numdev.runs.provenance import provenance
 from numdev.stats import intervals as stats
 from numdev.stats import verdicts
 from numdev.stats.growth import GROWTH_MEASURE, fit_growth
 from numdev.weights.metrics import EARLY_METRIC, LABELS, PAPER_METRIC, PREFERENCE
-from numdev.weights.metrics import read_distances_csv as read_csv
-from numdev.weights.store import list_snapshots
 
 log = logging.getLogger(__name__)
 
-REFERENCE, TRUTH, UNDER_TEST = "reference", "truth", "under_test"  # kinds (conf/train/study/*.yaml: study.kind)
-KIND_ORDER = (TRUTH, REFERENCE, UNDER_TEST, "control", "proxy", "optimization", "ladder")
 DOWNSTREAM = {  # per-run outcome -> (file, key, label)
     "heldout_loss": (HELDOUT, "heldout_loss", "held-out loss"),
     "colour_accuracy": (EVAL, "colour_accuracy", "colour agreement"),
@@ -74,149 +77,7 @@ def paper_roles(summary: dict) -> tuple[str, str]:
 PAPER_LOW_PRECISION_RANGE = (2.0, 5.0)
 
 
-# ----------------------------------------------------------------------------- the runs
-
-
-def discover(study_dir: Path) -> dict[str, dict[int, dict]]:
-    """role -> replicate -> {dir, role, kind, label, replicate, record, config}."""
-    runs: dict[str, dict[int, dict]] = {}
-    for config_path in sorted(study_dir.glob("r*/*/config.yaml")):
-        config = _read_yaml(config_path)
-        block = config.get("study") or {}
-        if "role" not in block:
-            continue
-        run_dir = config_path.parent
-        record = _read_json(run_dir / RUN_RECORD, "run record")
-        if record.get("status") != "finished":
-            raise ValueError(f"{run_dir / RUN_RECORD}: status {record.get('status')!r}, not finished: rerun that role")
-        replicate = int(block.get("replicate", 0))
-        runs.setdefault(block["role"], {})[replicate] = {
-            "dir": run_dir, "role": block["role"], "kind": block.get("kind", "control"), "label": block.get("label", block["role"]),
-            "replicate": replicate, "record": record, "config": config, "ladder": block.get("ladder"), "paper": block.get("paper"),
-        }
-    kinds = {run["kind"] for by_rep in runs.values() for run in by_rep.values()}
-    if REFERENCE not in kinds:
-        raise FileNotFoundError(
-            f"{study_dir} is not a finished study: no run of kind 'reference' under r*/<role>/ "
-            "(run numdev-train experiment=flash_stability)"
-        )
-    return dict(sorted(runs.items(), key=lambda item: (_kind_rank(_kind(item[1])), item[0])))
-
-
-def missing_jobs(study_dir: Path, runs: dict) -> list[str]:
-    """The r<replicate>/<role> jobs of this study that have no run here: every role at every replicate
-    another role has, and every role and replicate the sweep lists (multirun.yaml: the experiment's
-    sweeper params, overridden by the command line's), parsed with Hydra's own override grammar."""
-    roles, replicates = set(runs), {r for by_rep in runs.values() for r in by_rep}
-    swept = _swept(Path(study_dir) / MULTIRUN)
-    roles |= set(swept.get("study", []))
-    replicates |= {int(r) for r in swept.get("study.replicate", []) if str(r).lstrip("-").isdigit()}
-    return [f"r{r}/{role}" for r in sorted(replicates) for role in sorted(roles) if r not in runs.get(role, {})]
-
-
-def _swept(path: Path) -> dict[str, list[str]]:
-    """{"study": [...], "study.replicate": [...]} as the multirun swept them; {} without a readable multirun.yaml."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    if not path.is_file():
-        return {}
-    config = _read_yaml(path)
-    hydra = (config.get("hydra") or {}) if isinstance(config, dict) else {}
-    params = {str(k): str(v) for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()}
-    for override in (hydra.get("overrides") or {}).get("task") or []:
-        key, _, value = str(override).partition("=")
-        params[key.lstrip("+~")] = value
-    out = {}
-    parser = OverridesParser.create()
-    for key in ("study", "study.replicate"):
-        if key not in params:
-            continue
-        try:
-            (override,) = parser.parse_overrides([f"{key}={params[key]}"])
-        except HydraException as error:
-            raise ValueError(f"{path}: its sweep of {key} ({params[key]!r}) cannot be read ({error}): the file is corrupt") from None
-        out[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(override.value())]
-    return out
-
-
-def _kind(by_replicate: dict) -> str:
-    return next(iter(by_replicate.values()))["kind"]
-
-
-def _kind_rank(kind: str) -> int:
-    return KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
-
-
-def _role_of_kind(runs: dict, kind: str) -> str | None:
-    return next((role for role, by_rep in runs.items() if _kind(by_rep) == kind), None)
-
-
-def _read_yaml(path: Path) -> dict:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"{path} is not valid YAML ({type(error).__name__}): the run's config is corrupt") from None
-
-
-def _read_json(path: Path, what: str, required: bool = True) -> dict | None:
-    if not path.is_file():
-        if required:
-            raise FileNotFoundError(f"{path} is missing: {path.parent} is not a finished numdev-train run ({what})")
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}): the {what} is corrupt") from None
-
-
 # ----------------------------------------------------------------------------- curves
-
-
-def pair_rows(run: Path, sibling: Path, label: str, log=print) -> list[dict]:
-    """Distance rows of `run` against `sibling`: the live CSV if complete, else from the snapshots."""
-    live = RunDir(run).sibling_csv(label)
-    rows = read_csv(live) if live.is_file() else []
-    if sorted({r["step"] for r in rows}) != list_snapshots(sibling):
-        log(f"[study] {run.parent.name}/{run.name} vs {label}: computing the distances from the snapshots")
-        rows = compare_runs(run, sibling, log=log)
-    return rows
-
-
-def model_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]]]:
-    """steps and metric -> values of the whole-model rows (metrics: the ones the rows have)."""
-    model = sorted((r for r in rows if r["tensor"] == MODEL), key=lambda r: r["step"])
-    metrics = [m for m in PREFERENCE if model and m in model[0]]
-    return [int(r["step"]) for r in model], {m: [float(r[m]) for r in model] for m in metrics}
-
-
-def study_curves(study_dir: Path, runs: dict, log=print, against_truth: bool = True) -> dict[str, dict[str, dict[int, tuple]]]:
-    """against ('reference' | 'truth') -> role -> replicate -> (steps, metric -> values).
-
-    Pairs are read (or computed from snapshots) on two threads: NumPy's sorts, safetensors reads
-    and sha256 release the GIL, so the offline comparisons against the truth run overlap.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    reference, truth = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, TRUTH)
-    jobs = []  # (against, role, replicate, run dir, anchor dir, anchor label)
-    for against, anchor in (("reference", reference), ("truth", truth)):
-        if anchor is None:
-            continue
-        for role, by_rep in runs.items():
-            if role == anchor or (against == "reference" and role == truth):
-                continue
-            if against == "truth" and not against_truth and role != reference:
-                continue  # the early study: only the reference's live comparison with the truth (no offline ones)
-            for replicate, run in by_rep.items():
-                if replicate in runs[anchor]:
-                    jobs.append((against, role, replicate, run["dir"], runs[anchor][replicate]["dir"], anchor))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda job: model_curves(pair_rows(job[3], job[4], job[5], log)), jobs))
-    curves: dict[str, dict] = {"reference": {}, "truth": {}}
-    for (against, role, replicate, *_), curve in zip(jobs, results):
-        curves[against].setdefault(role, {})[replicate] = curve
-    return curves
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -280,12 +141,12 @@ def ratio_of_growths(numerator: dict, denominator: dict, what: str) -> dict:
 
 def downstream(runs: dict) -> dict:
     """Per role and outcome: the mean over replicates, and the paired difference to the reference."""
-    reference = _role_of_kind(runs, REFERENCE)
+    reference = role_of_kind(runs, REFERENCE)
     values: dict[str, dict[str, dict[int, float]]] = {}
     for role, by_rep in runs.items():
         for replicate, run in by_rep.items():
             for outcome, (file, key, _) in DOWNSTREAM.items():
-                data = _read_json(run["dir"] / file, outcome, required=False)
+                data = read_json(run["dir"] / file, outcome, required=False)
                 if data is not None and data.get(key) is not None:
                     values.setdefault(outcome, {}).setdefault(role, {})[replicate] = float(data[key])
     out = {}
@@ -313,6 +174,10 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
 
     against_truth=False compares only the reference with the truth run (the early study: the ladder's
     many runs are read against the reference alone; every other truth pair would be computed offline)."""
+    from numdev.analysis.harm import study as harm  # experiment=harm: its own analysis (the runs say so)
+
+    if harm.is_harm_study(discover(Path(study_dir))):
+        return harm.analyse(study_dir, log=log, partial=partial).to_json()
     study_dir = Path(study_dir)
     runs = discover(study_dir)
     missing = missing_jobs(study_dir, runs)
@@ -325,13 +190,13 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
     if missing:
         log(f"warning: analysing {study_dir} without {len(missing)} job(s): {', '.join(missing)}")
     curves = study_curves(study_dir, runs, log, against_truth)
-    reference, under_test = _role_of_kind(runs, REFERENCE), _role_of_kind(runs, UNDER_TEST)
+    reference, under_test = role_of_kind(runs, REFERENCE), role_of_kind(runs, UNDER_TEST)
     metrics = _metrics_present(curves)
     primary = metrics[0]
     paper_metric = next((m for m in PAPER_METRIC if m in metrics), primary)
     pairs = {
         against: {
-            role: {"label": _first(runs[role])["label"], "kind": _kind(runs[role]), **{m: growth_of(by_rep, m) for m in metrics}}
+            role: {"label": first_run(runs[role])["label"], "kind": kind_of(runs[role]), **{m: growth_of(by_rep, m) for m in metrics}}
             for role, by_rep in by_role.items()
         }
         for against, by_role in curves.items()
@@ -345,26 +210,26 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
             ratios[f"{role}/{under_test}"] = {
                 m: ratio_of_growths(pair[m], flash[m], f"{role}/{under_test} slope ratio") for m in metrics if pair[m] and flash[m]
             }
-    reference_run = _first(runs[reference])["record"]
-    roles_info = {role: {"ladder": _first(by_rep)["ladder"]} for role, by_rep in runs.items()}
+    reference_run = first_run(runs[reference])["record"]
+    roles_info = {role: {"ladder": first_run(by_rep)["ladder"]} for role, by_rep in runs.items()}
     summary = {
         "study": str(study_dir),
         "provenance": provenance(seeds=sorted({r for by_rep in runs.values() for r in by_rep}), threads=reference_run.get("threads")),
         "precision": reference_run.get("precision"),
         "under_test": under_test,
-        "under_test_backend": _first(runs[under_test])["record"].get("backend") if under_test else None,
+        "under_test_backend": first_run(runs[under_test])["record"].get("backend") if under_test else None,
         "reference_backend": reference_run.get("backend"),
         "model": reference_run.get("model"),
-        "parameters": _parameters(_first(runs[reference])["dir"]),
+        "parameters": _parameters(first_run(runs[reference])["dir"]),
         "steps": reference_run.get("final_step"),
         "replicates": sorted({r for by_rep in runs.values() for r in by_rep}),
         "missing": missing,  # jobs of the sweep without a run (numdev-study --partial)
         "role_order": list(runs),
-        "paper_roles": {_first(by_rep)["paper"]: role for role, by_rep in runs.items() if _first(by_rep)["paper"]},  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
+        "paper_roles": {first_run(by_rep)["paper"]: role for role, by_rep in runs.items() if first_run(by_rep)["paper"]},  # truth, reference, under test, controls, proxies (JSON objects are written sorted)
         "roles": {
-            role: {"kind": _kind(by_rep), "label": _first(by_rep)["label"], "replicates": _replicates_of(by_rep),
-                   "ladder": _first(by_rep)["ladder"],
-                   "backend": _first(by_rep)["record"].get("backend"), "precision": _first(by_rep)["record"].get("precision")}
+            role: {"kind": kind_of(by_rep), "label": first_run(by_rep)["label"], "replicates": _replicates_of(by_rep),
+                   "ladder": first_run(by_rep)["ladder"],
+                   "backend": first_run(by_rep)["record"].get("backend"), "precision": first_run(by_rep)["record"].get("precision")}
             for role, by_rep in runs.items()
         },
         "metrics": metrics,
@@ -377,11 +242,11 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
         "early": early_summary(curves["reference"], under_test),
         "calibration": early.calibration(curves["reference"], roles_info, under_test) if EARLY_METRIC in metrics else {},
         "downstream": downstream(runs),
-        "shadow": _shadow_summary(RunDir(_first(runs[under_test])["dir"])) if under_test else None,
+        "shadow": _shadow_summary(RunDir(first_run(runs[under_test])["dir"])) if under_test else None,
         "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
-        "samples": {role: _samples(_first(by_rep)) for role, by_rep in runs.items() if (_first(by_rep)["dir"] / SAMPLES).is_file()},
+        "samples": {role: _samples(first_run(by_rep)) for role, by_rep in runs.items() if (first_run(by_rep)["dir"] / SAMPLES).is_file()},
     }
-    if any(_kind(by_rep) == "optimization" for by_rep in runs.values()):  # experiment=optimizations: the table
+    if any(kind_of(by_rep) == "optimization" for by_rep in runs.values()):  # experiment=optimizations: the table
         from numdev.analysis import optimizations
 
         summary["optimizations"] = optimizations.table(
@@ -563,10 +428,6 @@ def _metrics_present(curves: dict) -> list[str]:
                 if values:
                     return [m for m in PREFERENCE if m in values]
     raise ValueError("the study has no weight-distance curves: no role besides the reference and truth")
-
-
-def _first(by_replicate: dict) -> dict:
-    return by_replicate[min(by_replicate)]
 
 
 def _parameters(run_dir: Path) -> int:
