@@ -27,6 +27,7 @@ from numdev.diffusion import diffusion_loss, training_target
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import HELDOUT, write_heldout_predictions
 
+HELDOUT_IMAGES, HELDOUT_SEED = 256, 0  # the callback's defaults (conf/train/callbacks/default.yaml sets the same)
 HELDOUT_BATCH_SIZE = 64  # images per forward pass (the loss sums per-batch means: the same batches give the same number)
 
 
@@ -74,7 +75,7 @@ def heldout_evaluation(model: torch.nn.Module, schedule, prediction: str, datase
 
 
 class HeldOutLoss(pl.Callback):
-    def __init__(self, run_dir: str, num_images: int = 256, batch_size: int = HELDOUT_BATCH_SIZE, seed: int = 0,
+    def __init__(self, run_dir: str, num_images: int = HELDOUT_IMAGES, batch_size: int = HELDOUT_BATCH_SIZE, seed: int = HELDOUT_SEED,
                  save_predictions: bool = True):
         for name, value in (("num_images", num_images), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
