@@ -57,7 +57,7 @@ CHURN_RULE = (
 )
 BARRIER_RULE = (
     "loss barrier (linear mode connectivity; Frankle et al. 2020, Altıntaş et al. 2025): the held-out diffusion loss "
-    "L(alpha) at W(alpha) = (1 - alpha) W_a + alpha W_b (computed as W_a + alpha (W_b - W_a) in float32) from the "
+    "L(alpha) at W(alpha) = (1 - alpha) W_a + alpha W_b (torch.lerp in float32: equal ends give W_a bit for bit) from the "
     "two runs' final weight snapshots, evaluated as the held-out callback evaluates (its images, timesteps, noise, "
     "batches; run_b's model, precision and attention, or eager attention); barrier = max over the alphas of "
     "L(alpha) - (L(0) + alpha (L(1) - L(0))); 0 for identical runs, > 0 when the path rises above the chord, < 0 "
@@ -255,7 +255,7 @@ def loss_barrier(run_a: str | Path, run_b: str | Path, alphas: Sequence[float] =
 
         loss_a, inputs = loss_at(weights_a)
         losses = [loss_a]
-        for alpha in interior:  # W_a + alpha (W_b - W_a): equal ends give W_a bit for bit
+        for alpha in interior:  # torch.lerp: W_a + alpha (W_b - W_a) (from the far end past 0.5): equal ends give W_a bit for bit
             losses.append(loss_at({name: torch.lerp(weights_a[name], weights_b[name], alpha) for name in weights_a})[0])
         loss_b = loss_at(weights_b)[0]
         losses.append(loss_b)
