@@ -13,6 +13,8 @@ One home for the contract that bench/ and train/ write and analysis/ and report/
     <run_dir>/checkpoints/last.ckpt     the resume checkpoint
     <run_dir>/checkpoints/last.ckpt.sha256   its checksum (numdev.train.checkpoint_io)
     <run_dir>/instability.json, shadow.csv, eval.json, samples.png
+    <run_dir>/heldout.json              the held-out loss (numdev.train.callbacks.heldout)
+    <run_dir>/heldout_predictions.safetensors   the model's predictions on the held-out inputs (its sha256 in heldout.json)
     <run_dir>/<overrides>/events.out.tfevents.*   TensorBoard (numdev.train.tensorboard; a study: in <run_dir>)
 
 A study (a numdev-train sweep with a `study` block) or a bench sweep (Hydra's sweep directory):
@@ -36,8 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import safetensors.numpy
 
 from numdev.runs import schemas, tables
+from numdev.runs.atomic import write_bytes
 
 CONFIG = "config.yaml"
 RUN_RECORD = "run.json"
@@ -64,6 +68,13 @@ INSTABILITY = "instability.json"
 SHADOW_CSV = "shadow.csv"
 EVAL = "eval.json"
 HELDOUT = "heldout.json"
+# heldout_predictions.safetensors: tensor PREDICTION_TENSOR, float32 (images, C, H, W), the model's
+# output on the held-out inputs (the same images, timesteps and noise as the loss); metadata
+# {"numdev": JSON {"format", "step", "images", "seed"}}. heldout.json's "predictions" names the file
+# with its sha256, shape and size; written first, so a heldout.json that names it finds it whole.
+HELDOUT_PREDICTIONS = "heldout_predictions.safetensors"
+HELDOUT_PREDICTIONS_FORMAT = 1
+PREDICTION_TENSOR = "prediction"
 SAMPLES = "samples.png"
 TENSORBOARD = "tensorboard"
 
@@ -165,6 +176,10 @@ class RunDir:
         return self.path / HELDOUT
 
     @property
+    def heldout_predictions(self) -> Path:
+        return self.path / HELDOUT_PREDICTIONS
+
+    @property
     def samples(self) -> Path:
         return self.path / SAMPLES
 
@@ -190,6 +205,47 @@ class RunDir:
         """eval.json (colour/shape/position agreement) or heldout.json (heldout_loss), by the key asked for."""
         return schemas.read_outcome(self.heldout if key == "heldout_loss" else self.eval, key)
 
+    def read_heldout(self) -> dict:
+        """heldout.json as the function-level comparisons read it: step, loss, images, seed (and, from
+        runs that wrote them, the inputs' sha256 and the predictions' entry)."""
+        return schemas.read_json_file(self.heldout, schemas.HELDOUT_RECORD)
+
+    def read_heldout_predictions(self) -> tuple[np.ndarray, dict]:
+        """(predictions, heldout.json): the float32 (images, C, H, W) array, verified against the
+        sha256, shape and size heldout.json records for it; one ValueError naming the file otherwise."""
+        record = self.read_heldout()
+        entry = record.get("predictions")
+        if entry is None:
+            raise ValueError(f"{self.heldout} records no held-out predictions: the run was made with "
+                             "callbacks.heldout.save_predictions=false or before numdev wrote them")
+        path = self.heldout_predictions
+        if entry["file"] != HELDOUT_PREDICTIONS:
+            raise ValueError(f"{self.heldout}: 'predictions.file' is {entry['file']!r}, not {HELDOUT_PREDICTIONS!r}: the record was edited")
+        if not path.is_file():
+            raise ValueError(f"{path} is missing (named in {HELDOUT})")
+        data = path.read_bytes()
+        if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError(f"{path}: {len(data)} bytes whose sha256 does not match {HELDOUT}'s: the file is corrupt, "
+                             "truncated or was changed after it was written")
+        try:
+            tensors = safetensors.numpy.load(data)
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{path}: not a safetensors file ({type(error).__name__})") from None
+        values = tensors.get(PREDICTION_TENSOR)
+        shape = list(values.shape) if values is not None else None
+        if values is None or values.dtype != np.float32 or shape != entry["shape"] or len(shape) < 1 or shape[0] != record["images"]:
+            raise ValueError(f"{path}: no float32 tensor {PREDICTION_TENSOR!r} of shape {entry['shape']} "
+                             f"({record['images']} images): not this run's held-out predictions")
+        return values, record
+
+    def read_samples(self) -> dict:
+        """eval.json with its per-sample classes checked (each entry null or {caption, colour, shape, position})."""
+        record = schemas.read_json_file(self.eval, schemas.SAMPLE_SCORES)
+        for i, sample in enumerate(record["samples"]):
+            if sample is not None:
+                schemas.SAMPLE_ENTRY.check(self.eval, sample, f"samples[{i}].")
+        return record
+
     def read_shadow(self) -> list[dict]:
         return read_shadow_csv(self.shadow_csv)
 
@@ -206,6 +262,17 @@ class RunDir:
         if problem:
             raise ValueError(f"{path}: {problem}: the file is corrupt or was not written by numdev")
         return record
+
+
+def write_heldout_predictions(run_dir: str | Path, predictions: np.ndarray, step: int, images: int, seed: int) -> dict:
+    """Write <run_dir>/heldout_predictions.safetensors atomically; returns heldout.json's entry for it."""
+    values = np.ascontiguousarray(predictions, dtype=np.float32)
+    meta = {"format": HELDOUT_PREDICTIONS_FORMAT, "step": int(step), "images": int(images), "seed": int(seed)}
+    # One metadata key only (as the snapshots): two could be written in either order and hash differently.
+    data = safetensors.numpy.save({PREDICTION_TENSOR: values}, metadata={"numdev": json.dumps(meta, sort_keys=True)})
+    write_bytes(Path(run_dir) / HELDOUT_PREDICTIONS, data)
+    return {"file": HELDOUT_PREDICTIONS, "sha256": hashlib.sha256(data).hexdigest(), "shape": list(values.shape),
+            "dtype": "float32", "bytes": len(data)}
 
 
 def checkpoint_digest_path(checkpoint: str | Path) -> Path:

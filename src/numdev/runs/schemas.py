@@ -220,6 +220,18 @@ OUTCOME = FileSchema(  # <run_dir>/eval.json (sample scores) and heldout.json (h
     "outcome record", optional={"heldout_loss": FINITE, "colour_accuracy": FINITE, "shape_accuracy": FINITE,
                                 "position_accuracy": FINITE, "scored": int, "step": int},
 )
+HELDOUT_PREDICTIONS = FileSchema(  # heldout.json's "predictions": the file beside it and its checksum
+    "held-out record", required={"file": str, "sha256": str, "shape": list, "dtype": str, "bytes": int})
+HELDOUT_RECORD = FileSchema(  # <run_dir>/heldout.json (numdev.train.callbacks.heldout), as the function-level comparisons read it
+    "held-out record", required={"step": int, "heldout_loss": FINITE, "images": int, "seed": int},
+    optional={"inputs_sha256": str, "predictions": HELDOUT_PREDICTIONS},
+)
+SAMPLE_ENTRY = FileSchema(  # one entry of eval.json's "samples" (numdev.train.evaluation.score_shapes)
+    "sample scores", required={"caption": str}, optional={"colour": str, "shape": str, "position": str})
+SAMPLE_SCORES = FileSchema(  # <run_dir>/eval.json with its per-sample classes (numdev.train.callbacks.samples)
+    "sample scores", required={"step": int, "sample_seed": int, "scored": int, "samples": list},
+    optional={"colour_accuracy": FINITE, "shape_accuracy": FINITE, "position_accuracy": FINITE, "sampler": (str, dict)},
+)
 BENCH_RECORD = FileSchema(  # one line of <job>/results.jsonl (numdev.bench.app)
     "bench record", required={"kind": str, "method": str},
     optional={"seed": int, "experiment": str, "shape": dict, "metrics": dict, "provenance": dict, "overrides": list,
