@@ -45,8 +45,8 @@ INSIDE, NON_MONOTONE, BELOW, ABOVE = "inside", "non-monotone", "below the ladder
 PLACEMENTS = (INSIDE, NON_MONOTONE, BELOW, ABOVE)
 MEASURED, BELOW_FLOOR, AS_ULP, NOT_MEASURED = "measured", "below the floor", "as small as one ulp", "not measured"
 STATUS_RULE = (
-    "per step, over replicates: 'below the floor' when D_role / D_ulp's interval does not lie above 1, and 'as small as one "
-    f"ulp' when it lies inside [1/{AS_ULP_FACTOR:g}, {AS_ULP_FACTOR:g}]; 'measured' when every replicate is bracketed by two "
+    f"per step, over replicates: 'as small as one ulp' when D_role / D_ulp's interval lies inside [1/{AS_ULP_FACTOR:g}, "
+    f"{AS_ULP_FACTOR:g}] (from {stats.MIN_CI} replicates), else 'below the floor' when it does not lie above 1; 'measured' when every replicate is bracketed by two "
     "increasing rungs (the geometric mean of the per-replicate values with its interval); 'below/above the ladder' when every "
     "replicate is; 'not measured' when a bracket's rungs do not increase or replicates fall on both sides"
 )
@@ -131,9 +131,9 @@ def at_step(curves: dict, rungs: list[tuple[str, float]], role: str, step: int, 
     out["ratio_to_floor"] = floor_ratio.as_dict() if floor_ratio else None
     told_apart = floor_ratio is not None and floor_ratio.has_interval and floor_ratio.low > 1
     wheres = [p["where"] for p in placements.values()]
-    if role == floor_role or (floor_ratio is not None and not told_apart):
-        as_ulp = (floor_ratio is not None and floor_ratio.n >= stats.MIN_CI and floor_ratio.has_interval
-                  and floor_ratio.low >= 1 / AS_ULP_FACTOR and floor_ratio.high <= AS_ULP_FACTOR)
+    as_ulp = (floor_ratio is not None and floor_ratio.n >= stats.MIN_CI and floor_ratio.method != stats.RANGE
+              and floor_ratio.has_interval and floor_ratio.low >= 1 / AS_ULP_FACTOR and floor_ratio.high <= AS_ULP_FACTOR)
+    if role == floor_role or as_ulp or (floor_ratio is not None and not told_apart):
         status = AS_ULP if as_ulp else BELOW_FLOOR
         ratio = floor_ratio.text(".2g", "x") if floor_ratio else "n/a"
         out.update(status=status, text=f"{status}: D/D_{floor_role} = {ratio}")

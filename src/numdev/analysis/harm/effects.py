@@ -96,16 +96,17 @@ def claim_verdict(role: dict, effects: dict[str, dict], margin: float) -> dict |
         test = _exceeds_zero(effect)
         text = f"effect({role['role']}) - effect({other}) {effect.text('.3g').split(';')[0]}"
         return {**_verdict(claim, test, text, role), "difference": effect.as_dict()}
-    flag = mine.get("exceeds") if claim == HARMS else mine.get("equivalent")
-    status = verdicts.NOT_MEASURABLE if flag is None else verdicts.HOLDS if flag else verdicts.FAILS
+    status = (mine["harm"] if claim == HARMS else mine["equivalence"])["status"]  # the Effect's own verdicts (numdev.stats.equivalence)
     return _verdict(claim, status, mine["text"], role)
 
 
 def _exceeds_zero(effect) -> str:
-    """One-sided: the 90% interval's lower bound above 0 (alpha 0.05)."""
+    """One-sided at alpha 0.05: holds when the 90% interval lies above 0, fails when it lies below, else not measurable."""
     if effect.tost_interval is None:
         return verdicts.NOT_MEASURABLE
-    return verdicts.HOLDS if effect.tost_interval.low > 0 else verdicts.FAILS
+    if effect.tost_interval.low > 0:
+        return verdicts.HOLDS
+    return verdicts.FAILS if effect.tost_interval.high < 0 else verdicts.NOT_MEASURABLE
 
 
 def _verdict(claim: str, status: str, text: str, role: dict) -> dict:

@@ -15,7 +15,6 @@ summary.json beside the figures (numdev.figures.harm).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
