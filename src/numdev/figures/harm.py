@@ -42,7 +42,7 @@ def calibration_figure(summary: HarmSummary, path: Path) -> None:
     for rung in summary.calibration.get(NOISE, {}).get("rungs", []):
         ax.axhline(rung["size"], color="0.8", linestyle=":", linewidth=1)
         ax.text(1, rung["size"], f" {rung['size']:g}", color="0.5", fontsize=9, va="bottom")
-    for name, role in summary.roles.items():
+    for role in summary.roles.values():
         entry = role.calibration.get(NOISE)
         if not entry or role.kind in ("ladder", "reference", "truth"):
             continue
@@ -88,7 +88,7 @@ def harm_figure(summary: HarmSummary, path: Path) -> None:
     if harm:
         ax.axvline(harm[0], color="tab:red", linewidth=1)
         ax.axvspan(harm[1], harm[2], color="tab:red", alpha=0.1, label=f"delta_harm {summary.harm['text']}")
-    for name, role in summary.roles.items():
+    for role in summary.roles.values():
         if role.kind != "under_test":
             continue
         value = ((role.calibration.get(NOISE) or {}).get("value") or {})
@@ -110,7 +110,7 @@ def controls_figure(summary: HarmSummary, path: Path) -> None:
     rows = [(name, role) for name, role in summary.roles.items() if role.effects.get("heldout_loss")]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.8), constrained_layout=True)
     margin = summary.margin["margin"]
-    for i, (name, role) in enumerate(rows):
+    for i, (_, role) in enumerate(rows):
         effect = role.effects["heldout_loss"]
         low, high = effect["interval"].get("low"), effect["interval"].get("high")
         colour = {"harms": "tab:red", "no_harm": "tab:green", "more_harm_than": "tab:orange"}.get(role.claim or "", "tab:blue")
