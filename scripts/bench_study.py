@@ -6,12 +6,14 @@
     python scripts/bench_study.py --which smoke --repeats 3
     python scripts/bench_study.py --which optimizations --keep outputs/optimizations   # the optimizations catalogue
     python scripts/bench_study.py --which full --keep outputs/study-full   # keep the study's directory
+    python scripts/bench_study.py --which harm --keep outputs/harm         # the harm study (docs/harm.md)
 
 Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
 times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
 median, each run's own time from its run.json, the command and the machine (numdev.runs.provenance).
 Budgets (docs/study.md#budgets): demo study <= 6 min, early study <= 15 min, full study ~20 min,
-smoke < 3 min, optimizations catalogue <= 20 min on 2 cores.
+smoke < 3 min, optimizations catalogue <= 20 min, the harm study <= 100 min on 2 cores. Each repeat also
+gives every role's median run and step time (`per_role`): the study's cost per role-step.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ COMMANDS = {
     "full": ["experiment=flash_stability"],
     "smoke": ["experiment=flash_stability_smoke"],
     "optimizations": ["experiment=optimizations"],
+    "harm": ["experiment=harm"],
+    "harm_smoke": ["experiment=harm_smoke"],
 }
-BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180, "optimizations": 1200}
+BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180, "optimizations": 1200, "harm": 6000,
+            "harm_smoke": 300}
 
 
 def run_seconds(study_dir: Path) -> dict[str, float]:
@@ -50,6 +55,24 @@ def run_seconds(study_dir: Path) -> dict[str, float]:
         end = datetime.datetime.strptime(run["finished"], "%Y-%m-%dT%H:%M:%S%z")
         out[f"{record.parent.parent.name}/{record.parent.name}"] = (end - start).total_seconds()
     return out
+
+
+def role_costs(study_dir: Path) -> dict[str, dict]:
+    """Per role over its replicates: the median wall time of a run and of one training step (run.json step_seconds),
+    and the steps: the study's cost per role-step, measured in the study itself (the same machine and load)."""
+    by_role: dict[str, dict[str, list]] = {}
+    for name, seconds in run_seconds(study_dir).items():
+        replicate, role = name.split("/")
+        run = json.loads((study_dir / replicate / role / "run.json").read_text())
+        entry = by_role.setdefault(role, {"run_s": [], "step_s": [], "steps": []})
+        entry["run_s"].append(seconds)
+        entry["steps"].append(run.get("final_step"))
+        step = (run.get("step_seconds") or {}).get("median")
+        if step is not None:
+            entry["step_s"].append(step)
+    return {role: {"runs": len(e["run_s"]), "median_run_s": statistics.median(e["run_s"]),
+                   "median_step_s": statistics.median(e["step_s"]) if e["step_s"] else None, "steps": max(e["steps"])}
+            for role, e in sorted(by_role.items())}
 
 
 def main() -> None:
@@ -79,7 +102,7 @@ def main() -> None:
             repeats.append({"wall_s": wall, "load_average_before": load_before, "load_average_after": os.getloadavg(),
                             # CPU seconds of the study's processes (user + system): what it costs whatever else runs
                             "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
-                            "runs_s": run_seconds(study_dir)})
+                            "runs_s": run_seconds(study_dir), "per_role": role_costs(study_dir)})
     median = statistics.median(r["wall_s"] for r in repeats)
     print(json.dumps({
         "which": args.which,

@@ -100,3 +100,10 @@ def test_the_precision_speed_table_is_the_scripts_from_the_committed_benchmarks(
     table = _script("precision_speed_table")
     assert table.results(), "no docs/results/bench_precision_*.json"
     assert read_block(table.DOC, table.BLOCK) == table.block_text().strip()
+
+
+def test_the_harm_blocks_are_the_scripts_from_the_committed_summary():
+    table = _script("harm_table")
+    summary = table.read_harm_summary(table.RESULT)
+    assert read_block(README, "harm-answer") == table.answer_block(summary).strip()
+    assert read_block(table.DOC, "harm-results") == table.results_block(summary).strip()

@@ -28,6 +28,7 @@ from numdev.report import provenance as report_provenance
 from numdev.report.html import Section, render
 from numdev.runs import schemas
 from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
+from numdev.runs.harm_summary import is_harm_summary
 from numdev.runs.layout import CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, MULTIRUN, RUN_RECORD, SUMMARY, TABLE, RunDir
 from numdev.runs.provenance import provenance
 
@@ -124,11 +125,19 @@ def _task_overrides(multirun_yaml: Path) -> list[str]:
 
 
 def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path, notes: list[str] | None = None,
-                 catalogue: Path | None = None) -> Path:
+                 catalogue: Path | None = None, harm: Path | None = None) -> Path:
     """Every section is built (every file read and checked) before anything is written. `catalogue`: an
-    optimizations catalogue study (experiment=optimizations) whose table joins the study's sections."""
-    sections = [bench_section(sweep) for sweep in bench_sweeps]
-    sources = {f"{s.title.split(':')[0]} ({sweep})": s.provenance for s, sweep in zip(sections, bench_sweeps)}
+    optimizations catalogue study (experiment=optimizations) whose table joins the study's sections;
+    `harm`: a harm study (experiment=harm), whose answer comes first."""
+    sections, sources = [], {}
+    if harm is not None:
+        from numdev.report.harm import harm_sections
+
+        sections += harm_sections(harm)
+        sources[f"the harm study ({harm})"] = sections[0].provenance
+    bench = [bench_section(sweep) for sweep in bench_sweeps]
+    sections += bench
+    sources.update({f"{s.title.split(':')[0]} ({sweep})": s.provenance for s, sweep in zip(bench, bench_sweeps)})
     if study_dir is not None:
         from numdev.report.study import study_sections
 
@@ -178,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--study", help="a study directory (default: the latest under OUTPUTS/train/*/multirun_*)")
     parser.add_argument("--catalogue", help="an optimizations catalogue study (experiment=optimizations) whose table joins "
                         "the report (default, without --study: the latest under OUTPUTS/train/*/multirun_*)")
+    parser.add_argument("--harm", help="a harm study (experiment=harm) whose answer leads the report (default: the latest "
+                        "under OUTPUTS/train/*/multirun_*)")
     parser.add_argument("-o", "--out", help="report directory (default: OUTPUTS/report)")
     args = parser.parse_args(argv)
     logs.console()
@@ -189,7 +200,10 @@ def main(argv: list[str] | None = None) -> None:
         catalogue = Path(args.catalogue) if args.catalogue else None if args.study else latest_study(root, catalogue=True)
         if study is None and not args.catalogue:  # only a catalogue was run: it is the study, every section of it
             study, catalogue = catalogue, None
-        index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes, catalogue)
+        harm = Path(args.harm) if args.harm else None if args.study else latest_study(root, kind="harm")
+        if study is not None and (study / SUMMARY).is_file() and _kind_of(study / SUMMARY, notes) == "harm":
+            harm, study = study, None  # --study names a harm study: its sections lead
+        index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes, catalogue, harm)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-report", error)
     for note in notes:  # also on the page
@@ -208,14 +222,15 @@ def _study_provenance(study_dir: Path) -> dict | None:
     return None
 
 
-def latest_study(root: Path, notes: list[str] | None = None, catalogue: bool = False) -> Path | None:
+def latest_study(root: Path, notes: list[str] | None = None, catalogue: bool = False, kind: str | None = None) -> Path | None:
     """The newest analysed study under root/train (numdev-train experiment=flash_stability...), or with
     catalogue=True the newest optimizations catalogue (experiment=optimizations: a summary with an
     optimizations table); where a newer study has no summary.json (unfinished, failed, not analysed),
     `notes` says so."""
 
     done = sorted((p.parent for p in (root / "train").glob(f"*/multirun_*/{SUMMARY}")), key=lambda p: p.name)
-    done = [p for p in done if _kind_of(p / SUMMARY, notes) == ("catalogue" if catalogue else "study")]
+    wanted = kind or ("catalogue" if catalogue else "study")
+    done = [p for p in done if _kind_of(p / SUMMARY, notes) == wanted]
     if not done:
         return None
     newer = [p for p in (root / "train").glob("*/multirun_*") if p.is_dir() and not (p / SUMMARY).is_file()
@@ -227,8 +242,13 @@ def latest_study(root: Path, notes: list[str] | None = None, catalogue: bool = F
 
 
 def _kind_of(summary: Path, notes: list[str] | None) -> str | None:
-    """"catalogue" (a summary with an optimizations table), "study", or None for a summary that cannot
-    be read (skipped, and `notes` says so: an older damaged study does not stop the report)."""
+    """"catalogue" (a summary with an optimizations table), "harm" (a harm study's), "study", or None for a
+    summary that cannot be read (skipped, and `notes` says so: an older damaged study does not stop the report)."""
+    try:
+        if is_harm_summary(json.loads(summary.read_text(encoding="utf-8"))):
+            return "harm"
+    except (OSError, ValueError):
+        pass
     try:
         return "catalogue" if schemas.read_study_summary(summary).get("optimizations") else "study"
     except ValueError as error:

@@ -77,7 +77,7 @@ def _per_replicate(role: dict, measure: str) -> dict[str, float]:
 MEASURES = {  # measure -> (label, the side that is "more deviation")
     "delta_star": ("delta* (equivalent per-call noise, stable window)", +1),
     "eps_star": ("eps* (equivalent initial-weight perturbation)", +1),
-    "distance_step_2": ("||dW||/||W|| at step 2", +1),
+    "distance_step_2": ("relative weight distance ‖ΔW‖/‖W‖ at step 2", +1),
     "w1_slope": ("the paper's pooled W1 slope over the run", +1),
     "prediction_disagreement": ("held-out prediction disagreement (relative RMS)", +1),
     "churn": ("churn: samples whose colour, shape or position differ", +1),

@@ -1,0 +1,111 @@
+"""The report's harm-study sections (experiment=harm): the answer first, then why.
+
+1. "Does it matter?": the headline sentence, or why it is withheld (which pre-registered claim did
+   not hold), and the table of every measure side by side;
+2. the controls: every role's downstream effect against the margin and the verdict on each claim;
+3. where training is harmed: the attention-noise ladder's effects and delta_harm;
+4. the calibration over steps: every role's delta* against the step and whether it is stable.
+All numbers come from the study's summary.json (numdev.runs.harm_summary), read and checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from numdev.cli.commands import script
+from numdev.figures.harm import FILES
+from numdev.report.html import Section
+from numdev.runs.harm_summary import HarmSummary, read_harm_summary
+from numdev.runs.layout import SUMMARY
+from numdev.stats import verdicts
+
+NOISE = "attention_noise"
+
+
+def headline_table(summary: HarmSummary) -> str:
+    """The table of every measure (rows) for the roles under test and the low-precision proxy (columns)."""
+    if not summary.table:
+        return ""
+    columns = list(summary.table[0]["cells"])
+    head = ["measure", *(summary.roles[c].label for c in columns), "bf16-vs-fp32 / Flash (paper: 2-5x)"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    for row in summary.table:
+        cells = [(row["cells"].get(c) or {}).get("text", "–") for c in columns]
+        ratio = row.get("ratio") or {}
+        verdict = ratio.get("verdict")
+        judged = f"{ratio.get('text', '–')} {verdicts.SYMBOLS[verdict['status']]}" if verdict else ratio.get("text", "–")
+        lines.append("| " + " | ".join([row["label"], *cells, judged]) + " |")
+    return "\n".join(lines)
+
+
+def controls_table(summary: HarmSummary) -> str:
+    lines = ["| role | what it changes | claim | held-out loss effect (relative) | verdict |", "| --- | --- | --- | --- | --- |"]
+    for name, role in summary.roles.items():
+        effect = role.effects.get("heldout_loss")
+        if effect is None:
+            continue
+        claim = role.claim or "–"
+        if role.claim_than:
+            claim += f" {role.claim_than}"
+        verdict = f"{role.control['symbol']} {role.control['status']}" if role.control else "–"
+        lines.append(f"| {name} | {role.label} | {claim} | {effect['text'].split(';')[0]} | {verdict} |")
+    return "\n".join(lines)
+
+
+def calibration_table(summary: HarmSummary) -> str:
+    lines = ["| role | delta* over the stable window | stable from step | margin to harm |", "| --- | --- | --- | --- |"]
+    for name, role in summary.roles.items():
+        entry = role.calibration.get(NOISE)
+        if not entry or role.kind in ("ladder", "reference", "truth"):
+            continue
+        window = entry.get("stability") or {}
+        value = (entry.get("value") or {}).get("text") or "not stable"
+        since = str(window.get("from_step")) if window.get("stable") else window.get("why", "–")
+        margin = (role.margin_to_harm or {}).get("text", "–")
+        lines.append(f"| {name} | {value} | {since} | {margin} |")
+    return "\n".join(lines)
+
+
+def harm_sections(study_dir: Path) -> list[Section]:
+    study_dir = Path(study_dir)
+    summary = read_harm_summary(study_dir / SUMMARY)
+    command = " ".join([script("numdev-train"), summary.command.split(" ", 1)[1]])
+    files = [("the study", study_dir), ("summary.json", study_dir / SUMMARY)]
+    origin = summary.provenance
+    gate = summary.headline.get("gate") or {}
+    w = summary.workload
+    setting = (f"{w.get('model')} at {w.get('resolution')}x{w.get('resolution')}, {w.get('steps')} steps, {w.get('precision')}, "
+               f"lr {w.get('learning_rate')}, {len(summary.replicates)} replicate(s); margin: held-out loss worse by more than "
+               f"{summary.margin['margin']:.0%}, stated before the runs")
+    answer = summary.headline.get("text") if summary.headline.get("shown") else summary.headline.get("why", "")
+    sections = [
+        Section(
+            title="Does it matter? The answer",
+            claim="How far each optimization's per-call deviation is from the smallest that measurably harms this training, "
+                  "shown only when the positive controls harm and the negative controls do not.",
+            measured=f"{answer} ({setting}).",
+            table_markdown="Every measure, side by side:\n\n" + headline_table(summary),
+            status=verdicts.HOLDS if gate.get("open") else verdicts.NOT_MEASURABLE,
+            rule=summary.headline.get("rule", ""), command=command, provenance=origin, files=files, anchor="answer",
+        ),
+        Section(
+            title="The controls: can this study say 'it matters'?",
+            claim="Positive controls must harm (their effect's interval above the margin), negative controls must not "
+                  "(equivalent to zero within it); each claim was stated in its role file before the study ran.",
+            measured="; ".join(f"{n}: {c['symbol']} {c['claim']}" for n, c in (gate.get("claims") or {}).items()) or "no claims",
+            figure=study_dir / FILES[2], table_markdown=controls_table(summary), command=command, provenance=origin, files=files,
+        ),
+        Section(
+            title="Where training is harmed: the noise ladder and delta_harm",
+            claim="The per-call relative noise that measurably harms this training, read from the attention-noise ladder.",
+            measured=f"delta_harm = {summary.harm.get('text', 'not measured')} ({summary.harm.get('rule', '')}).",
+            figure=study_dir / FILES[1], command=command, provenance=origin, files=files,
+        ),
+        Section(
+            title="Calibration over steps: delta* at every snapshot",
+            claim="Each role's equivalent per-call noise, read at every comparison step, with a stated rule for when it is stable.",
+            measured=summary.rules.get("stability", ""), figure=study_dir / FILES[0],
+            table_markdown=calibration_table(summary), command=command, provenance=origin, files=files,
+        ),
+    ]
+    return sections
