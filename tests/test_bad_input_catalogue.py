@@ -796,6 +796,14 @@ CATALOGUE += [
       for kind, code, reason in (("full", errno.ENOSPC, "No space left"), ("read-only", errno.EROFS, "Read-only file system"),
                                  ("no-permission", errno.EACCES, "Permission denied"))),
 ]
+
+# 6. the harm study's controls (docs/study.md#ladder, docs/training.md): each bad value names its key
+NOISE = [*TRAIN, "attention=output_noise"]
+CATALOGUE += [
+    Case("train-noise-mode-sideways", "numdev-train", [*NOISE, "attention.mode=sideways"], "attention.mode='sideways': use unbiased"),
+    Case("train-noise-delta-zero", "numdev-train", [*NOISE, "attention.delta=0"], "attention.delta=0 must be a number in (0, 10]"),
+    Case("train-noise-delta-eleven", "numdev-train", [*NOISE, "attention.delta=11"], "attention.delta=11 must be a number in (0, 10]"),
+]
 CATALOGUE_SIZE = len(CATALOGUE)
 
 
