@@ -45,6 +45,9 @@ class OutputNoise(AttentionBackend):
     def unsupported_reason(self, q):
         return self.inner.unsupported_reason(q)
 
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        return self.inner.kv_tiling(n_queries, n_keys, head_dim, device)  # the noise is per element: the inner's blocks
+
     def forward(self, q, k, v, scale, causal):
         out = self.inner(q, k, v, scale=scale, causal=causal)
         if self.mode == "biased":
