@@ -803,6 +803,12 @@ CATALOGUE += [
     Case("train-noise-mode-sideways", "numdev-train", [*NOISE, "attention.mode=sideways"], "attention.mode='sideways': use unbiased"),
     Case("train-noise-delta-zero", "numdev-train", [*NOISE, "attention.delta=0"], "attention.delta=0 must be a number in (0, 10]"),
     Case("train-noise-delta-eleven", "numdev-train", [*NOISE, "attention.delta=11"], "attention.delta=11 must be a number in (0, 10]"),
+    Case("train-perturbation-step-negative", "numdev-train", [*TRAIN, "init_perturbation={{kind:relative,eps:1e-4,step:-1}}"],
+         "init_perturbation.step=-1 must be a non-negative integer"),
+    Case("train-perturbation-step-at-the-end", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,step:4}}"],
+         "init_perturbation.step=4 is not before trainer.max_steps=4"),
+    Case("train-perturbation-ulp-with-eps", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,eps:1e-4,step:2}}"],
+         "init_perturbation.eps=0.0001: a ulp perturbation has no size"),
 ]
 CATALOGUE_SIZE = len(CATALOGUE)
 
