@@ -10,7 +10,7 @@ import torch
 from helpers import compose_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from numdev.attention import build_backend
+from numdev.attention import Eager, OutputNoise, build_backend
 from numdev.models.attention import Attention
 from numdev.models.shadow import AttentionShadow, pooled
 from numdev.numerics.stages import stage_formats
@@ -95,6 +95,31 @@ def test_all_layers_pool_every_element():
     assert metrics["shadow/all/out_rel_rms"] == pytest.approx(math.sqrt(14 / 48), rel=1e-15)
     assert metrics["shadow/all/out_max_abs"] == 2.0 and metrics["shadow/b/out_bias"] == -0.5
     assert metrics["shadow/a/out_rel_rms"] == rows[0]["rel_rms"]
+
+
+@pytest.mark.parametrize("mode", ["unbiased", "biased"])
+def test_rel_rms_reads_output_noises_delta(mode):
+    """Output noise of known size delta, shadowed by its own inner backend: out_rel_rms is delta (exactly,
+    up to fp32 rounding, when biased; within sampling error of the n elements' z^2 when unbiased), and the
+    biased bias is delta times the shadow's mean."""
+    layer = Attention(32, 4, OutputNoise(delta=0.3, seed=1, mode=mode))
+    layer.layer_name = "layer"
+    shadow = AttentionShadow(Eager(), backward=False).attach(layer)
+    shadow.recording = True
+    x = torch.randn(4, 64, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        q, k, v = layer.project_qkv(x)
+        clean = Eager()(q, k, v)
+        layer(x)
+    (row,) = shadow.collect()
+    if mode == "biased":
+        assert row["rel_rms"] == pytest.approx(0.3, rel=1e-6)
+        assert row["bias"] == pytest.approx(0.3 * clean.double().mean().item(), rel=1e-5)
+    else:
+        weight = clean.double().square().flatten()  # rel_rms^2 / delta^2 is the mean of z^2 weighted by out^2
+        sd = math.sqrt(2 * float(weight.square().sum())) / float(weight.sum())
+        assert abs(row["rel_rms"] ** 2 / 0.3**2 - 1) < 5 * sd
+        assert abs(row["bias"]) < 5 * 0.3 * row["shadow_rms"] / math.sqrt(clean.numel())
 
 
 def test_a_shadow_csv_from_before_the_signed_columns_still_reads(tmp_path):
