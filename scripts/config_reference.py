@@ -32,7 +32,7 @@ WHAT = {  # group -> what it sets (one sentence; the options come from conf/)
     ("train", "trainer"): "`lightning.Trainer` (`trainer.max_steps` is the length)",
     ("train", "callbacks"): "snapshots, checkpoint, samples, lr_monitor, sibling, shadow, instability (null any of them)",
     ("train", "logger"): "TensorBoard (`logger=null` for none)",
-    ("train", "seed"): "`seed.init`, `seed.data`, `seed.noise`, `seed.perturbation`",
+    ("train", "seed"): "`seed.init`, `seed.data`, `seed.noise`, `seed.perturbation`, `seed.rounding`",
     ("train", "optimization"): "a training optimization applied as a user applies it (docs/optimizations.md)",
     ("train", "experiment"): "`# @package _global_` overrides: studies, smoke runs, GPU configs",
     ("train", "study"): "a study role (an experiment sweeps them x `study.replicate`; docs/study.md)",

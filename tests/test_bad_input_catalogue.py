@@ -796,6 +796,29 @@ CATALOGUE += [
       for kind, code, reason in (("full", errno.ENOSPC, "No space left"), ("read-only", errno.EROFS, "Read-only file system"),
                                  ("no-permission", errno.EACCES, "Permission denied"))),
 ]
+
+# 6. the harm study's controls (docs/study.md#ladder, docs/training.md): each bad value names its key
+NOISE = [*TRAIN, "attention=output_noise"]
+CATALOGUE += [
+    Case("train-noise-mode-sideways", "numdev-train", [*NOISE, "attention.mode=sideways"], "attention.mode='sideways': use unbiased"),
+    Case("train-noise-delta-zero", "numdev-train", [*NOISE, "attention.delta=0"], "attention.delta=0 must be a number in (0, 10]"),
+    Case("train-noise-delta-eleven", "numdev-train", [*NOISE, "attention.delta=11"], "attention.delta=11 must be a number in (0, 10]"),
+    Case("train-perturbation-step-negative", "numdev-train", [*TRAIN, "init_perturbation={{kind:relative,eps:1e-4,step:-1}}"],
+         "init_perturbation.step=-1 must be a non-negative integer"),
+    Case("train-perturbation-step-at-the-end", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,step:4}}"],
+         "init_perturbation.step=4 is not before trainer.max_steps=4"),
+    Case("train-perturbation-ulp-with-eps", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,eps:1e-4,step:2}}"],
+         "init_perturbation.eps=0.0001: a ulp perturbation has no size"),
+    *(Case(f"train-{name}-precision-{precision}", "numdev-train", [*TRAIN, f"optimization={name}", f"precision={precision}"],
+           f"optimization={name} rounds the update of bf16 weights: it needs precision=bf16-true")
+      for name in ("bf16_kahan", "bf16_sr") for precision in ("fp32", "bf16-mixed")),
+    Case("train-bf16-sr-amsgrad", "numdev-train", [*TRAIN, "optimization=bf16_sr", "precision=bf16-true", "+optim.optimizer.amsgrad=true"],
+         "optim.optimizer.amsgrad=True: optimization=bf16_sr is written for AdamW's plain single-tensor path"),
+    Case("train-bf16-kahan-adam", "numdev-train", [*TRAIN, "optimization=bf16_kahan", "precision=bf16-true", "optim.optimizer._target_=torch.optim.Adam"],
+         "optimization=bf16_kahan: optim.optimizer is Adam"),
+    Case("train-seed-rounding-negative", "numdev-train", [*TRAIN, "optimization=bf16_sr", "precision=bf16-true", "seed.rounding=-1"],
+         "seed.rounding=-1 must be a non-negative integer below 2^64"),
+]
 CATALOGUE_SIZE = len(CATALOGUE)
 
 

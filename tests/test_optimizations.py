@@ -252,10 +252,20 @@ def test_the_tie_fix_leaves_the_attention_output_as_accurate_and_removes_p_equal
 
 
 def test_every_optimization_has_a_role_in_the_catalogue():
+    """Every optimization that applies to the catalogue's precision (its reference's: fp32) is a role of it;
+    one that applies to other precisions only (Optimization.precisions: bf16_kahan, bf16_sr need bf16-true)
+    is not, and says so by refusing the catalogue's precision."""
+    from hydra.utils import get_class
+
     roles = {yaml.safe_load((REPO / "conf" / "train" / "study" / f"{r}.yaml").read_text())["study"].get("baseline") for r in SWEEP}
     assert roles - {None} <= set(SWEEP)  # a baseline is a role of the sweep
+    precision = compose_train("experiment=optimizations", "study=reference", "run_dir=/tmp/x", smoke=False).precision.name
     for name in OPTIMIZATIONS:
-        if name != "none":
+        target = yaml.safe_load((REPO / "conf" / "train" / "optimization" / f"{name}.yaml").read_text())["_target_"]
+        precisions = get_class(target).precisions
+        if precisions is not None and precision not in precisions:
+            assert f"opt_{name}" not in SWEEP, f"opt_{name} cannot run at the catalogue's precision {precision}"
+        elif name != "none":
             assert f"opt_{name}" in SWEEP, f"conf/train/optimization/{name}.yaml has no role opt_{name} in experiment=optimizations"
     assert SWEEP.index("attn_flash_emulated") < SWEEP.index("opt_flash_tie_fix")
 

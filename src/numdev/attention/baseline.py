@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from numdev.attention.checks import causal_mask, round_masked
-from numdev.attention.registry import AttentionBackend, register
+from numdev.attention.registry import AttentionBackend, one_block, register
 from numdev.numerics.formats import round_to
 from numdev.numerics.stages import StageFormats, stage_formats, working_input
 
@@ -48,3 +48,6 @@ class Baseline(AttentionBackend):
 
     def describe(self):
         return {"backend": self.name, **{f"formats.{k}": v for k, v in self.formats.describe().items()}}
+
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        return one_block(n_keys)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from numdev.attention.checks import causal_mask
-from numdev.attention.registry import AttentionBackend, register
+from numdev.attention.registry import AttentionBackend, one_block, register
 
 # Lightning precision name -> the autocast dtype it runs the model's ops under (None: no autocast).
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
@@ -57,3 +57,6 @@ class Eager(AttentionBackend):
     def describe(self):
         autocast = str(self.autocast).removeprefix("torch.") if self.autocast is not None else None
         return {"backend": self.name, "autocast": autocast, "dtype": self.dtype}
+
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        return one_block(n_keys)

@@ -41,7 +41,7 @@ import torch
 
 from numdev.attention import compiled, cpu_kernel, native
 from numdev.attention.checks import round_masked, same_bits
-from numdev.attention.registry import AttentionBackend, register
+from numdev.attention.registry import AttentionBackend, blocks_of, register
 from numdev.attention.tiles import resolve_tiles
 from numdev.numerics.formats import FloatFormat, round_to
 from numdev.numerics.stages import StageFormats, stage_formats, working_input
@@ -110,6 +110,11 @@ class FlashEmulated(AttentionBackend):
             self.tile_rule,
             self.kv_blocks,
         )
+
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        tiles = self.tiles(n_queries, n_keys, head_dim)
+        return blocks_of(n_keys, tiles.block_c, f"numdev.attention.tiles, rule {tiles.source}: B_r x B_c = "
+                                                f"{tiles.block_r} x {tiles.block_c}{' (clamped to the length)' if tiles.clamped else ''}")
 
     def forward(self, q, k, v, scale, causal):
         f = self.formats

@@ -1,12 +1,20 @@
-"""Relative noise on every attention output: the calibration ladder's per-call rungs.
+"""Relative noise on every attention output: the calibration ladder's per-call rungs, and a biased twin.
 
-out <- out * (1 + delta * z), z ~ N(0, 1) per element, drawn from the backend's own generator
-(seed: the run's seed.perturbation), after an inner backend (eager attention under the run's
-autocast by default) computed out. A deviation of known relative size in every call, forward and
-(through the product) backward, as Flash's own per-call deviation is: the study reads Flash's
-weight distance against these rungs (docs/study.md#ladder). The product is formed in fp32 and
-cast back to the output's dtype, so under bf16 a delta well below bf16's half-ulp (2^-9) mostly
-rounds away: what a bf16 run can carry, not a bug.
+mode unbiased (default): out <- out * (1 + delta * z), z ~ N(0, 1) per element and call, drawn from
+the backend's own generator (seed: the run's seed.perturbation), after an inner backend (eager
+attention under the run's autocast by default) computed out. A deviation of known relative size in
+every call, forward and (through the product) backward, as Flash's own per-call deviation is: the
+study reads Flash's weight distance against these rungs (docs/study.md#ladder).
+
+mode biased: out <- out * (1 + delta * s) with s = +1 for every element and call: the same RMS
+relative deviation (E[z^2] = E[s^2] = 1) but sign-consistent, every output moved away from zero
+by delta of itself: the shape of Qiu & Yao's mechanism (arXiv:2510.04212), a signed bias in the
+rounding of the attention output, as a positive control of known size. Nothing is drawn, so the
+generator does not advance.
+
+delta is in (0, 10]: the ladder runs upward until training is harmed. The product is formed in
+fp32 and cast back to the output's dtype, so under bf16 a delta well below bf16's half-ulp (2^-9)
+mostly rounds away: what a bf16 run can carry, not a bug.
 """
 
 from __future__ import annotations
@@ -16,25 +24,36 @@ import torch
 from numdev.attention.eager import Eager
 from numdev.attention.registry import AttentionBackend, register
 
+MODES = ("unbiased", "biased")
+MAX_DELTA = 10.0
+
 
 @register("output_noise")
 class OutputNoise(AttentionBackend):
-    def __init__(self, inner: AttentionBackend | None = None, delta: float = 1e-3, seed: int = 0):
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 < delta < 1):
-            raise ValueError(f"attention.delta={delta!r} must be a number in (0, 1)")
+    def __init__(self, inner: AttentionBackend | None = None, delta: float = 1e-3, seed: int = 0, mode: str = "unbiased"):
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 < delta <= MAX_DELTA):
+            raise ValueError(f"attention.delta={delta!r} must be a number in (0, {MAX_DELTA:g}]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"attention.seed={seed!r} must be a non-negative integer")
+        if mode not in MODES:
+            raise ValueError(f"attention.mode={mode!r}: use unbiased (out x (1 + delta z), z ~ N(0, 1)) "
+                             "or biased (out x (1 + delta), every element)")
         self.inner = inner if inner is not None else Eager()
-        self.delta, self.seed = float(delta), seed
+        self.delta, self.seed, self.mode = float(delta), seed, mode
         self.generator = torch.Generator().manual_seed(seed)
 
     def unsupported_reason(self, q):
         return self.inner.unsupported_reason(q)
 
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        return self.inner.kv_tiling(n_queries, n_keys, head_dim, device)  # the noise is per element: the inner's blocks
+
     def forward(self, q, k, v, scale, causal):
         out = self.inner(q, k, v, scale=scale, causal=causal)
+        if self.mode == "biased":
+            return (out.float() * (1.0 + self.delta)).to(out.dtype)
         z = torch.randn(out.shape, generator=self.generator, dtype=torch.float32).to(out.device)
         return (out.float() * (1.0 + self.delta * z)).to(out.dtype)
 
     def describe(self):
-        return {"backend": self.name, "delta": self.delta, "seed": self.seed, "inner": self.inner.describe()}
+        return {"backend": self.name, "delta": self.delta, "seed": self.seed, "mode": self.mode, "inner": self.inner.describe()}

@@ -50,6 +50,28 @@ class AttentionBackend:
         """The knobs of this backend, JSON-ready, for result records."""
         return {"backend": self.name}
 
+    def kv_tiling(self, n_queries: int, n_keys: int, head_dim: int, device: str = "cpu") -> dict:
+        """How one call's n_keys keys and values are split into blocks: {"kv_block": keys per block,
+        "kv_blocks": blocks per call, "rule": where the split comes from}. The number of blocks is the
+        number of online-softmax rescalings a tiled kernel makes, so runs record it (run.json
+        attention_tiling). A backend that does not tile says so (UNTILED); this default is for a
+        kernel that picks its own blocks, which numdev does not know: None for both. (Not a method
+        `kv_blocks`: that name is flash_emulated's config key for a pinned block count.)"""
+        return {"kv_block": None, "kv_blocks": None, "rule": "not known here: the kernel picks its own blocks"}
+
+
+def one_block(n_keys: int) -> dict:
+    """kv_tiling of a backend that does not tile: every key in one block (the whole score row at once)."""
+    return {"kv_block": n_keys, "kv_blocks": 1, "rule": UNTILED}
+
+
+def blocks_of(n_keys: int, block: int, rule: str) -> dict:
+    """kv_tiling of a backend that walks the keys in blocks of `block` (the last one may be shorter)."""
+    return {"kv_block": block, "kv_blocks": -(-n_keys // block), "rule": rule}
+
+
+UNTILED = "untiled: the whole score row at once, one block"
+
 
 def register(name: str):
     def add(cls):

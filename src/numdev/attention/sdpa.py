@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from numdev.attention.registry import AttentionBackend, BackendUnavailable, register
+from numdev.attention.registry import AttentionBackend, BackendUnavailable, blocks_of, one_block, register
+from numdev.attention.tiles import resolve_tiles
 
 _DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _HALF = (torch.float16, torch.bfloat16)
@@ -59,6 +60,9 @@ class _Sdpa(AttentionBackend):
 class SdpaMath(_Sdpa):
     kernel = SDPBackend.MATH
 
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        return one_block(n_keys)
+
 
 @register("sdpa_flash")
 class SdpaFlash(_Sdpa):
@@ -73,6 +77,14 @@ class SdpaFlash(_Sdpa):
         elif device.type != "cpu":
             return f"no flash kernel on {device.type}"
         return None
+
+    def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
+        """On CPU PyTorch's flash kernel's own rule (numdev.attention.tiles, cpu_sdpa): key/value blocks
+        of 512, clamped to the length. The CUDA kernels pick their own (not known here)."""
+        if device != "cpu":
+            return super().kv_tiling(n_queries, n_keys, head_dim, device)
+        tiles = resolve_tiles(n_queries, n_keys, head_dim, rule="cpu_sdpa")
+        return blocks_of(n_keys, tiles.block_c, "PyTorch's CPU flash kernel: key/value blocks of 512, clamped to the length")
 
 
 @register("sdpa_efficient")

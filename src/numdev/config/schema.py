@@ -250,6 +250,7 @@ class Seeds:
     data: int = seed()
     noise: int = seed()
     perturbation: int = seed()
+    rounding: int = seed()
 
 
 @dataclass

@@ -4,17 +4,24 @@ The paper's "compute both in every call": the model trains with its own backend,
 backend (e.g. Baseline beside Flash) is evaluated on exactly the inputs the real call saw. The
 shadow never enters the training graph, so the trajectory is bit-for-bit the one without it.
 
-Forward: max and mean |out_primary - out_shadow| per call.
+Forward: max and mean |out_primary - out_shadow| per call, and the signed side: the mean of
+out_primary - out_shadow (`bias`: a rounding that leans one way shows here, where |.| hides it) and
+its RMS relative to the shadow's (`rel_rms` = rms(out_primary - out_shadow) / rms(out_shadow): the
+per-call relative deviation, in the units of numdev.attention.OutputNoise's delta). Both from
+float64 sums, with the RMS parts and the element count kept beside them (`diff_rms`, `shadow_rms`,
+`count`) so that calls and layers pool exactly (`pooled`).
+
 Backward: hooks capture the upstream gradient dO that reached the primary call's output and the
 gradients dQ, dK, dV it produced; `backward_deviation` then runs the shadow backend's own
 backward on the same q, k, v and dO and compares. (dQ is the gradient of q alone because q, k, v
-feed nothing but the attention call.)
+feed nothing but the attention call.) The same statistics as the forward's, for each gradient.
 
 Statistics stay on the device as tensors until `collect()`, one host sync per step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +51,7 @@ class AttentionShadow:
         self.backend, self.backward = backend, backward
         self.recording = False
         self.calls: list[_Call] = []
-        self.stats: list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # layer, quantity, max, mean, ref
+        self.stats: list[tuple[str, str, int, torch.Tensor]] = []  # layer, quantity, elements, the statistics (one tensor)
         self.modules: list[Attention] = []
 
     def attach(self, model: nn.Module) -> AttentionShadow:
@@ -93,7 +100,11 @@ class AttentionShadow:
 
     def _add(self, layer: str, quantity: str, primary: torch.Tensor, shadow: torch.Tensor) -> None:
         diff = (primary.float() - shadow.float()).abs()
-        self.stats.append((layer, quantity, diff.max(), diff.mean(), primary.float().abs().max()))
+        signed = primary.double() - shadow.double()  # exact: both hold fp32 (or narrower) values
+        self.stats.append((layer, quantity, signed.numel(), torch.stack([
+            diff.max().double(), diff.mean().double(), primary.float().abs().max().double(),
+            signed.mean(), signed.square().mean().sqrt(), shadow.double().square().mean().sqrt(),
+        ])))
 
     def collect(self) -> list[dict]:
         """The recorded statistics as floats (one host sync), and a fresh start."""
@@ -101,11 +112,29 @@ class AttentionShadow:
         self.calls = []
         if not stats:
             return []
-        values = torch.stack([torch.stack([s[2], s[3], s[4]]) for s in stats]).cpu().tolist()
-        return [
-            {"layer": layer, "quantity": quantity, "max_abs": v[0], "mean_abs": v[1], "ref_max_abs": v[2]}
-            for (layer, quantity, *_), v in zip(stats, values)
-        ]
+        values = torch.stack([s[3] for s in stats]).cpu().tolist()
+        rows = []
+        for (layer, quantity, count, _), v in zip(stats, values):
+            row = {"layer": layer, "quantity": quantity, **dict(zip(("max_abs", "mean_abs", "ref_max_abs", "bias", "diff_rms", "shadow_rms"), v))}
+            rows.append({**row, "rel_rms": relative_rms(row["diff_rms"], row["shadow_rms"]), "count": count})
+        return rows
+
+
+def relative_rms(diff_rms: float, shadow_rms: float) -> float:
+    """rms(primary - shadow) / rms(shadow); 0 when the two agree (both zero included), inf when only the shadow is zero."""
+    if diff_rms == 0:
+        return 0.0
+    return diff_rms / shadow_rms if shadow_rms > 0 else math.inf
+
+
+def pooled(rows: list[dict]) -> dict:
+    """bias and rel_rms of several calls' rows taken as one tensor (every element weighs the same):
+    the `shadow/all/...` values, from the rows' `count`, `bias`, `diff_rms` and `shadow_rms`."""
+    count = sum(r["count"] for r in rows)
+    diff_sq = sum(r["count"] * r["diff_rms"] ** 2 for r in rows) / count
+    shadow_sq = sum(r["count"] * r["shadow_rms"] ** 2 for r in rows) / count
+    return {"bias": sum(r["count"] * r["bias"] for r in rows) / count,
+            "rel_rms": relative_rms(math.sqrt(diff_sq), math.sqrt(shadow_sq))}
 
 
 def _keep(store: dict, key: str):

@@ -25,6 +25,7 @@ class Optimization:
     """optimization=none: the run as configured. `name` is the config file's name."""
 
     kernel = "none"  # real: the kernel a user gets; emulated: numdev's exact emulation of the arithmetic
+    precisions: tuple[str, ...] | None = None  # the precision configs it applies to (None: any); others are refused
 
     def __init__(self, name: str = "none"):
         if not isinstance(name, str) or not name:

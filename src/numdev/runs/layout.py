@@ -98,8 +98,12 @@ DISTANCES_CSV, DISTANCES_PNG, COMPARE_JSON = "distances.csv", "distances.png", "
 MODEL_ROW = "__model__"
 UNINDEXED_SUFFIX = "[unindexed]"
 
-# shadow.csv (numdev.train.callbacks.shadow): per-call deviation of the shadow attention backend.
-SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float}
+# shadow.csv (numdev.train.callbacks.shadow): per-call deviation of the shadow attention backend
+# (numdev.models.shadow defines each column). The columns from `bias` on were added later: a file
+# written before them reads with None there.
+SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, "mean_abs": float, "ref_max_abs": float,
+                  "bias": float, "rel_rms": float, "diff_rms": float, "shadow_rms": float, "count": int}
+SHADOW_ADDED = ("bias", "rel_rms", "diff_rms", "shadow_rms", "count")
 
 
 def snapshot_name(step: int) -> str:
@@ -282,7 +286,7 @@ def checkpoint_digest_path(checkpoint: str | Path) -> Path:
 
 
 def read_shadow_csv(path: str | Path) -> list[dict]:
-    return tables.read_csv(path, SHADOW_COLUMNS)
+    return tables.read_csv(path, SHADOW_COLUMNS, optional=SHADOW_ADDED)
 
 
 # token_rows.json: {"format": 1, "tensor": <parameter name>, "rows": <vocabulary size>,

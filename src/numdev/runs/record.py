@@ -24,7 +24,9 @@ RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.polic
                      "snapshot.sorted_values", "callbacks.snapshots.sorted_values")
 # Keys added after runs were made: a saved config without them matches when they hold these values
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
-ADDED_KEYS = {"verbose": False, "trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None}
+ADDED_KEYS = {"verbose": False, "trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None,
+              "attention.mode": "unbiased", "callbacks.tiling.": None,
+              "seed.rounding": 0}
 
 
 def resolved(cfg: DictConfig) -> dict:

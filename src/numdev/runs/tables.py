@@ -21,12 +21,15 @@ def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
     return buffer.getvalue()
 
 
-def read_csv(path: str | Path, types: dict[str, type], finite=()) -> list[dict]:
+def read_csv(path: str | Path, types: dict[str, type], finite=(), optional=()) -> list[dict]:
     """The rows of `path`, each column converted with its type in `types`; a NaN or infinite number in
-    a column of `finite` (where numdev never writes one) is a ValueError naming file, line and column."""
+    a column of `finite` (where numdev never writes one) is a ValueError naming file, line and column.
+    A column of `optional` (one added after files were written) that the header lacks reads as None."""
     try:
         with open(path, newline="", encoding="utf-8") as handle:
-            rows = [{key: kind(row[key]) for key, kind in types.items()} for row in csv.DictReader(handle)]
+            reader = csv.DictReader(handle)
+            absent = {key for key in optional if key not in (reader.fieldnames or ())}
+            rows = [{key: None if key in absent else kind(row[key]) for key, kind in types.items()} for row in reader]
     except (KeyError, ValueError, TypeError, csv.Error) as error:  # a missing column, a short or non-numeric row
         reason = "not UTF-8" if isinstance(error, UnicodeDecodeError) else f"{type(error).__name__}: {error}"
         raise ValueError(

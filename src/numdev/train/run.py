@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from numdev.cli.errors import Hangup, RunFailed, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
-from numdev.models.perturb import apply_init_perturbation
+from numdev.models.perturb import apply_init_perturbation, parse_perturbation
 from numdev.optimizations import Optimization
 from numdev.runs import record
 from numdev.runs.atomic import remove_temporaries
@@ -28,6 +28,8 @@ from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
 from numdev.train.callbacks import results as callback_results
+from numdev.train.callbacks.perturbation import PerturbAtStep
+from numdev.train.callbacks.snapshots import WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
@@ -43,7 +45,8 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
 
     Nothing else touches the initialisation, so runs that differ only in backend, precision,
     data or noise seed start from bit-identical weights. init_perturbation=ulp then moves every
-    weight one ulp, init_perturbation={kind: relative, eps} by a relative eps (numdev.models.perturb).
+    weight one ulp, init_perturbation={kind: relative, eps} by a relative eps (numdev.models.perturb);
+    with a `step` t > 0 that happens at the start of step t instead (build_trainer's PerturbAtStep).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(cfg, "init"))
@@ -89,6 +92,10 @@ def check_config(cfg: DictConfig) -> None:
     for name in ("init", "data", "noise"):
         if cfg.seed.get(name) is None:
             raise ValueError(f"seed.{name}=None must be a non-negative integer below 2^64 (a 64-bit seed)")
+    perturbation = parse_perturbation(cfg.get("init_perturbation"))
+    if perturbation is not None and perturbation.step >= cfg.trainer.max_steps:
+        raise ValueError(f"init_perturbation.step={perturbation.step} is not before trainer.max_steps={cfg.trainer.max_steps}: "
+                         "the run would end before training on the perturbed weights; lower the step or raise trainer.max_steps")
     gemm = cfg.precision.get("gemm", "auto")
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
@@ -120,6 +127,10 @@ def check_backend_for(cfg: DictConfig, backend) -> None:
 
 def build_trainer(cfg: DictConfig):
     callbacks = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
+    perturbation = parse_perturbation(cfg.get("init_perturbation"))
+    if perturbation is not None and perturbation.step > 0:  # before the snapshot hub: snapshot t holds it
+        hub = next((i for i, c in enumerate(callbacks) if isinstance(c, WeightSnapshots)), len(callbacks))
+        callbacks.insert(hub, PerturbAtStep(perturbation, cfg.seed.get("perturbation", 0)))
     connect(callbacks)  # the snapshot hub and its listeners (numdev.train.callbacks)
     logger = instantiate(cfg.logger) if cfg.get("logger") else None
     if logger is None:  # nothing to log learning rates to

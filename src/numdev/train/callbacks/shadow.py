@@ -2,9 +2,12 @@
 
 Every `every_n_steps` steps, each attention call of that step's forward is also computed by the
 shadow backend (numdev.models.shadow), and with `backward` its gradients dQ, dK, dV too. Logged
-per layer to TensorBoard (`shadow/<layer>/<out|dq|dk|dv>_max_abs`, `..._mean_abs`) and as the
-maximum over layers (`shadow/all/...`), and kept in <run_dir>/shadow.csv. Gradients are divided
-by the loss scale under fp16-mixed, so they are in the units of the true gradients.
+per layer to TensorBoard (`shadow/<layer>/<out|dq|dk|dv>_max_abs`, `..._mean_abs`, and the signed
+mean deviation `..._bias` and relative RMS deviation `..._rel_rms`) and for all layers
+(`shadow/all/...`: the maximum over layers of max_abs and mean_abs; bias and rel_rms of every
+layer's elements pooled, numdev.models.shadow.pooled), and kept in <run_dir>/shadow.csv. Gradients
+are divided by the loss scale under fp16-mixed, so they are in the units of the true gradients
+(rel_rms, a ratio, needs no scaling).
 
 Select the shadow with the `shadow` config group's options, which are the attention configs:
 `numdev-train attention=sdpa_flash attention@shadow=baseline`.
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from numdev.models.shadow import AttentionShadow
+from numdev.models.shadow import AttentionShadow, pooled
 from numdev.runs import tables
 from numdev.runs.atomic import write_text
 from numdev.runs.layout import SHADOW_COLUMNS, SHADOW_CSV
@@ -56,20 +59,33 @@ class ShadowDeviation(pl.Callback):
         rows = []
         for row in self.shadow.collect():
             if row["quantity"] != "out":
-                row = {**row, **{k: row[k] / scale for k in ("max_abs", "mean_abs", "ref_max_abs")}}
+                row = {**row, **{k: row[k] / scale for k in SCALED}}
             rows.append({"step": step, **row})
         if not rows or not trainer.is_global_zero:
             return
         self.rows.extend(rows)
         write_text(self.run_dir / SHADOW_CSV, tables.to_csv(self.rows, list(SHADOW_COLUMNS)))
         if trainer.logger:
-            metrics = {}
-            for row in rows:
-                for stat in ("max_abs", "mean_abs"):
-                    metrics[f"shadow/{row['layer']}/{row['quantity']}_{stat}"] = row[stat]
-                    key = f"shadow/all/{row['quantity']}_{stat}"
-                    metrics[key] = max(metrics.get(key, 0.0), row[stat])
-            trainer.logger.log_metrics(metrics, step=step)
+            trainer.logger.log_metrics(tensorboard_metrics(rows), step=step)
+
+
+SCALED = ("max_abs", "mean_abs", "ref_max_abs", "bias", "diff_rms", "shadow_rms")  # in the gradient's units: / loss scale
+
+
+def tensorboard_metrics(rows: list[dict]) -> dict[str, float]:
+    """`shadow/<layer>/<quantity>_<stat>` per row, and `shadow/all/...`: max over layers of max_abs and
+    mean_abs, bias and rel_rms of all rows of a quantity pooled."""
+    metrics = {}
+    for row in rows:
+        for stat in ("max_abs", "mean_abs", "bias", "rel_rms"):
+            metrics[f"shadow/{row['layer']}/{row['quantity']}_{stat}"] = row[stat]
+        for stat in ("max_abs", "mean_abs"):
+            key = f"shadow/all/{row['quantity']}_{stat}"
+            metrics[key] = max(metrics.get(key, 0.0), row[stat])
+    for quantity in dict.fromkeys(row["quantity"] for row in rows):
+        for stat, value in pooled([r for r in rows if r["quantity"] == quantity]).items():
+            metrics[f"shadow/all/{quantity}_{stat}"] = value
+    return metrics
 
 
 def _loss_scale(trainer) -> float:
