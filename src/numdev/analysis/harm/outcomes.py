@@ -49,7 +49,7 @@ def per_call(run: RunDir) -> dict | None:
     if not rows:
         return None
     out = {}
-    for key in ("out_rel_rms", "out_bias", "mean_abs", "max_abs"):
+    for key in ("rel_rms", "bias", "mean_abs", "max_abs"):  # numdev.train.callbacks.shadow's columns
         values = [float(r[key]) for r in rows if r.get(key) is not None and math.isfinite(float(r[key]))]
         if values:
             out[key] = float(np.mean(values))
