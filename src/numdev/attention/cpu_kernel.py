@@ -242,15 +242,20 @@ def _libtorch_cpu() -> ctypes.CDLL | None:
 
 
 @functools.cache
+def _could_pack_function():
+    lib = _libtorch_cpu()
+    function = getattr(lib, _COULD_PACK_SYMBOL, None) if lib is not None else None
+    if function is not None:
+        function.argtypes, function.restype = [ctypes.c_int8], ctypes.c_bool
+    return function
+
+
 def could_pack(dtype: torch.dtype) -> bool:
     """at::native::cpublas::could_pack: whether the kernel may take its packed brgemm path for
-    `dtype` on this CPU (oneDNN's AMX brgemm; False where this torch exports no such function)."""
-    lib = _libtorch_cpu()
-    function = getattr(lib, _COULD_PACK_SYMBOL, None) if lib is not None and dtype in _SCALAR_TYPE else None
-    if function is None:
-        return False
-    function.argtypes, function.restype = [ctypes.c_int8], ctypes.c_bool
-    return bool(function(_SCALAR_TYPE[dtype]))
+    `dtype` on this CPU (oneDNN's AMX brgemm; False where this torch exports no such function).
+    Asked on every call, as the kernel asks it."""
+    function = _could_pack_function()
+    return function is not None and dtype in _SCALAR_TYPE and bool(function(_SCALAR_TYPE[dtype]))
 
 
 @functools.cache
