@@ -305,8 +305,10 @@ void fa1_merge(int64_t rows, int64_t period, int64_t dim, int stats, int accum, 
 /* ---- PyTorch's CPU flash kernel (numerics=cpu_sdpa; numdev.attention.cpu_kernel) ----
    The same arithmetic as the ATen path of numdev.attention.flash_emulated with exp=fexp_u20,
    row_sum=lanes and matmul=blas, fused: one query tile at a time through every key/value block,
-   calling the BLAS GEMM the kernel calls (its address comes from Python). Every multiply-add that
-   ATen's fexp_u20 fuses is an explicit fmaf; nothing else is fused (-ffp-contract=off). */
+   calling the GEMM the kernel calls (its address comes from Python): MKL's cblas GEMM, or, where
+   the kernel packs (AMX), cpublas::brgemm on K^T and V packed to VNNI pairs as the kernel packs
+   them. Every multiply-add that ATen's fexp_u20 fuses is an explicit fmaf; nothing else is fused
+   (-ffp-contract=off). */
 
 #include <math.h>
 #include <stdlib.h>
@@ -367,6 +369,48 @@ static void to_half_row(const float *x, uint16_t *out, int64_t n, int code) {
 typedef void (*gemm_fn)(int layout, int transa, int transb, int m, int n, int k, float alpha, const void *a,
                         int lda, const void *b, int ldb, float beta, float *c, int ldc);
 enum { COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
+/* at::native::cpublas::brgemm for 16-bit inputs: C (m x n, row-major, ldc) = A (m x k, lda) B (+ C
+   if add_c), B (k x n) packed to VNNI pairs (is_vnni); a C++ function whose arguments pass as C's */
+typedef void (*brgemm_fn)(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, _Bool add_c,
+                          const uint16_t *a, const uint16_t *b, float *c, _Bool is_vnni);
+typedef void (*release_fn)(_Bool is_vnni);  /* cpublas::brgemm_release: gives the thread's AMX tiles back */
+
+/* ATen's pack_vnni2 of the (rows x cols) matrix x[i * row_stride + j * col_stride]: [rows, cols] ->
+   [ceil(rows/2), cols, 2], an odd row count padded with a row of zeros */
+static void pack_vnni2(const uint16_t *x, int64_t row_stride, int64_t col_stride, int64_t rows, int64_t cols,
+                       uint16_t *dst) {
+    for (int64_t i = 0; i < rows + rows % 2; i++)
+        for (int64_t j = 0; j < cols; j++)
+            dst[(i / 2) * cols * 2 + j * 2 + i % 2] = i < rows ? x[i * row_stride + j * col_stride] : 0;
+}
+
+/* The kernel's packed K^T and V (need_pack): per head, K^T of each key block at n * even(d), V of
+   block b at b * even(block_c) * d, as FlashAttentionKernel.cpp lays them out. */
+typedef struct {
+    uint16_t *k, *v;
+    int64_t k_head, v_head, depth;  /* elements per head of each; d rounded up to even */
+} packed_kv;
+
+static int64_t even(int64_t n) { return n + n % 2; }
+
+static int pack_kv(packed_kv *pk, const uint16_t *k, const uint16_t *v, int64_t heads, int64_t n_k, int64_t d,
+                   int64_t block_c) {
+    pk->depth = even(d);
+    pk->k_head = pk->depth * n_k;
+    pk->v_head = ((n_k - 1) / block_c * even(block_c) + even((n_k - 1) % block_c + 1)) * d;
+    pk->k = malloc(sizeof(uint16_t) * (size_t)(heads * pk->k_head));
+    pk->v = malloc(sizeof(uint16_t) * (size_t)(heads * pk->v_head));
+    if (!pk->k || !pk->v) { free(pk->k); free(pk->v); return 0; }
+    for (int64_t h = 0; h < heads; h++) {
+        for (int64_t n = 0; n < n_k; n += block_c) {
+            int64_t cols = n_k - n < block_c ? n_k - n : block_c;
+            const uint16_t *kb = k + (h * n_k + n) * d, *vb = v + (h * n_k + n) * d;
+            pack_vnni2(kb, 1, d, d, cols, pk->k + h * pk->k_head + n * pk->depth);  /* K^T: d x cols */
+            pack_vnni2(vb, d, 1, cols, d, pk->v + h * pk->v_head + n / block_c * even(block_c) * d);
+        }
+    }
+    return 1;
+}
 
 static inline float nan_max(float a, float b) { return (a != a || b != b) ? __builtin_nanf("") : (a > b ? a : b); }
 
@@ -375,13 +419,16 @@ static inline float nan_max(float a, float b) { return (a != a || b != b) ? __bu
    `width` float lanes. */
 static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t first,
                        int64_t last, int64_t n_q, int64_t n_k, int64_t d, float scale, int causal, int64_t block_r,
-                       int64_t block_c, int64_t width, int code, void *gemm_address) {
+                       int64_t block_c, int64_t width, int code, void *gemm_address, void *brgemm_address,
+                       void *release_address, const packed_kv *pk) {
     gemm_fn gemm = (gemm_fn)gemm_address;
+    brgemm_fn brgemm = (brgemm_fn)brgemm_address;  /* non-NULL: the packed path (pk holds K^T and V) */
     int64_t tiles = (n_q + block_r - 1) / block_r;
     float *qk = malloc(sizeof(float) * (size_t)(block_r * block_c));
     float *dst = malloc(sizeof(float) * (size_t)(block_r * d));
     float *row_max = malloc(sizeof(float) * (size_t)block_r), *row_sum = malloc(sizeof(float) * (size_t)block_r);
-    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(block_r * block_c));
+    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(block_r * (block_c + 1)));
+    uint16_t *q_even = brgemm && d % 2 ? malloc(sizeof(uint16_t) * (size_t)(block_r * (d + 1))) : NULL;
     float acc[64];
     for (int64_t item = first; item < last; item++) {
         int64_t head = item / tiles, m = (item % tiles) * block_r;
@@ -389,14 +436,26 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
         const uint16_t *qh = q + (head * n_q + m) * d, *kh = k + head * n_k * d, *vh = v + head * n_k * d;
         for (int64_t r = 0; r < rows; r++) { row_max[r] = -__builtin_inff(); row_sum[r] = 0.0f; }
         int64_t keys = causal ? (m + rows < n_k ? m + rows : n_k) : n_k;
+        if (q_even) {  /* brgemm with an odd d: Q padded with a zero column, as the kernel pads it */
+            for (int64_t r = 0; r < rows; r++) {
+                memcpy(q_even + r * (d + 1), qh + r * d, sizeof(uint16_t) * (size_t)d);
+                q_even[r * (d + 1) + d] = 0;
+            }
+        }
         for (int64_t n = 0; n < keys; n += block_c) {
             int64_t cols = n_k - n < block_c ? n_k - n : block_c;
-            gemm(COL_MAJOR, TRANS, NO_TRANS, (int)cols, (int)rows, (int)d, 1.0f, kh + n * d, (int)d, qh, (int)d, 0.0f,
-                 qk, (int)cols);
+            int64_t p_cols = brgemm ? even(cols) : cols;  /* P's row length: brgemm takes an even K */
+            if (brgemm)
+                brgemm(rows, cols, pk->depth, pk->depth, cols, cols, 0, q_even ? q_even : qh,
+                       pk->k + head * pk->k_head + n * pk->depth, qk, 1);
+            else
+                gemm(COL_MAJOR, TRANS, NO_TRANS, (int)cols, (int)rows, (int)d, 1.0f, kh + n * d, (int)d, qh, (int)d,
+                     0.0f, qk, (int)cols);
             int64_t vector = width * (cols / width);
             for (int64_t r = 0; r < rows; r++) {
                 float *s = qk + r * cols;
-                uint16_t *pr = p + r * cols;
+                uint16_t *pr = p + r * p_cols;
+                if (p_cols > cols) pr[cols] = 0;  /* the padding column */
                 int64_t visible = causal ? (m + r - n + 1 < cols ? m + r - n + 1 : cols) : cols;
                 if (visible < 0) visible = 0;
                 float block_max = -__builtin_inff();
@@ -457,8 +516,12 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
                     for (int64_t j = 0; j < d; j++) o[j] = o[j] * alpha;
                 }
             }
-            gemm(COL_MAJOR, NO_TRANS, NO_TRANS, (int)d, (int)rows, (int)cols, 1.0f, vh + n * d, (int)d, p, (int)cols,
-                 n == 0 ? 0.0f : 1.0f, dst, (int)d);
+            if (brgemm)
+                brgemm(rows, d, p_cols, p_cols, d, d, n > 0, p, pk->v + head * pk->v_head + n / block_c * even(block_c) * d,
+                       dst, 1);
+            else
+                gemm(COL_MAJOR, NO_TRANS, NO_TRANS, (int)d, (int)rows, (int)cols, 1.0f, vh + n * d, (int)d, p, (int)cols,
+                     n == 0 ? 0.0f : 1.0f, dst, (int)d);
         }
         for (int64_t r = 0; r < rows; r++) {
             float inverse = 1.0f / (row_sum[r] == 0.0f ? 1.0f : row_sum[r]);
@@ -466,27 +529,35 @@ static void cpu_flash_tiles(const uint16_t *q, const uint16_t *k, const uint16_t
             for (int64_t j = 0; j < d; j++) o[j] = to_half_bits(dst[r * d + j] * inverse, code);
         }
     }
-    free(qk); free(dst); free(row_max); free(row_sum); free(p);
+    if (brgemm && release_address) ((release_fn)release_address)(1);  /* as the kernel does after its tiles */
+    free(qk); free(dst); free(row_max); free(row_sum); free(p); free(q_even);
 }
 
 /* Every query tile, in an OpenMP parallel region of `threads` threads (the runtime torch loaded,
    libgomp.so.1): the kernel calls its GEMMs from inside such a region, where MKL runs each on the
    calling thread, and the bits of MKL's fp16 GEMM depend on that. Tiles are independent, so how
-   they are split changes nothing else. */
-void cpu_flash_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t tiles,
-                       int64_t n_q, int64_t n_k, int64_t d, float scale, int causal, int64_t block_r,
-                       int64_t block_c, int64_t width, int code, void *gemm_address, int threads) {
+   they are split changes nothing else. brgemm_address non-NULL: the packed path, K and V of the
+   `heads` (batch x heads) packed first; returns 0 if their buffers cannot be allocated. */
+int cpu_flash_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t tiles,
+                      int64_t n_q, int64_t n_k, int64_t d, float scale, int causal, int64_t block_r,
+                      int64_t block_c, int64_t width, int code, void *gemm_address, void *brgemm_address,
+                      void *release_address, int64_t heads, int threads) {
+    packed_kv pk = {0};
+    if (brgemm_address && !pack_kv(&pk, k, v, heads, n_k, d, block_c)) return 0;
     if (threads <= 1 || tiles <= 1) {  /* at::parallel_for runs inline then, outside any parallel region */
-        cpu_flash_tiles(q, k, v, out, 0, tiles, n_q, n_k, d, scale, causal, block_r, block_c, width, code, gemm_address);
-        return;
-    }
+        cpu_flash_tiles(q, k, v, out, 0, tiles, n_q, n_k, d, scale, causal, block_r, block_c, width, code, gemm_address,
+                        brgemm_address, release_address, &pk);
+    } else {
 #pragma omp parallel num_threads(threads)
-    {
-        int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-        int64_t first = tiles * me / team, last = tiles * (me + 1) / team;
-        cpu_flash_tiles(q, k, v, out, first, last, n_q, n_k, d, scale, causal, block_r, block_c, width, code,
-                        gemm_address);
+        {
+            int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+            int64_t first = tiles * me / team, last = tiles * (me + 1) / team;
+            cpu_flash_tiles(q, k, v, out, first, last, n_q, n_k, d, scale, causal, block_r, block_c, width, code,
+                            gemm_address, brgemm_address, release_address, &pk);
+        }
     }
+    free(pk.k); free(pk.v);
+    return 1;
 }
 
 /* One GEMM call from inside a parallel region of `threads` threads (thread 0 calls it), as the

@@ -6,10 +6,13 @@ several seeds, and which BLAS entry points each calls. Prints JSON.
     python scripts/validate_cpu_kernel.py --seeds 0 1 2 3 4 --out docs/results/validate_cpu_kernel.json
 
 Per shape, dtype and seed: the share of outputs bit-identical to the kernel, the mean and max
-|difference| (and the paper-style bf16/fp16 Baseline's, for scale), and which path of the model ran
-(native: the fused C path; eager: the ATen path). The BLAS dispatch is captured from subprocesses
-run with MKL_VERBOSE=1 and DNNL_VERBOSE=1 (one for the kernel, one for the model): the GEMM entry
-points each called, with counts and an example line.
+|difference| (and the paper-style bf16/fp16 Baseline's, for scale), which path of the model ran
+(native: the fused C path; eager: the ATen path) and which GEMM it called (cblas, or brgemm where
+the kernel packs: AMX CPUs). The BLAS dispatch is captured from subprocesses run with MKL_VERBOSE=1
+and DNNL_VERBOSE=1 (one for the kernel, one for the model): the GEMM entry points each called,
+with counts and an example line. Where the CPU lets the kernel pack bf16, `gemm_entries_compared`
+holds how many float32 outputs of P.V (64 x K by K x 64, random inputs) MKL's cblas GEMM and
+cpublas::brgemm give differently, per K: why a model calling the wrong one misses some outputs.
 """
 
 from __future__ import annotations
@@ -81,7 +84,30 @@ def compare(shape, precision, seed) -> dict:
         "paper_baseline_vs_kernel_mean_abs": float(base_gap.mean()),
         "paper_baseline_vs_kernel_max_abs": float(base_gap.max()),
         "model_path": model.last_path,
+        "model_gemm": model.last_gemm,
     }
+
+
+def gemm_entries_compared() -> dict | None:
+    """Float32 outputs of P (64 x K) V (K x 64) that differ between MKL's cblas GEMM and cpublas::brgemm,
+    per K, where this CPU lets the kernel pack bf16 (None elsewhere)."""
+    import torch
+
+    from numdev.attention import cpu_kernel
+
+    if not cpu_kernel.could_pack(torch.bfloat16) or cpu_kernel.brgemm(torch.bfloat16) is None:
+        return None
+    g = torch.Generator().manual_seed(0)
+    differing = {}
+    for depth in [*range(8, 161, 8), 63, 64, 65, 99, 100, 127, 128, 129, 130, 256, 257, 300, 511, 512]:
+        p = torch.rand(1, 1, 64, depth, generator=g).bfloat16()
+        v = torch.randn(1, 1, depth, 64, generator=g).bfloat16()
+        outs = [torch.zeros(1, 1, 64, 64) for _ in range(2)]
+        for out, entry in zip(outs, ("cblas", "brgemm")):
+            cpu_kernel.accumulate(p, v, out, 64, 0.0, None, False, entry)
+        differing[depth] = int((outs[0] != outs[1]).sum())
+    return {"what": "float32 outputs of a 64 x K by K x 64 bf16 GEMM (of 4096) where MKL's cblas and cpublas::brgemm differ",
+            "differing_by_k": dict(sorted(differing.items()))}
 
 
 _CHILD = """
@@ -143,7 +169,8 @@ def main() -> None:
                 rows.append(row)
                 key = f"{precision}/{name}"
                 worst[key] = min(worst.get(key, 1.0), row["bit_identical_fraction"])
-                print(f"{key} seed {seed}: {row['bit_identical_fraction']:.6%} bit-identical ({row['model_path']})",
+                print(f"{key} seed {seed}: {row['bit_identical_fraction']:.6%} bit-identical ({row['model_path']}, "
+                      f"{row['model_gemm']})",
                       file=sys.stderr, flush=True)
     totals = {p: sum(r["differing_outputs"] for r in rows if r["dtype"] == p) for p in DTYPES}
     counts = {p: sum(r["outputs"] for r in rows if r["dtype"] == p) for p in DTYPES}
@@ -156,7 +183,9 @@ def main() -> None:
         "provenance": provenance(seeds=args.seeds, threads=torch.get_num_threads()),
         "bit_identical_fraction_overall": {p: 1 - totals[p] / counts[p] for p in DTYPES},
         "bit_identical_fraction_worst_seed": worst,
+        "could_pack": {p: cpu_kernel.could_pack({"bf16": torch.bfloat16, "fp16": torch.float16}[p]) for p in DTYPES},
         "blas_dispatch": {"kernel": blas_dispatch("kernel"), "model": blas_dispatch("model")},
+        "gemm_entries_compared": gemm_entries_compared(),
         "rows": rows,
     }
     text = json.dumps(report, indent=2)

@@ -10,8 +10,14 @@ per query tile and key/value block of 512, in float32:
   alpha = expf(m_old - m); l = l_block + alpha * l; O = alpha * O (after the first block)
   O = gemm(P rounded to the input dtype, V_block) + O   (the BLAS GEMM with beta = 1)
   out = O * (1 / l), rounded to the input dtype.
+The GEMMs are one of two entry points, chosen per call as the kernel chooses (`kernel_packs`):
+  cblas    MKL's cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32, through at::native::cpublas::gemm
+  brgemm   at::native::cpublas::brgemm (oneDNN's batch-reduce GEMM ukernel, AMX tiles) on K^T and V
+           packed to VNNI pairs, where `cpublas::could_pack` says the CPU has AMX for the dtype
+           (AMX-BF16: Intel Xeon since Sapphire Rapids; AMX-FP16 for fp16) and the kernel's
+           size heuristic (`need_pack`) takes it. Its float32 sums are ordered otherwise than MKL's.
 This module holds the pieces that are not plain ATen ops: `fexp_u20` written with exact float32
-operations, the lane sum, libm's expf, and the kernel's GEMM entry point (called through ctypes on
+operations, the lane sum, libm's expf, and the kernel's GEMM entry points (called through ctypes on
 the loaded libtorch_cpu). numdev.attention.flash_emulated runs them in its ATen path and, fused,
 in kernels/flash_emulator.c (`cpu_flash_forward`); both give the same bits.
 
@@ -214,6 +220,174 @@ def blas_address(dtype: torch.dtype) -> int:
     return 0 if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
 
+# The packed path (FlashAttentionKernel.cpp's `with_pack`/`need_pack`, PyTorch 2.14.1), exported by
+# libtorch_cpu as C++ functions with C-compatible arguments (the Itanium ABI passes them as C does):
+#   bool could_pack(ScalarType)      whether oneDNN's brgemm runs the dtype on AMX here
+#   void brgemm(M, N, K, ld_a, ld_b, ld_c, add_C, const T* A, const T* B, float* C, bool is_vnni)
+#       C (M x N, row-major) = A (M x K) B (K x N) (+ C if add_C), B packed to VNNI pairs.
+BRGEMM_SYMBOLS = {torch.bfloat16: "_ZN2at6native7cpublas6brgemmEllllllbPKN3c108BFloat16ES5_Pfb",
+                  torch.float16: "_ZN2at6native7cpublas6brgemmEllllllbPKN3c104HalfES5_Pfb"}
+_COULD_PACK_SYMBOL = "_ZN2at6native7cpublas10could_packEN3c1010ScalarTypeE"
+_RELEASE_SYMBOL = "_ZN2at6native7cpublas14brgemm_releaseEb"  # void brgemm_release(bool is_vnni)
+_SCALAR_TYPE = {torch.bfloat16: 15, torch.float16: 5}  # c10::ScalarType (an int8_t enum)
+GEMM_ENTRIES = ("cblas", "brgemm")
+
+
+@functools.cache
+def _libtorch_cpu() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    except OSError:
+        return None
+
+
+@functools.cache
+def _could_pack_function():
+    lib = _libtorch_cpu()
+    function = getattr(lib, _COULD_PACK_SYMBOL, None) if lib is not None else None
+    if function is not None:
+        function.argtypes, function.restype = [ctypes.c_int8], ctypes.c_bool
+    return function
+
+
+def could_pack(dtype: torch.dtype) -> bool:
+    """at::native::cpublas::could_pack: whether the kernel may take its packed brgemm path for
+    `dtype` on this CPU (oneDNN's AMX brgemm; False where this torch exports no such function).
+    Asked on every call, as the kernel asks it."""
+    function = _could_pack_function()
+    return function is not None and dtype in _SCALAR_TYPE and bool(function(_SCALAR_TYPE[dtype]))
+
+
+@functools.cache
+def brgemm(dtype: torch.dtype):
+    """The ctypes function of at::native::cpublas::brgemm for 16-bit inputs, or None (with one warning)."""
+    lib = _libtorch_cpu()
+    function = getattr(lib, BRGEMM_SYMBOLS[dtype], None) if lib is not None and dtype in BRGEMM_SYMBOLS else None
+    if function is None:
+        warn_once(f"brgemm-{dtype}", f"this torch exports no cpublas::brgemm for {dtype}: the model of PyTorch's CPU "
+                                     "flash kernel calls the cblas GEMM where the kernel packs, which may differ in the last bit")
+        return None
+    i, p = ctypes.c_int64, ctypes.c_void_p
+    function.argtypes = [i, i, i, i, i, i, ctypes.c_bool, p, p, p, ctypes.c_bool]
+    function.restype = None
+    return function
+
+
+def brgemm_address(dtype: torch.dtype) -> int:
+    function = brgemm(dtype)
+    return 0 if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
+
+@functools.cache
+def _brgemm_release():
+    lib = _libtorch_cpu()
+    function = getattr(lib, _RELEASE_SYMBOL, None) if lib is not None else None
+    if function is not None:
+        function.argtypes, function.restype = [ctypes.c_bool], None
+    return function
+
+
+def brgemm_release() -> None:
+    """cpublas::brgemm_release: the calling thread gives its AMX tile configuration back, as the
+    kernel does after its tiles (no numeric effect)."""
+    function = _brgemm_release()
+    if function is not None:
+        function(True)
+
+
+def brgemm_release_address() -> int:
+    function = _brgemm_release()
+    return 0 if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
+
+def kernel_packs(dtype: torch.dtype, batch: int, heads: int, n_q: int, n_k: int, dim: int, tile_rows: int,
+                 causal: bool, threads: int | None = None) -> bool:
+    """Whether PyTorch 2.14.1's CPU flash kernel runs its GEMMs packed (cpublas::brgemm) for this call:
+    `with_pack` = could_pack(dtype), then its `need_pack` heuristic: both lengths at least 64 (bf16)
+    or 16 (fp16), and the GEMM work of one thread's query tiles at least 4 (bf16) or 1 (fp16) times
+    the packing work. threads: torch's thread count (the kernel's at::get_num_threads()).
+    Checked against oneDNN's verbose log on an AMX Xeon: 2048 keys pack and 2049 do not at
+    (1, 1, 128, n, 64), causal, two threads."""
+    if dtype not in _SCALAR_TYPE or not could_pack(dtype):
+        return False
+    threshold, ratio = (64, 4.0) if dtype == torch.bfloat16 else (16, 1.0)
+    if n_k < threshold or n_q < threshold:
+        return False
+    threads = torch.get_num_threads() if threads is None else threads
+    split = min(tile_rows, n_q)
+    tiles_per_thread = (batch * heads * -(-n_q // split) + threads - 1) // threads  # integer division, as in C++
+    pack_size = float(batch * heads * n_k * dim)
+    gemm_size = float(tiles_per_thread) * split * (min(n_q, n_k) if causal else n_k) * dim
+    return gemm_size / pack_size >= ratio
+
+
+def gemm_entry(dtype: torch.dtype, packed: bool) -> str:
+    """Which GEMM the model calls: brgemm where the kernel packs (and this torch exports it), else cblas."""
+    return "brgemm" if packed and brgemm(dtype) is not None else "cblas"
+
+
+def pack_vnni2(x: torch.Tensor) -> torch.Tensor:
+    """ATen's pack_vnni2 of a (K, N) 16-bit matrix: [K, N] -> [ceil(K/2), N, 2], an odd K padded
+    with a row of zeros (the layout brgemm takes B in)."""
+    rows, cols = x.shape
+    if rows % 2:
+        x = torch.cat([x, x.new_zeros(1, cols)])
+    return x.reshape(-1, 2, cols).transpose(1, 2).contiguous()
+
+
+def _even(n: int) -> int:
+    return n + n % 2
+
+
+def _padded(x: torch.Tensor, cols: int) -> torch.Tensor:
+    """x (rows, n) contiguous, with zero columns up to `cols` (the kernel pads an odd K so)."""
+    if x.shape[-1] == cols:
+        return x.contiguous()
+    out = x.new_zeros(x.shape[0], cols)
+    out[:, :x.shape[-1]] = x
+    return out
+
+
+def _scores_packed(q: torch.Tensor, k: torch.Tensor, rows: int) -> torch.Tensor:
+    """Q K^T by cpublas::brgemm as the packed kernel calls it: K^T of the block packed (odd d padded
+    to d + 1, Q then padded too), one call per (batch, head, `rows` query rows)."""
+    call = brgemm(q.dtype)
+    batch, heads, n, d = q.shape
+    m = k.shape[2]
+    depth = _even(d)
+    out = torch.empty(batch, heads, n, m, dtype=torch.float32)
+    for b in range(batch):
+        for h in range(heads):
+            packed_k = pack_vnni2(k[b, h].transpose(0, 1).contiguous())
+            for start in range(0, n, rows):
+                count = min(rows, n - start)
+                a = _padded(q[b, h, start:start + count], depth)
+                call(count, m, depth, depth, m, m, False, a.data_ptr(), packed_k.data_ptr(),
+                     out[b, h, start].data_ptr(), True)
+    brgemm_release()
+    return out
+
+
+def _accumulate_packed(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor, rows: int, add: bool, active) -> None:
+    """out += P V (or = where not `add`) by cpublas::brgemm as the packed kernel calls it: V of the
+    block packed, an odd block length padded with a zero column of P and a zero row of V."""
+    call = brgemm(p.dtype)
+    batch, heads, n, m = p.shape
+    d = v.shape[-1]
+    depth = _even(m)
+    for b in range(batch):
+        for h in range(heads):
+            packed_v = pack_vnni2(v[b, h].contiguous())
+            for start in range(0, n, rows):
+                if active is not None and not bool(active[b, h, start, 0]):
+                    continue
+                count = min(rows, n - start)
+                a = _padded(p[b, h, start:start + count], depth)
+                call(count, d, depth, depth, d, d, add, a.data_ptr(), packed_v.data_ptr(), out[b, h, start].data_ptr(),
+                     True)
+    brgemm_release()
+
+
 def _caller(dtype: torch.dtype, parallel: bool):
     """A function calling the kernel's GEMM (column-major arguments, alpha 1) the way the kernel
     does: from inside an OpenMP parallel region of torch's thread count (numdev's C helper
@@ -232,10 +406,13 @@ def _caller(dtype: torch.dtype, parallel: bool):
                                                                                     ldb, beta, c, ldc, threads)
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, rows: int, parallel: bool = True) -> torch.Tensor:
+def scores(q: torch.Tensor, k: torch.Tensor, rows: int, parallel: bool = True, entry: str = "cblas") -> torch.Tensor:
     """Q K^T in float32 as the kernel's GEMM computes it: one call per (batch, head, `rows` query
     rows) and key block, q (B, H, n, d) and k (B, H, m, d) contiguous in the input dtype.
-    parallel: whether the kernel runs these tiles in a parallel loop (more than one tile and thread)."""
+    parallel: whether the kernel runs these tiles in a parallel loop (more than one tile and thread).
+    entry: the GEMM the kernel calls (`gemm_entry`)."""
+    if entry == "brgemm":
+        return _scores_packed(q.contiguous(), k.contiguous(), rows)
     gemm = blas_gemm(q.dtype)
     if gemm is None:
         return q.float() @ k.float().transpose(-1, -2)
@@ -254,20 +431,24 @@ def scores(q: torch.Tensor, k: torch.Tensor, rows: int, parallel: bool = True) -
 
 
 def accumulate(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor, rows: int, beta: float, active=None,
-               parallel: bool = True) -> None:
+               parallel: bool = True, entry: str = "cblas") -> None:
     """out (float32, updated in place) = p @ v + beta * out, as the kernel's GEMM does it, one call
-    per (batch, head, `rows` rows); tiles whose `active` (B, H, n, 1) is False are left alone."""
-    gemm = blas_gemm(p.dtype)
+    per (batch, head, `rows` rows); tiles whose `active` (B, H, n, 1) is False are left alone.
+    entry: the GEMM the kernel calls (`gemm_entry`)."""
     batch, heads, n, m = p.shape
     d = v.shape[-1]
+    if active is not None:
+        active = active.expand(batch, heads, n, 1)
+    if entry == "brgemm":
+        _accumulate_packed(p.contiguous(), v.contiguous(), out, rows, beta != 0, active)
+        return
+    gemm = blas_gemm(p.dtype)
     if gemm is None:
         pv = p.float() @ v.float()
         new = pv if beta == 0 else pv + out
         out.copy_(new if active is None else torch.where(active, new, out))
         return
     p, v = p.contiguous(), v.contiguous()
-    if active is not None:
-        active = active.expand(batch, heads, n, 1)
     gemm = _caller(p.dtype, parallel)
     for b in range(batch):
         for h in range(heads):

@@ -29,7 +29,9 @@ says which one ran the latest call.
 PyTorch's CPU flash kernel (`numerics=cpu_sdpa`, bf16/fp16: exp=fexp_u20, row_sum=lanes,
 matmul=blas; numdev.attention.cpu_kernel) runs in the ATen path with those three choices, and,
 fused, in one C function per query tile (`cpu_flash_forward`, path "native") that calls the
-kernel's BLAS GEMM; tests/test_attention.py holds both to the same bits and to the kernel.
+kernel's GEMM: MKL's cblas GEMM, or where the kernel packs (AMX CPUs, `cpu_kernel.kernel_packs`)
+cpublas::brgemm; `last_gemm` and describe()'s `matmul.entry` say which the latest call used.
+tests/test_attention.py holds both paths to the same bits and to the kernel.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ class FlashEmulated(AttentionBackend):
         resolve_tiles(1, 1, 1, block_r, block_c, sram, tile_rule, kv_blocks)  # reject bad tiles at construction
         self.last_tiles = None  # the tiles of the latest call, for result records
         self.last_path = None  # which implementation ran the latest call: native, compiled or eager
+        self.last_gemm = None  # matmul=blas: the GEMM entry the latest call used (cpu_kernel.GEMM_ENTRIES)
+        self._gemm_override = None  # the consistency check's choice of entry (_kernel_model_checked)
 
     def tiles(self, n_q: int, n_k: int, head_dim: int):
         return resolve_tiles(
@@ -132,9 +136,10 @@ class FlashEmulated(AttentionBackend):
         if grad and (f.exp != "aten" or f.matmul != "aten"):
             raise ValueError("numerics.exp=fexp_u20 and numerics.matmul=blas (PyTorch's CPU flash kernel, forward only) "
                              "have no gradient: set numerics.exp=aten numerics.matmul=aten to train through the emulator")
-        if self.native and not grad and not self.tie_fix and _kernel_model_fits(f, self.variant):
+        entry = self.last_gemm = self._gemm_entry(q, n_k, tiles, causal) if f.matmul == "blas" else None
+        if self.native and not grad and not self.tie_fix and _kernel_model_fits(f, self.variant, entry):
             self.last_path = "native"
-            return _cpu_flash_native(q, k, v, float(scale), causal, tiles, f).to(out_dtype)
+            return _cpu_flash_native(q, k, v, float(scale), causal, tiles, f, entry).to(out_dtype)
         if plain and not self.tie_fix and self.native and not grad and 0 < float(scale) < float("inf") and _native_fits(f, self.variant):
             attend, self.last_path = self._attend_native, "native"
         elif plain and not self.tie_fix and self.compile and not grad and compiled.supports(f):
@@ -146,8 +151,19 @@ class FlashEmulated(AttentionBackend):
             row_chunks = [slice(a, min(a + size, n_q)) for a in range(0, n_q, size)]
         else:
             row_chunks = _row_chunks(n_q, chunk_rows)
-        chunks = [attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps) for rows in row_chunks]
+        extra = {"entry": entry} if entry is not None else {}
+        chunks = [attend(q[:, :, rows], k, v, scale, causal, rows, tiles, n_q, steps, **extra) for rows in row_chunks]
         return (chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)).to(out_dtype)
+
+    def _gemm_entry(self, q, n_k: int, tiles, causal: bool) -> str:
+        """The GEMM PyTorch's CPU flash kernel calls for this call (cpu_kernel.kernel_packs, with the
+        model's query tile as the kernel's qSplitSize): brgemm where it packs, else cblas."""
+        if self._gemm_override is not None:
+            return self._gemm_override
+        batch, heads, n_q, dim = q.shape
+        packs = cpu_kernel.kernel_packs(self.formats.input.torch_dtype, batch, heads, n_q, n_k, dim, tiles.block_r,
+                                        causal)
+        return cpu_kernel.gemm_entry(self.formats.input.torch_dtype, packs)
 
     def _chunk_rows(self, tiles, dim_v: int) -> int:
         if self.query_chunk is not None:
@@ -156,8 +172,9 @@ class FlashEmulated(AttentionBackend):
         # per-block pass runs from cache instead of memory (measured best of 1k/2k/4k rows at d=64).
         return max(_MIN_CHUNK_ROWS, _CHUNK_ELEMENTS // max(tiles.block_c, dim_v))
 
-    def _attend(self, q, k, v, scale, causal, rows: slice, tiles, n_q: int, steps) -> torch.Tensor:
-        """The normalised output of the query rows `rows` (q holds just those rows)."""
+    def _attend(self, q, k, v, scale, causal, rows: slice, tiles, n_q: int, steps, entry: str = "cblas") -> torch.Tensor:
+        """The normalised output of the query rows `rows` (q holds just those rows); entry: the
+        kernel's GEMM (matmul=blas only)."""
         f = self.formats
         probs_step, merge_step = steps
         n_rows = q.shape[2]
@@ -182,7 +199,7 @@ class FlashEmulated(AttentionBackend):
                 masked = torch.arange(start, stop, device=q.device)[None, :] > query_index  # (rows, Bc)
                 active = (tile_last_row >= start).view(1, 1, n_rows, 1)
             if blas:
-                raw_scores = cpu_kernel.scores(q16, k16[:, :, start:stop], tiles.block_r, parallel)
+                raw_scores = cpu_kernel.scores(q16, k16[:, :, start:stop], tiles.block_r, parallel, entry)
             else:
                 raw_scores = q @ k[:, :, start:stop].transpose(-1, -2)  # (B, H, rows, Bc)
             block = probs_step(raw_scores, scale, row_max, masked, f=f)
@@ -193,7 +210,7 @@ class FlashEmulated(AttentionBackend):
                 block_sum = block["probs"].sum(dim=-1, keepdim=True)
             if blas:
                 row_max, row_sum, out = _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16[:, :, start:stop],
-                                                        active, start, tiles.block_r, parallel, f=f)
+                                                        active, start, tiles.block_r, parallel, entry, f=f)
                 continue
             raw_pv = block["matmul_probs"] @ v[:, :, start:stop]
             row_max, row_sum, out = merge_step(row_max, row_sum, out, block, block_sum, raw_pv, active, f=f)
@@ -263,6 +280,7 @@ class FlashEmulated(AttentionBackend):
             "tiles.sram": self.sram,
             "tiles.kv_blocks_pinned": self.kv_blocks,
             "tie_fix": self.tie_fix,
+            **({"matmul.entry": self.last_gemm} if self.formats.matmul == "blas" else {}),
         }
 
 
@@ -293,50 +311,64 @@ def _last_needed_key(rows: slice, tiles, n_q: int) -> int:
     return min(n_q - 1, last_tile_row)
 
 
-def _kernel_model_fits(f: StageFormats, variant: str) -> bool:
-    """Whether the fused C model of PyTorch's CPU flash kernel (cpu_flash_forward) computes these numerics."""
+def _kernel_model_fits(f: StageFormats, variant: str, entry: str | None) -> bool:
+    """Whether the fused C model of PyTorch's CPU flash kernel (cpu_flash_forward) computes these
+    numerics with this GEMM entry (cpu_kernel.GEMM_ENTRIES)."""
     half = f.input.name
     return (
         variant == "fa2" and f.exp == "fexp_u20" and f.row_sum == "lanes" and f.matmul == "blas"
         and half in ("bf16", "fp16") and f.prob.name == f.output.name == half and f.input_scaling == "none"
         and all(getattr(f, s).name == "fp32" for s in ("score", "stats", "rescale", "accum"))
         and cpu_kernel.lanes() is not None and cpu_kernel.blas_address(f.input.torch_dtype) != 0
-        and native.library() is not None and _kernel_model_checked(f)
+        and (entry != "brgemm" or cpu_kernel.brgemm_address(f.input.torch_dtype) != 0)
+        and native.library() is not None and _kernel_model_checked(f, entry or "cblas")
     )
 
 
 @functools.cache
-def _kernel_model_checked(f: StageFormats) -> bool:
-    """The fused C model against the ATen path on a small ragged causal case, once per format set:
-    a compiler or CPU that changes a bit disables it (with a warning)."""
+def _kernel_model_checked(f: StageFormats, entry: str = "cblas") -> bool:
+    """The fused C model against the ATen path on small ragged cases (odd head size and block
+    lengths for brgemm's padding), once per format set and GEMM entry: a compiler or CPU that
+    changes a bit disables it (with a warning)."""
     emulator = FlashEmulated(f, block_r=16, block_c=40, native=False)
+    emulator._gemm_override = entry
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 37, 16, generator=g).to(f.input.torch_dtype) for _ in range(3))
-    tiles = emulator.tiles(37, 37, 16)
+    cases = [(37, 37, 16)] + ([(37, 93, 15)] if entry == "brgemm" else [])  # (n_q, n_k, d): blocks 40, 40, 13
     with torch.no_grad():
-        for causal in (False, True):
-            expected = emulator(q, k, v, scale=0.3, causal=causal)
-            got = _cpu_flash_native(q, k, v, float(torch.tensor(0.3, dtype=torch.float32)), causal, tiles, f).to(q.dtype)
-            if not same_bits(got, expected):
-                warnings.warn(f"numdev's fused model of PyTorch's CPU flash kernel differs from its ATen path for "
-                              f"{f.describe()}; not using it", stacklevel=3)
-                return False
+        for n_q, n_k, dim in cases:
+            q = torch.randn(1, 2, n_q, dim, generator=g).to(f.input.torch_dtype)
+            k, v = (torch.randn(1, 2, n_k, dim, generator=g).to(f.input.torch_dtype) for _ in range(2))
+            tiles = emulator.tiles(n_q, n_k, dim)
+            for causal in (False, True):
+                expected = emulator(q, k, v, scale=0.3, causal=causal)
+                got = _cpu_flash_native(q, k, v, float(torch.tensor(0.3, dtype=torch.float32)), causal, tiles, f,
+                                        entry).to(q.dtype)
+                if not same_bits(got, expected):
+                    warnings.warn(f"numdev's fused model of PyTorch's CPU flash kernel differs from its ATen path for "
+                                  f"{f.describe()} ({entry}); not using it", stacklevel=3)
+                    return False
     return True
 
 
-def _cpu_flash_native(q, k, v, scale: float, causal: bool, tiles, f: StageFormats) -> torch.Tensor:
+def _cpu_flash_native(q, k, v, scale: float, causal: bool, tiles, f: StageFormats, entry: str | None = "cblas"
+                      ) -> torch.Tensor:
     """The whole forward in kernels/flash_emulator.c (cpu_flash_forward): query tiles split over
-    torch's thread count in an OpenMP region, as the kernel splits them."""
+    torch's thread count in an OpenMP region, as the kernel splits them; entry: the GEMM (brgemm:
+    K and V packed first, as the kernel packs them)."""
     half = f.input.torch_dtype
     q16, k16, v16 = (t.to(half).contiguous() for t in (q, k, v))
     batch, heads, n_q, dim = q16.shape
     n_k = k16.shape[2]
     out = torch.empty_like(q16)
     tile_count = batch * heads * -(-n_q // tiles.block_r)
-    native.library().cpu_flash_forward(
+    packed = entry == "brgemm"
+    done = native.library().cpu_flash_forward(
         q16.data_ptr(), k16.data_ptr(), v16.data_ptr(), out.data_ptr(), tile_count, n_q, n_k, dim, scale, int(causal),
         tiles.block_r, tiles.block_c, cpu_kernel.lanes(), native.CODES[f.input.name], cpu_kernel.blas_address(half),
-        torch.get_num_threads())
+        cpu_kernel.brgemm_address(half) if packed else 0, cpu_kernel.brgemm_release_address() if packed else 0,
+        batch * heads, torch.get_num_threads())
+    if not done:
+        raise MemoryError(f"cpu_flash_forward could not allocate the packed K and V of {batch * heads} heads x {n_k} keys")
     return out
 
 
@@ -447,7 +479,8 @@ def _fa2_merge(row_max, row_sum, out, block, block_sum, raw_pv, active, *, f: St
     )
 
 
-def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start, tile_rows, parallel, *, f: StageFormats):
+def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start, tile_rows, parallel, entry, *,
+                    f: StageFormats):
     """The FA2 merge as PyTorch's CPU flash kernel does it: O = alpha O after the first block, then
     the kernel's GEMM adds P.V into O (beta = 1; beta = 0 for the first block), one call per tile."""
     alpha = block["alpha"]
@@ -456,7 +489,7 @@ def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start,
         out = _keep_active(active, round_to(alpha * out, f.accum), out)
     out = out.contiguous()
     cpu_kernel.accumulate(block["matmul_probs"].to(f.prob.torch_dtype), v16, out, tile_rows,
-                          0.0 if start == 0 else 1.0, active, parallel)
+                          0.0 if start == 0 else 1.0, active, parallel, entry)
     return (
         _keep_active(active, block["new_max"], row_max),
         _keep_active(active, new_sum, row_sum),

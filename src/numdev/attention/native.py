@@ -47,10 +47,11 @@ _SIGNATURES = {
     "fa1_merge": ["i", "i", "i", "c", "c", "c", "c", "i", "i", "i", "p", "p", "p", "p", "p", "p", "p"],
     "libm_expf": ["p", "p", "i"],
     "fexp_u20_array": ["p", "p", "i"],
-    "cpu_flash_forward": ["p", "p", "p", "p", "i", "i", "i", "i", "f", "c", "i", "i", "i", "c", "p", "c"],
+    "cpu_flash_forward": ["p", "p", "p", "p", "i", "i", "i", "i", "f", "c", "i", "i", "i", "c", "p", "p", "p", "i", "c"],
     "blas_in_region": ["p", "c", "c", "c", "c", "c", "p", "c", "p", "c", "f", "p", "c", "c"],
 }
 _CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "c": ctypes.c_int, "f": ctypes.c_float}
+_RETURNS = {"cpu_flash_forward": ctypes.c_int}  # 0: the packed K/V buffers could not be allocated
 _failure: list[str] = []  # why the library is unavailable, once known
 
 
@@ -102,7 +103,7 @@ def _library() -> ctypes.CDLL:
             for name, kinds in _SIGNATURES.items():
                 function = getattr(lib, name)
                 function.argtypes = [_CTYPES[kind] for kind in kinds]
-                function.restype = None
+                function.restype = _RETURNS.get(name)
             return lib
         except (OSError, AttributeError) as error:
             if attempt == 2:
