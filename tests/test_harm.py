@@ -260,3 +260,24 @@ def test_every_claimed_role_states_a_known_claim_and_flash_tiles():
     flash = compose_train("experiment=harm", "study=flash_fa2", "run_dir=/tmp/x", smoke=False)
     tokens = (flash.data.resolution // flash.model.patch) ** 2
     assert math.ceil(tokens / flash.attention.block_c) >= 8  # every image self-attention call runs >= 8 key/value blocks
+
+
+# -- the whole study through the real command line (slow: 35 micro runs) -----------------------------------
+@pytest.mark.slow
+def test_the_smoke_harm_study_runs_end_to_end_and_reads_back(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("numdev.train.app", "experiment=harm_smoke", f"hydra.sweep.dir={tmp_path / 'study'}", cwd=tmp_path, timeout=1800)
+    study = tmp_path / "study"
+    summary = harm_summary.read_harm_summary(study / "summary.json")
+    assert summary.replicates == [0, 1, 2, 3, 4] and set(summary.roles) >= {"reference", "flash_fa2", "ulp", "lr_x10"}
+    flash = summary.roles["flash_fa2"]
+    assert flash.tiling and any(layer["kv_blocks"] >= 8 for layer in flash.tiling["layers"])
+    assert flash.per_call and flash.per_call["rel_rms"]["estimate"]["value"] > 0  # the shadow's per-call deviation
+    assert {"churn", "prediction_disagreement", "loss_barrier"} <= set(flash.function_level)
+    assert flash.effects["heldout_loss"]["n"] == 5 and flash.effects["heldout_loss"]["against_seeds"] is not None
+    assert all(str(s) in flash.calibration["attention_noise"]["steps"] for s in (2, 4, 8))
+    assert (study / "harm.png").is_file() and (study / "calibration.png").is_file() and (study / "controls.png").is_file()
+    assert (summary.headline["text"] if summary.headline["shown"] else summary.headline["why"]) in result.stdout + result.stderr
+    again = run_cli("numdev.analysis.study", str(study), cwd=tmp_path)  # numdev-study reproduces the summary
+    assert harm_summary.read_harm_summary(study / "summary.json").table == summary.table, again.stdout

@@ -1,4 +1,4 @@
-"""numdev.attention.OutputNoise: unbiased (z ~ N(0, 1)) and biased (s = +1) per-call noise of relative
+"""numdev.attention.OutputNoise: unbiased (z ~ N(0, 1)) and biased (s = sign(out)) per-call noise of relative
 size delta, against the exact expectations; the default is the old formula bit for bit."""
 
 from __future__ import annotations
@@ -38,14 +38,18 @@ def test_the_rms_relative_deviation_is_delta_in_both_modes(mode, delta):
 
 
 @pytest.mark.parametrize("delta", [0.3, 1.0, 3.0])
-def test_biased_moves_every_element_away_from_zero_by_delta_of_itself(delta):
+def test_biased_moves_every_element_up_by_delta_of_its_magnitude(delta):
+    """out + delta |out|: every deviation upward (a signed bias), |deviation| = delta |out| (so the same RMS as unbiased)."""
     clean, noisy = _call(OutputNoise(delta=delta, seed=5, mode="biased"))
-    relative = _relative(clean, noisy)
-    bound = 2.0**-23 * (1 + delta)  # fp32(1 + delta) and the product: one rounding each
-    assert float((relative - delta).abs().max()) <= bound
-    shift = (noisy.double() - clean.double()) * clean.double().sign()  # the deviation along each element's own sign
-    assert abs(float(shift.mean() / clean.double().abs().mean()) - delta) <= bound
-    assert bool((shift > 0).all())  # sign-consistent: no element moves toward zero
+    c, n = clean.double(), noisy.double()
+    bound = 2.0**-23 * (1 + delta) * c.abs()  # fp32(delta |out|) and the sum: one rounding each
+    assert bool(((n - c) - delta * c.abs()).abs().le(bound + 1e-30).all())
+    assert bool(((n - c)[c != 0] > 0).all())  # sign-consistent: every element moves up
+    assert float((n - c).mean()) == pytest.approx(delta * float(c.abs().mean()), rel=1e-6)  # mean deviation delta mean|out|
+    # not a gain: positive elements grow by (1 + delta), negative ones shrink by (1 - delta)
+    positive, negative = c > 0, c < 0
+    assert torch.allclose(n[positive], c[positive] * (1 + delta), rtol=1e-6)
+    assert torch.allclose(n[negative], c[negative] * (1 - delta), rtol=1e-6, atol=1e-12)
 
 
 @pytest.mark.parametrize("delta", [0.3, 1.0, 3.0])

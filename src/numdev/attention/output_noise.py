@@ -6,11 +6,12 @@ attention under the run's autocast by default) computed out. A deviation of know
 every call, forward and (through the product) backward, as Flash's own per-call deviation is: the
 study reads Flash's weight distance against these rungs (docs/study.md#ladder).
 
-mode biased: out <- out * (1 + delta * s) with s = +1 for every element and call: the same RMS
-relative deviation (E[z^2] = E[s^2] = 1) but sign-consistent, every output moved away from zero
-by delta of itself: the shape of Qiu & Yao's mechanism (arXiv:2510.04212), a signed bias in the
-rounding of the attention output, as a positive control of known size. Nothing is drawn, so the
-generator does not advance.
+mode biased: out <- out + delta * |out| = out * (1 + delta * s), s = sign(out), for every element and
+call: the same RMS relative deviation (E[z^2] = E[s^2] = 1, zeros aside) but every deviation upward,
+so its mean is delta * mean|out| > 0 where the unbiased one's is 0: a signed bias, the shape of Qiu &
+Yao's mechanism (arXiv:2510.04212: the bf16 rounding of P V errs consistently in one direction), as a
+positive control of known size. Unlike a gain out * (1 + delta), which the next projection absorbs by
+rescaling its weights, it is not a linear map of out. Nothing is drawn, so the generator does not advance.
 
 delta is in (0, 10]: the ladder runs upward until training is harmed. The product is formed in
 fp32 and cast back to the output's dtype, so under bf16 a delta well below bf16's half-ulp (2^-9)
@@ -37,7 +38,7 @@ class OutputNoise(AttentionBackend):
             raise ValueError(f"attention.seed={seed!r} must be a non-negative integer")
         if mode not in MODES:
             raise ValueError(f"attention.mode={mode!r}: use unbiased (out x (1 + delta z), z ~ N(0, 1)) "
-                             "or biased (out x (1 + delta), every element)")
+                             "or biased (out + delta |out|, every element)")
         self.inner = inner if inner is not None else Eager()
         self.delta, self.seed, self.mode = float(delta), seed, mode
         self.generator = torch.Generator().manual_seed(seed)
@@ -51,7 +52,8 @@ class OutputNoise(AttentionBackend):
     def forward(self, q, k, v, scale, causal):
         out = self.inner(q, k, v, scale=scale, causal=causal)
         if self.mode == "biased":
-            return (out.float() * (1.0 + self.delta)).to(out.dtype)
+            wide = out.float()
+            return (wide + self.delta * wide.abs()).to(out.dtype)
         z = torch.randn(out.shape, generator=self.generator, dtype=torch.float32).to(out.device)
         return (out.float() * (1.0 + self.delta * z)).to(out.dtype)
 
