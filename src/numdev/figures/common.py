@@ -88,8 +88,8 @@ def spread(by_seed_list) -> tuple[list, list, list]:
         if not vals:
             means.append(math.nan), lows.append(0.0), highs.append(0.0)
             continue
-        m = float(np.mean(vals))
-        means.append(m), lows.append(m - min(vals)), highs.append(max(vals) - m)
+        m = float(np.mean(vals))  # of equal values it can round past them: a bar's length is never negative
+        means.append(m), lows.append(max(m - min(vals), 0.0)), highs.append(max(max(vals) - m, 0.0))
     return means, lows, highs
 
 
