@@ -10,7 +10,9 @@ Statuses:
     fails            the data contradict it by the rule
     partly           some parts hold and some fail (combine only); or a claim of a size ("about
                      10x") whose direction holds but whose size lies outside the stated band
-    not measurable   the rule cannot decide: one seed, no interval, non-finite values
+    not measurable   the rule cannot decide: one seed, no interval, non-finite values; or fewer
+                     than MIN_CI (5) replicates: their spread is a range, labelled "range of n",
+                     and a range carries no verdict (RANGE_NO_VERDICT: the house rule, here only)
     by construction  true by how the instrument is built, not by a measurement (e.g. Fig. 6b: B_r
                      has no numeric effect in the emulator); shown with its own neutral symbol and
                      never counted as support: a claim with such a part is at most "partly"
@@ -63,6 +65,12 @@ class Verdict:
         return f"{self.symbol} {self.status}" + (f": {self.detail}" if self.detail else "")
 
 
+def judgeable(estimate: Estimate) -> bool:
+    """Whether a verdict (or a sentence that reads like one: "below 1", "told apart") may rest on the
+    estimate: a finite value with a 95% interval, not a range from fewer than MIN_CI replicates."""
+    return bool(np.isfinite(estimate.value)) and estimate.has_interval and estimate.method != RANGE
+
+
 def ratio_verdict(estimate: Estimate, claim: str, threshold: float = 1.0, what: str = "the ratio") -> Verdict:
     """Claim 'above' or 'below' `threshold`, judged on the interval, never on the point value alone.
 
@@ -110,11 +118,12 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
     of one seed's curve are serially dependent (a cumulative drift), so a test over them would not
     hold its size; the seeds are independent replicates, so their taus are (as in `trend_verdict`).
     holds: p < 0.05, or every seed's curve never reverses; fails: every tau at or below 0, or the
-    t-test significant the other way; not measurable otherwise, with fewer than 3 seeds having 3 or
-    more x values, or when every curve is flat (tau undefined). The detail counts the steps of the
-    seeds' curves that go against the claim, so a 'holds' with reversals says so. On driftless
-    random walks (tests/test_stats_verdicts.py) it said 'holds' 5.7% of the time with 5 seeds and
-    7.5% with 3 (the taus are not normal), where a test over the pooled points said so 30%.
+    t-test significant the other way; not measurable otherwise, with fewer than 3 distinct x values,
+    when every curve is flat (tau undefined), and from fewer than MIN_CI (5) seeds: their taus are
+    then shown as a range (RANGE_NO_VERDICT), even when every curve never reverses. The detail counts
+    the steps of the seeds' curves that go against the claim, so a 'holds' with reversals says so. On
+    driftless random walks (tests/test_stats_verdicts.py) it said 'holds' 5.7% of the time with 5
+    seeds (the taus are not normal), where a test over the pooled points said so 30%.
     """
     if direction not in ("increasing", "decreasing"):
         raise ValueError(f"direction must be 'increasing' or 'decreasing', got {direction!r}")
@@ -140,12 +149,14 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
     if not enough_x:
         return Verdict(NOT_MEASURABLE, rule, f"{len(np.unique(x))} distinct x value(s): a trend needs 3")
     if len(values_by_seed) < 3:
-        return Verdict(NOT_MEASURABLE, rule, f"{len(values_by_seed)} seed(s): a t-test over seeds needs 3")
+        return Verdict(NOT_MEASURABLE, rule, f"{len(values_by_seed)} seed(s): a verdict over seeds needs {MIN_CI}")
     if not taus:
         return Verdict(NOT_MEASURABLE, rule, "every seed's curve is flat: a flat curve has no trend")
     values = np.asarray(taus)
     summary = (f"tau {values.mean():+.2f} [range of {len(values)}: {values.min():+.2f}, {values.max():+.2f}]; "
                f"{reversals} of {steps} steps of the seeds' curves go against it")
+    if len(values_by_seed) < MIN_CI:
+        return Verdict(NOT_MEASURABLE, rule, f"{summary}: {RANGE_NO_VERDICT}")
     if len(values) < 3:
         return Verdict(NOT_MEASURABLE, rule, f"{summary}; {len(values)} seed(s) not flat: a t-test needs 3")
     if (sign * values <= 0).all():
@@ -214,7 +225,8 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     its inputs and are not, which is why they are reduced to one slope first), and a slope, a
     weighted sum of many log-deviations, is close to normal. holds: p < 0.05; fails: every seed's
     slope is zero or goes the other way (a flat curve counts against a trend), or the t-test is
-    significant the other way; otherwise not measurable. At least 3 seeds.
+    significant the other way; otherwise not measurable. From fewer than MIN_CI (5) seeds the slopes
+    are shown as their range and no verdict is given (RANGE_NO_VERDICT), whatever they say.
     """
     if direction not in ("increasing", "decreasing"):
         raise ValueError(f"direction must be 'increasing' or 'decreasing', got {direction!r}")
@@ -225,7 +237,7 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     slopes = seed_slopes(x if isinstance(x, dict) else list(x), values_by_seed, log_x)
     values = np.asarray(list(slopes.values()), dtype=np.float64)
     if len(values) < 3:
-        return Verdict(NOT_MEASURABLE, rule, f"{len(values)} seed(s) with 3 or more x values: a t-test needs 3")
+        return Verdict(NOT_MEASURABLE, rule, f"{len(values)} seed(s) with 3 or more x values: a verdict over seeds needs {MIN_CI}")
     if not np.isfinite(values).all():
         return Verdict(NOT_MEASURABLE, rule, "a value at or below 0 (or non-finite): no log-slope")
     values = np.where(np.abs(values) < SLOPE_ZERO, 0.0, values)  # a flat curve's fit leaves float noise
@@ -234,6 +246,8 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     with_claim = int((sign * values > 0).sum())
     summary = (f"{'log-log slope' if log_x else 'slope of log per ' + unit} {values.mean():+.3g} [{spread}: {values.min():+.3g}, "
                f"{values.max():+.3g}]; {with_claim} of {len(values)} seeds' slopes {direction}")
+    if len(values) < MIN_CI:
+        return Verdict(NOT_MEASURABLE, rule, f"{summary}: {RANGE_NO_VERDICT}")
     if with_claim == 0:
         flat = "flat: every seed's slope is 0" if (values == 0).all() else "no seed's slope goes the claimed way"
         return Verdict(FAILS, rule, f"{summary}; {flat}")
