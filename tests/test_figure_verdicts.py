@@ -265,3 +265,33 @@ def test_from_3_seeds_no_figure_gives_a_verdict_and_each_says_why(tmp_path):
             assert verdict["status"] == NOT_MEASURABLE and "[range of 3: " in verdict["detail"], (name, part, verdict)
             assert RANGE_NO_VERDICT in verdict["detail"], (name, part, verdict)
 
+
+def test_a_stored_figure_summary_is_rejudged_under_the_house_rule(tmp_path):
+    """docs/results keeps figure summaries without their records: numdev.figures.common.rejudged gives
+    them the verdict the rule gives, the parts quoted in the caption included, and leaves every number."""
+    from numdev.figures.common import rejudged
+    from numdev.stats.verdicts import Verdict, combine
+
+    five = fig6.summarise(_fig6_rows(-0.5), tmp_path)
+    assert rejudged(five) == five  # made under the rule: its own rejudge
+    # A 3-seed summary as the code before the rule wrote it: (a) and (c) holding on a range of 3.
+    old_parts = {
+        "(a) bf16": Verdict(HOLDS, "ra", "bf16 geometric-mean error ratio swapped/original 1.47 [range of 3: 1.16, 1.69]"),
+        "(b) bf16": Verdict(BY_CONSTRUCTION, "rb", "0 at every seed and tile: bit-identical, as built"),
+        "(c) bf16": Verdict(HOLDS, "rc", "log-log slope -0.134 [range of 3: -0.189, -0.0622]; 3 of 3 seeds' slopes decreasing; t-test p = 0.035 (df 2)"),
+    }
+    old_verdict = combine(old_parts)
+    old = {**five, "status": old_verdict.status, "verdict": old_verdict.text(), "verdict_rule": old_verdict.rule,
+           "claim_holds": False, "parts": {k: v.as_dict() for k, v in old_parts.items()},
+           "caption": "Judged at bf16: " + "; ".join(f"{k}: {v.text()}" for k, v in old_parts.items()) + ". 3 seed(s)."}
+    assert old["status"] == PARTLY
+    new = rejudged(old)
+    assert new["status"] == NOT_MEASURABLE and new["verdict"].startswith("– not measurable: (a) bf16: – not measurable: ")
+    assert {k: v["status"] for k, v in new["parts"].items()} == {"(a) bf16": NOT_MEASURABLE, "(b) bf16": BY_CONSTRUCTION,
+                                                                 "(c) bf16": NOT_MEASURABLE}
+    assert new["caption"] == ("Judged at bf16: " + "; ".join(f"{k}: {Verdict(**v).text()}" for k, v in new["parts"].items())
+                              + ". 3 seed(s).")
+    assert "✓" not in new["caption"] + new["verdict"] and new["caption"].count(RANGE_NO_VERDICT) == 2
+    assert {k: v for k, v in new.items() if k not in ("status", "verdict", "parts", "caption")} == \
+        {k: v for k, v in old.items() if k not in ("status", "verdict", "parts", "caption")}
+    assert rejudged(new) == new

@@ -313,3 +313,40 @@ def test_only_grows_from_3_or_4_seeds_is_not_measurable_even_when_no_curve_rever
         assert f"tau +1.00 [range of {n}: +1.00, +1.00]; {against} of {4 * n} steps" in verdict.detail
         assert RANGE_NO_VERDICT in verdict.detail
 
+
+def test_a_stored_verdict_is_rejudged_by_the_range_it_quotes():
+    """Verdicts stored before the house rule (docs/results): a holds/fails/partly that quotes a range
+    of fewer than 5 replicates becomes not measurable, its numbers kept; anything else stays."""
+    from numdev.stats.verdicts import (
+        BY_CONSTRUCTION,
+        RANGE_NO_VERDICT,
+        by_construction,
+        from_text,
+        parts_of,
+        rejudge,
+    )
+
+    old = Verdict(HOLDS, "r", "the ratio 11 [range of 3: 9.89, 12.2]")
+    assert rejudge(old) == Verdict(NOT_MEASURABLE, "r", f"the ratio 11 [range of 3: 9.89, 12.2]: {RANGE_NO_VERDICT}")
+    trend = Verdict(FAILS, "t", "log-log slope +0 [range of 4: +0, +0]; 0 of 4 seeds' slopes increasing; flat: every seed's slope is 0")
+    assert rejudge(trend).status == NOT_MEASURABLE and rejudge(trend).detail.startswith(trend.detail)
+    for kept in (Verdict(HOLDS, "r", "the ratio 11 [10.4, 11.7]"),  # a 95% interval
+                 Verdict(HOLDS, "t", "log-log slope +0.634 [range of 5: +0.609, +0.664]; t-test p = 4e-07 (df 4)"),
+                 Verdict(HOLDS, "b", "bit-identical share min 1 over 3 record(s)"),  # an exact check: no spread
+                 Verdict(NOT_MEASURABLE, "r", "the ratio 1.5 [range of 3: 0.9, 2] contains 1"),
+                 by_construction("b", "0 at every seed")):
+        assert rejudge(kept) == kept
+    parts = {"a": old, "b": Verdict(HOLDS, "b", "bit-identical share min 1 over 3 record(s)"),
+             "(b) fp16": by_construction("c", "as built"), "c: d": Verdict(FAILS, "r", "x 0.5 [range of 3: 0.4, 0.6]")}
+    combined = combine(parts)
+    assert combined.status == PARTLY and parts_of(combined.detail) == {k: Verdict(v.status, "", v.detail) for k, v in parts.items()}
+    again = rejudge(combined)
+    # The exact check still holds and the others carry no verdict: partly, never green; the rule and order kept.
+    assert again.status == PARTLY and again.rule == combined.rule
+    assert again.detail == combine({k: rejudge(v) for k, v in parts.items()}).detail
+    assert rejudge(combine({"a": old, "c": parts["c: d"]})).status == NOT_MEASURABLE
+    assert rejudge(combine({"a": old, "c": parts["(b) fp16"]})).status == NOT_MEASURABLE
+    assert rejudge(again) == again and combine({"x": by_construction("c", "y")}).status == BY_CONSTRUCTION
+    assert from_text(combined.status, combined.text(), "rule") == Verdict(combined.status, "rule", combined.detail)
+    with pytest.raises(ValueError, match="not the text of a verdict"):
+        from_text(HOLDS, combined.text())

@@ -20,6 +20,7 @@ Statuses:
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,6 +33,10 @@ BY_CONSTRUCTION = "by construction"
 STATUSES = (HOLDS, FAILS, PARTLY, NOT_MEASURABLE, BY_CONSTRUCTION)
 RANGE_NO_VERDICT = f"a range from fewer than {MIN_CI} replicates carries no verdict"
 SYMBOLS = {HOLDS: "✓", FAILS: "✗", PARTLY: "◐", NOT_MEASURABLE: "–", BY_CONSTRUCTION: "□"}
+JUDGED = (HOLDS, FAILS, PARTLY)  # the statuses a range from fewer than MIN_CI replicates may not give
+# How a verdict's detail quotes the spread it rests on when that is a range: "[range of n: low, high]"
+# (Estimate.text for a ratio, a mean, ...; the per-seed slopes of trend_verdict, the taus of monotone_verdict).
+RANGE_LABEL = re.compile(r"\[range of (\d+): ")
 
 # A monotone trend is judged by Kendall's tau between x and the per-seed values (every seed's point
 # counts, so seed-to-seed spread weakens the evidence), one-sided in the claimed direction. Used by
@@ -283,17 +288,74 @@ def combine(parts: dict[str, Verdict]) -> Verdict:
     "partly"; alone, the claim is "by construction"."""
     if not parts:
         raise ValueError("combine needs at least one part")
-    statuses = [v.status for v in parts.values()]
     detail = "; ".join(f"{name}: {v.text()}" for name, v in parts.items())
     rule = "every part must hold: " + "; ".join(f"{name}: {v.rule}" for name, v in parts.items())
+    return Verdict(combined_status([v.status for v in parts.values()]), rule, detail)
+
+
+def combined_status(statuses: list[str]) -> str:
+    """combine's status of a claim whose parts have these statuses."""
     if all(s == BY_CONSTRUCTION for s in statuses):
-        status = BY_CONSTRUCTION
-    elif all(s == HOLDS for s in statuses):
-        status = HOLDS
-    elif HOLDS in statuses or PARTLY in statuses:
-        status = PARTLY  # some parts hold, others fail, cannot be judged or hold by construction: never green
-    elif FAILS in statuses:
-        status = FAILS  # no part holds and at least one is contradicted
-    else:
-        status = NOT_MEASURABLE
-    return Verdict(status, rule, detail)
+        return BY_CONSTRUCTION
+    if all(s == HOLDS for s in statuses):
+        return HOLDS
+    if HOLDS in statuses or PARTLY in statuses:
+        return PARTLY  # some parts hold, others fail, cannot be judged or hold by construction: never green
+    if FAILS in statuses:
+        return FAILS  # no part holds and at least one is contradicted
+    return NOT_MEASURABLE
+
+
+# combine's detail, read back: "name: <symbol> <status>[: detail]; name: ..." (a name holds no ';').
+_PART = re.compile("(?:^|; )(?P<name>[^;]+?): (?P<symbol>[" + "".join(SYMBOLS.values()) + "]) (?P<status>"
+                   + "|".join(STATUSES) + ")(?=: |; |$)")
+
+
+def parts_of(detail: str) -> dict[str, Verdict] | None:
+    """The parts of a combined verdict read back from its detail (as `combine` wrote it; their rules
+    are not in it), or None when the detail is not one."""
+    found = list(_PART.finditer(detail))
+    if not found or found[0].start() != 0:
+        return None
+    parts = {}
+    for match, after in zip(found, [*found[1:], None]):
+        text = detail[match.start("symbol"):after.start() if after else len(detail)]
+        status = match["status"]
+        if SYMBOLS[status] != match["symbol"] or match["name"] in parts:
+            return None
+        parts[match["name"]] = Verdict(status, "", text[len(f"{match['symbol']} {status}: "):] if text != f"{match['symbol']} {status}" else "")
+    if "; ".join(f"{name}: {v.text()}" for name, v in parts.items()) != detail:
+        return None
+    return parts
+
+
+def rejudge(verdict: Verdict) -> Verdict:
+    """A stored verdict, made before the house rule reached it, under the rule: one that says holds,
+    fails or partly while its detail quotes a range from fewer than MIN_CI replicates ("[range of n:
+    ...", RANGE_LABEL) becomes not measurable, its numbers kept and RANGE_NO_VERDICT said. A
+    combined verdict is re-judged part by part (parts_of) and its status recombined (combined_status),
+    its rule and the parts' order kept. Exact checks (bit identity), verdicts "by construction" and
+    verdicts on 95% intervals quote no such range and stay as they are.
+
+    For results whose per-replicate numbers are not kept (docs/results/phase1.json, gemm.json: their
+    runs' records are not committed); where they are, rerun the rule on them instead (numdev-figure,
+    numdev.analysis.study.rejudge)."""
+    parts = parts_of(verdict.detail)
+    if parts is None:
+        counts = [int(n) for n in RANGE_LABEL.findall(verdict.detail)]
+        if verdict.status not in JUDGED or not counts or min(counts) >= MIN_CI:
+            return verdict
+        return Verdict(NOT_MEASURABLE, verdict.rule, f"{verdict.detail}: {RANGE_NO_VERDICT}")
+    rejudged = {name: rejudge(part) for name, part in parts.items()}
+    if rejudged == parts:
+        return verdict
+    detail = "; ".join(f"{name}: {v.text()}" for name, v in rejudged.items())
+    return Verdict(combined_status([v.status for v in rejudged.values()]), verdict.rule, detail)
+
+
+def from_text(status: str, text: str, rule: str = "") -> Verdict:
+    """A Verdict from its status and its text() (as figure summaries store them)."""
+    prefix = f"{SYMBOLS[status]} {status}"
+    if text != prefix and not text.startswith(prefix + ": "):
+        raise ValueError(f"{text[:60]!r} is not the text of a verdict that {status}")
+    return Verdict(status, rule, text[len(prefix) + 2:] if text != prefix else "")
