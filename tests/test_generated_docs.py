@@ -100,3 +100,19 @@ def test_the_precision_speed_table_is_the_scripts_from_the_committed_benchmarks(
     table = _script("precision_speed_table")
     assert table.results(), "no docs/results/bench_precision_*.json"
     assert read_block(table.DOC, table.BLOCK) == table.block_text().strip()
+
+
+def test_no_committed_verdict_rests_on_a_range_of_fewer_than_5_replicates():
+    """docs/results' verdicts are what today's rules give on their own numbers (a range from fewer than
+    5 replicates carries no verdict): re-judging them changes nothing (scripts/phase1_results.py,
+    gemm_results.py and study_table.py --rejudge made them so)."""
+    from numdev.analysis.study import rejudge
+    from numdev.figures.common import rejudged
+
+    results = REPO / "docs" / "results"
+    for name in ("phase1.json", "gemm.json"):
+        for figure, summary in json.loads((results / name).read_text(encoding="utf-8"))["figures"].items():
+            assert rejudged(summary) == summary, f"{name}: {figure}"
+    for path in sorted(results.glob("*_summary.json")):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        assert rejudge(summary) == summary, path.name
