@@ -6,9 +6,10 @@ import math
 import pytest
 
 from numdev.figures import BENCH_FIGURES, FIGURES, fa3_table3, fig3, fig4, fig5, fig6
-from numdev.stats.verdicts import BY_CONSTRUCTION, FAILS, HOLDS, NOT_MEASURABLE, PARTLY
+from numdev.stats.verdicts import BY_CONSTRUCTION, FAILS, HOLDS, NOT_MEASURABLE, PARTLY, RANGE_NO_VERDICT
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)  # a verdict needs 5 seeds (numdev.stats.verdicts: a range from fewer carries none)
+FEW = (0, 1, 2)
 
 
 def _row(kind, method, seed, metrics, **fields):
@@ -70,8 +71,8 @@ def test_fig4_verdict(tmp_path, ratios, seeds, status):
     summary = fig4.summarise(_fig4_rows(ratios, seeds), tmp_path)
     assert summary["status"] == status, summary["verdict"]
     assert summary["claim_holds"] == (status == HOLDS)
-    if ratios["paper_like"] == 6.5:  # the number is in the verdict
-        assert "6.5" in summary["parts"]["paper_like"]["detail"] and "range of 3" in summary["parts"]["paper_like"]["detail"]
+    if ratios["paper_like"] == 6.5:  # the number is in the verdict, with its interval
+        assert "flash/baseline max |Δ| 6.5 [6." in summary["parts"]["paper_like"]["detail"]
 
 
 def test_fig4_names_the_baseline_each_setting_divides_by(tmp_path):
@@ -222,14 +223,75 @@ def test_reconcile_verdict_can_fail():
         return {"max_abs": e, "mean_abs": e}
 
     key = reconcile._key
-    r = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): cell(*v)
-         for t, v in (("16", (3.0, 3.1, 3.2)), ("64", (2.0, 2.1, 2.2)), ("256", (1.2, 1.3, 1.4)))}
+    by_tile = (("16", (3.0, 3.1, 3.2, 3.05, 3.15)), ("64", (2.0, 2.1, 2.2, 2.05, 2.15)), ("256", (1.2, 1.3, 1.4, 1.25, 1.35)))
+    r = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): cell(*v) for t, v in by_tile}
     kernel = ("sdpa_flash", "uniform", "None", "None", "None")
-    r[kernel] = cell(0.5, 0.5, 0.5)
-    eager = {kernel: cell(1.2, 1.3, 1.25)}  # above eager PyTorch's Baseline: contradicts "below"
-    seed_ratios = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): dict(enumerate(v))
-                   for t, v in (("16", (3.0, 3.1, 3.2)), ("64", (2.0, 2.1, 2.2)), ("256", (1.2, 1.3, 1.4)))}
+    r[kernel] = cell(0.5, 0.5, 0.5, 0.5, 0.5)
+    eager = {kernel: cell(1.2, 1.3, 1.25, 1.22, 1.28)}  # above eager PyTorch's Baseline: contradicts "below"
+    seed_ratios = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): dict(enumerate(v)) for t, v in by_tile}
     parts = reconcile.sentences(r, "64", {"16": 16, "64": 64, "256": 256}, seed_ratios, eager)[0]
     assert parts["paper-like cell ~10x"].status == PARTLY and "2.1" in parts["paper-like cell ~10x"].detail
     assert parts["paper-like ratio grows with key/value blocks"].status == FAILS  # falls with more blocks
     assert parts["PyTorch's CPU flash kernel below eager PyTorch's Baseline"].status == FAILS
+
+
+# --- from 3 seeds: ranges, shown, and no verdict ---------------------------------------------------
+
+
+def _few_seed_summaries(tmp_path):
+    """Each figure on data whose verdict holds or fails from 5 seeds, run on 3 (the demo's)."""
+    from numdev.figures import bias
+
+    return {
+        "fig3": fig3.summarise(_fig3_rows({"bf16": 4e-3, "fp16": 4e-4, "fp32": 7e-8, "fp64": 7e-16}, FEW), tmp_path),
+        "fig4": fig4.summarise(_fig4_rows({"paper_like": 10.0, "real_kernel": 0.7}, FEW), tmp_path),
+        "fig5": fig5.summarise(_fig5_rows(0.0, seeds=FEW), tmp_path),  # flat: fails from 5 seeds
+        "fig6": fig6.summarise(_fig6_rows(-0.5, FEW), tmp_path),
+        "fa3_table3": fa3_table3.summarise(_fa3_rows(1.5, FEW), tmp_path),
+        "bias": bias.summarise(_bias_rows(1e-3, 1e-5, {"stats": -9e-4, "accum": -2e-4, "stats+accum": 1.03e-3}, seeds=FEW), tmp_path),
+    }
+
+
+def test_from_3_seeds_no_figure_gives_a_verdict_and_each_says_why(tmp_path):
+    """Where 5 seeds hold or fail (the tests above), 3 seeds give 'not measurable': every part that
+    rests on the seeds shows its range of 3 and RANGE_NO_VERDICT; a part true by construction stays so."""
+    for name, summary in _few_seed_summaries(tmp_path).items():
+        assert summary["status"] == NOT_MEASURABLE and summary["verdict"].startswith("– not measurable"), (name, summary["verdict"])
+        assert not summary["claim_holds"] and summary["provenance"]["seeds"] == list(FEW)
+        parts = summary["parts"] or {"": {"status": summary["status"], "detail": summary["verdict"]}}
+        for part, verdict in parts.items():
+            if verdict["status"] == BY_CONSTRUCTION:
+                continue
+            assert verdict["status"] == NOT_MEASURABLE and "[range of 3: " in verdict["detail"], (name, part, verdict)
+            assert RANGE_NO_VERDICT in verdict["detail"], (name, part, verdict)
+
+
+def test_a_stored_figure_summary_is_rejudged_under_the_house_rule(tmp_path):
+    """docs/results keeps figure summaries without their records: numdev.figures.common.rejudged gives
+    them the verdict the rule gives, the parts quoted in the caption included, and leaves every number."""
+    from numdev.figures.common import rejudged
+    from numdev.stats.verdicts import Verdict, combine
+
+    five = fig6.summarise(_fig6_rows(-0.5), tmp_path)
+    assert rejudged(five) == five  # made under the rule: its own rejudge
+    # A 3-seed summary as the code before the rule wrote it: (a) and (c) holding on a range of 3.
+    old_parts = {
+        "(a) bf16": Verdict(HOLDS, "ra", "bf16 geometric-mean error ratio swapped/original 1.47 [range of 3: 1.16, 1.69]"),
+        "(b) bf16": Verdict(BY_CONSTRUCTION, "rb", "0 at every seed and tile: bit-identical, as built"),
+        "(c) bf16": Verdict(HOLDS, "rc", "log-log slope -0.134 [range of 3: -0.189, -0.0622]; 3 of 3 seeds' slopes decreasing; t-test p = 0.035 (df 2)"),
+    }
+    old_verdict = combine(old_parts)
+    old = {**five, "status": old_verdict.status, "verdict": old_verdict.text(), "verdict_rule": old_verdict.rule,
+           "claim_holds": False, "parts": {k: v.as_dict() for k, v in old_parts.items()},
+           "caption": "Judged at bf16: " + "; ".join(f"{k}: {v.text()}" for k, v in old_parts.items()) + ". 3 seed(s)."}
+    assert old["status"] == PARTLY
+    new = rejudged(old)
+    assert new["status"] == NOT_MEASURABLE and new["verdict"].startswith("– not measurable: (a) bf16: – not measurable: ")
+    assert {k: v["status"] for k, v in new["parts"].items()} == {"(a) bf16": NOT_MEASURABLE, "(b) bf16": BY_CONSTRUCTION,
+                                                                 "(c) bf16": NOT_MEASURABLE}
+    assert new["caption"] == ("Judged at bf16: " + "; ".join(f"{k}: {Verdict(**v).text()}" for k, v in new["parts"].items())
+                              + ". 3 seed(s).")
+    assert "✓" not in new["caption"] + new["verdict"] and new["caption"].count(RANGE_NO_VERDICT) == 2
+    assert {k: v for k, v in new.items() if k not in ("status", "verdict", "parts", "caption")} == \
+        {k: v for k, v in old.items() if k not in ("status", "verdict", "parts", "caption")}
+    assert rejudged(new) == new

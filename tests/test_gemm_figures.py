@@ -6,7 +6,7 @@ import pytest
 from numdev.figures import gemm_formats, gemm_k, gemm_scaling
 from numdev.numerics.formats import parse_format
 
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1, 2, 3, 4)  # a verdict needs 5 seeds (numdev.stats.verdicts: a range from fewer carries none)
 
 
 def _row(label, seed, k, value, kind="emulated", bits=None, **model):
@@ -20,9 +20,9 @@ def _row(label, seed, k, value, kind="emulated", bits=None, **model):
     return row
 
 
-def _k_rows(truncate_growth: float, fp32_growth: float, promoted_level: float):
+def _k_rows(truncate_growth: float, fp32_growth: float, promoted_level: float, seeds=SEEDS):
     rows = []
-    for seed in SEEDS:
+    for seed in seeds:
         jitter = 1 + 0.01 * seed
         for k in (64, 256, 1024, 4096):
             steps = {64: 0, 256: 1, 1024: 2, 4096: 3}[k]
@@ -42,10 +42,10 @@ def test_gemm_k_holds_on_growth_and_fails_on_flat_curves(tmp_path):
     assert {v["status"] for v in bad["parts"].values()} == {"fails"}
 
 
-def _format_rows(slope_sign: float, kernel_bits: float):
+def _format_rows(slope_sign: float, kernel_bits: float, seeds=SEEDS):
     rows = []
     formats = {"fp4": ("fp4_e2m1", "block"), "fp6": ("fp6_e2m3", "block"), "bf16": ("bf16", "none"), "fp32": ("fp32", "none")}
-    for seed in SEEDS:
+    for seed in seeds:
         for label, (fmt, scaling) in formats.items():
             value = 2.0 ** (slope_sign * parse_format(fmt).mantissa_bits) * (1 + 0.01 * seed)
             rows.append(_row(label, seed, 512, value, input=fmt, weight=fmt, scaling=scaling))
@@ -62,17 +62,45 @@ def test_gemm_formats_holds_and_fails(tmp_path):
     assert bad["parts"]["scaled_mm bit for bit"]["status"] == "fails"
 
 
-@pytest.mark.parametrize("block_over_tensor, status", [(0.5, "holds"), (2.0, "fails")])
-def test_gemm_scaling_judges_block_against_tensor(tmp_path, block_over_tensor, status):
+def _scaling_rows(block_over_tensor, seeds=SEEDS):
     rows = []
-    for seed in SEEDS:
+    for seed in seeds:
         for fmt in ("fp4_e2m1", "fp8_e4m3"):
             rows.append(_row(f"{fmt}_tensor", seed, 512, 10.0 + seed, input=fmt, scaling="tensor"))
             rows.append(_row(f"{fmt}_row", seed, 512, 8.0 + seed, input=fmt, scaling="row"))
             rows.append(_row(f"{fmt}_block", seed, 512, (10.0 + seed) * block_over_tensor, input=fmt, scaling="block"))
-    summary = gemm_scaling.summarise(rows, tmp_path)
+    return rows
+
+
+@pytest.mark.parametrize("block_over_tensor, status", [(0.5, "holds"), (2.0, "fails")])
+def test_gemm_scaling_judges_block_against_tensor(tmp_path, block_over_tensor, status):
+    summary = gemm_scaling.summarise(_scaling_rows(block_over_tensor), tmp_path)
     assert summary["status"] == status
     assert set(summary["max_abs"]["fp4_e2m1"]) == {"tensor", "row", "block"}
+
+
+def test_from_3_seeds_the_gemm_figures_show_ranges_and_give_no_verdict(tmp_path):
+    """The data above that hold or fail from 5 seeds, on 3: every part resting on the seeds is 'not
+    measurable' with its range of 3 shown; a kernel's bit-for-bit check is exact (no spread over
+    seeds) and keeps its verdict, so gemm_formats reads 'partly', never 'holds'."""
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    few = (0, 1, 2)
+    summaries = {
+        "gemm_k": gemm_k.summarise(_k_rows(truncate_growth=3.0, fp32_growth=1.0, promoted_level=1.2e-3, seeds=few), tmp_path),
+        "gemm_k flat": gemm_k.summarise(_k_rows(truncate_growth=1.0, fp32_growth=3.0, promoted_level=1.0, seeds=few), tmp_path),
+        "gemm_formats": gemm_formats.summarise(_format_rows(-1.0, 1.0, seeds=few), tmp_path),
+        "gemm_scaling": gemm_scaling.summarise(_scaling_rows(0.5, seeds=few), tmp_path),
+        "gemm_scaling fails": gemm_scaling.summarise(_scaling_rows(2.0, seeds=few), tmp_path),
+    }
+    for name, summary in summaries.items():
+        assert summary["status"] == ("partly" if name == "gemm_formats" else "not measurable"), (name, summary["verdict"])
+        for part, verdict in summary["parts"].items():
+            if part.endswith("bit for bit"):
+                assert verdict["status"] == "holds" and "range of" not in verdict["detail"], (name, part)
+                continue
+            assert verdict["status"] == "not measurable", (name, part, verdict)
+            assert "[range of 3: " in verdict["detail"] and RANGE_NO_VERDICT in verdict["detail"], (name, part, verdict)
 
 
 def test_gemm_scaling_orders_formats_of_equal_mantissa_bits_the_same_in_every_process(tmp_path):

@@ -107,3 +107,22 @@ def test_the_harm_blocks_are_the_scripts_from_the_committed_summary():
     summary = table.read_harm_summary(table.RESULT)
     assert read_block(README, "harm-answer") == table.answer_block(summary).strip()
     assert read_block(table.DOC, "harm-results") == table.results_block(summary).strip()
+
+
+def test_no_committed_verdict_rests_on_a_range_of_fewer_than_5_replicates():
+    """docs/results' verdicts are what today's rules give on their own numbers (a range from fewer than
+    5 replicates carries no verdict): re-judging them changes nothing (scripts/phase1_results.py,
+    gemm_results.py and study_table.py --rejudge made them so)."""
+    from numdev.analysis.study import rejudge
+    from numdev.figures.common import rejudged
+    from numdev.runs.harm_summary import is_harm_summary
+
+    results = REPO / "docs" / "results"
+    for name in ("phase1.json", "gemm.json"):
+        for figure, summary in json.loads((results / name).read_text(encoding="utf-8"))["figures"].items():
+            assert rejudged(summary) == summary, f"{name}: {figure}"
+    for path in sorted(results.glob("*_summary.json")):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        if is_harm_summary(summary):  # the harm study's verdicts are its own (numdev.analysis.harm), made under today's rules
+            continue
+        assert rejudge(summary) == summary, path.name

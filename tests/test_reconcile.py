@@ -31,10 +31,18 @@ def _cfg(**extra):
 
 
 @pytest.fixture(scope="module")
-def small_grid():
+def grid_of_five():
+    """The grid on 5 seeds (a verdict needs 5: numdev.stats.verdicts); each seed's cells run on its own inputs."""
     grid = reconcile_runner.Grid(inputs=["uniform", "normal"], variants=["fa1", "fa2"], formats=["paper", "stats", "accum", "fa2"],
                           kv_blocks=[16, 64], sram=98304, reference_kv_blocks=64)
-    rows = [_flat(r) for r in grid(_cfg(), log=lambda *_: None)]
+    rows = [_flat(r) for r in grid(_cfg(seeds=[0, 1, 2, 3, 4]), log=lambda *_: None)]
+    return reconcile.ratios(rows), rows
+
+
+@pytest.fixture(scope="module")
+def small_grid(grid_of_five):
+    """Its first 3 seeds (the demo's): every spread a range of 3."""
+    rows = [r for r in grid_of_five[1] if int(r["seed"]) < 3]
     return reconcile.ratios(rows), rows
 
 
@@ -86,8 +94,8 @@ def test_kernel_records_are_pytorchs_own_kernel_against_pytorchs_eager_attention
     assert record("baseline")["knobs.formats.preset"] == "paper" and record("baseline_eager")["knobs.formats.preset"] == "eager"
 
 
-def test_reconcile_sentences_and_verdict(small_grid, tmp_path):
-    ratios, rows = small_grid
+def test_reconcile_sentences_and_verdict(grid_of_five, tmp_path):
+    ratios, rows = grid_of_five
     summary = reconcile.summarise(rows, tmp_path)
     assert (tmp_path / "reconcile.png").stat().st_size > 10_000 and (tmp_path / "reconcile_grid.png").exists()
     s1, s4, s2, s3 = summary["sentences"]
@@ -101,7 +109,24 @@ def test_reconcile_sentences_and_verdict(small_grid, tmp_path):
     assert set(summary["parts"]) >= {"paper-like cell ~10x", "paper-like ratio grows with key/value blocks",
                                      "PyTorch's CPU flash kernel below eager PyTorch's Baseline"}
     assert summary["parts"]["paper-like ratio grows with key/value blocks"]["status"] == "holds"
-    assert summary["provenance"]["seeds"] == [0, 1, 2]
+    assert summary["provenance"]["seeds"] == [0, 1, 2, 3, 4]
+
+
+def test_from_3_seeds_the_reconciliation_shows_ranges_and_says_no_verdict(small_grid, tmp_path):
+    """The same grid's first 3 seeds: every part not measurable with its range of 3, and the sentences
+    read nothing off a range ('about 10x' neither within nor outside the band)."""
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    _, rows = small_grid
+    summary = reconcile.summarise(rows, tmp_path)
+    assert summary["status"] == "not measurable" and summary["provenance"]["seeds"] == [0, 1, 2]
+    for part, verdict in summary["parts"].items():
+        assert verdict["status"] == "not measurable", (part, verdict)
+        assert "[range of 3: " in verdict["detail"] and RANGE_NO_VERDICT in verdict["detail"], (part, verdict)
+    s1, s4 = summary["sentences"][:2]
+    assert f"(no verdict on the stated band [7, 14]: {RANGE_NO_VERDICT})" in s1
+    assert "outside the stated band" not in s1 and "within the stated band" not in s1
+    assert "either bf16 stage alone" not in s4 and "alone brings it below 1" not in s4
 
 
 def test_the_factors_sentence_follows_the_grid():
@@ -112,18 +137,26 @@ def test_the_factors_sentence_follows_the_grid():
         estimate = replicate_spread(list(values))
         return {"max_abs": estimate, "mean_abs": estimate}
 
-    def grid(accum, stats):
+    def grid(accum, stats, seeds=5):
         out = {}
         for variant in ("fa1", "fa2"):
-            for formats, values in (("paper", (12, 13, 14)), ("accum", accum), ("stats", stats), ("fa2", (0.5, 0.52, 0.55))):
+            for formats, values in (("paper", (12, 13, 14, 12.5, 13.5)), ("accum", accum), ("stats", stats),
+                                    ("fa2", (0.5, 0.52, 0.55, 0.51, 0.53))):
                 for tiles in ("16", "64"):
-                    out[reconcile._key(inputs="uniform", variant=variant, formats=formats, tiles=tiles)] = cell(*values)
+                    out[reconcile._key(inputs="uniform", variant=variant, formats=formats, tiles=tiles)] = cell(*values[:seeds])
         return out
 
     blocks = {"16": 16, "64": 64}
-    assert "either bf16 stage alone keeps Flash above the Baseline" in reconcile.factors(grid((12, 12.5, 13), (9, 9.1, 9.2)), blocks)
-    other = reconcile.factors(grid((0.6, 0.7, 0.8), (9, 9.1, 9.2)), blocks)
+    keeps, removes = ((12, 12.5, 13, 12.2, 12.8), (9, 9.1, 9.2, 9.05, 9.15)), ((0.6, 0.7, 0.8, 0.65, 0.75), (9, 9.1, 9.2, 9.05, 9.15))
+    assert "either bf16 stage alone keeps Flash above the Baseline" in reconcile.factors(grid(*keeps), blocks)
+    other = reconcile.factors(grid(*removes), blocks)
     assert "either" not in other and "promoting accum alone brings it below 1" in other
+    # From 3 seeds the spreads are ranges: nothing is read off them (numdev.stats.verdicts.RANGE_NO_VERDICT).
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    for few in (reconcile.factors(grid(*keeps, seeds=3), blocks), reconcile.factors(grid(*removes, seeds=3), blocks)):
+        assert "either" not in few and "alone brings it below 1" not in few and "FA1 is not needed" not in few
+        assert f"nothing read off their spreads: {RANGE_NO_VERDICT}" in few and f"nothing read off its spread: {RANGE_NO_VERDICT}" in few
 
 
 def test_reconcile_experiment_runs_through_the_command_line(tmp_path):

@@ -65,21 +65,21 @@ def test_one_seed_has_no_interval_and_nonfinite_is_refused():
 
 
 def test_ratio_verdict_holds_fails_and_not_measurable():
-    above = ratio_interval([10.0, 11.0, 9.5, 10.2], [1.0, 1.1, 0.9, 1.0])
+    above = ratio_interval([10.0, 11.0, 9.5, 10.2, 10.6], [1.0, 1.1, 0.9, 1.0, 1.05])
     assert ratio_verdict(above, "above").status == HOLDS
     assert ratio_verdict(above, "below").status == FAILS
-    straddling = ratio_interval([0.8, 1.3, 0.9, 1.2], [1.0, 1.0, 1.0, 1.0])
+    straddling = ratio_interval([0.8, 1.3, 0.9, 1.2, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0])
     assert ratio_verdict(straddling, "above").status == NOT_MEASURABLE
     single = ratio_interval([10.0], [1.0])
     assert ratio_verdict(single, "above").status == NOT_MEASURABLE
 
 
 def test_range_verdict_for_a_paper_range():
-    inside = ratio_interval([3.0, 3.2, 2.9, 3.1], [1.0] * 4)
+    inside = ratio_interval([3.0, 3.2, 2.9, 3.1, 3.05], [1.0] * 5)
     assert range_verdict(inside, 2, 5).status == HOLDS
-    below = ratio_interval([1.0, 1.2, 0.9, 1.1], [1.0] * 4)
+    below = ratio_interval([1.0, 1.2, 0.9, 1.1, 1.05], [1.0] * 5)
     assert range_verdict(below, 2, 5).status == FAILS
-    straddle = ratio_interval([1.5, 2.5, 1.8, 2.6], [1.0] * 4)
+    straddle = ratio_interval([1.5, 2.5, 1.8, 2.6, 2.1], [1.0] * 5)
     assert range_verdict(straddle, 2, 5).status == NOT_MEASURABLE
 
 
@@ -92,7 +92,7 @@ def _seeds(values_by_x) -> dict:
 def test_monotone_verdict_on_synthetic_trends():
     rng = np.random.default_rng(2)
     x = [256, 512, 1024, 2048, 4096]
-    rising = _seeds([np.exp(0.5 * i) + rng.normal(0, 0.05, 3) for i in range(5)])
+    rising = _seeds([np.exp(0.5 * i) + rng.normal(0, 0.05, 5) for i in range(5)])
     assert monotone_verdict(x, rising, "increasing").status == HOLDS
     assert monotone_verdict(x, rising, "decreasing").status == FAILS
     flat = _seeds([rng.normal(1.0, 0.5, 5) for _ in range(5)])
@@ -103,9 +103,9 @@ def test_monotone_verdict_on_synthetic_trends():
     ragged = {**rising, 0: rising[0][:-1]}
     assert "4 values for 5 x values" in monotone_verdict(x, ragged, "increasing").detail
     # a 'holds' with reversals says how many
-    bumpy = _seeds([np.full(3, v) + rng.normal(0, 1e-3, 3) for v in (1, 2, 1.5, 3, 4, 5)])
+    bumpy = _seeds([np.full(5, v) + rng.normal(0, 1e-3, 5) for v in (1, 2, 1.5, 3, 4, 5)])
     verdict = monotone_verdict(list(range(6)), bumpy, "increasing")
-    assert verdict.status == HOLDS and "3 of 15 steps" in verdict.detail and "range of 3" in verdict.detail
+    assert verdict.status == HOLDS and "5 of 25 steps" in verdict.detail and "range of 5" in verdict.detail
 
 
 def test_monotone_verdict_tests_over_seeds_not_over_the_points_of_one_cumulative_curve():
@@ -180,17 +180,17 @@ def test_fewer_than_five_seeds_give_a_labelled_range_not_an_interval():
 
 
 @pytest.mark.parametrize("values, status", [
-    ([9.0, 10.0, 11.0], HOLDS),
-    ([6.2, 6.6, 6.9], PARTLY),  # more than 1x but below the band: the number is given
-    ([15.0, 16.9, 18.0], PARTLY),  # above the band
-    ([0.4, 0.5, 0.6], FAILS),  # Flash not worse: contradicts the claim
-    ([0.8, 1.0, 1.3], NOT_MEASURABLE),  # contains 1
+    ([9.0, 9.5, 10.0, 10.5, 11.0], HOLDS),
+    ([6.2, 6.4, 6.6, 6.8, 6.9], PARTLY),  # more than 1x but below the band: the number is given
+    ([15.0, 16.0, 16.9, 17.5, 18.0], PARTLY),  # above the band
+    ([0.4, 0.45, 0.5, 0.55, 0.6], FAILS),  # Flash not worse: contradicts the claim
+    ([0.8, 0.9, 1.0, 1.1, 1.3], NOT_MEASURABLE),  # contains 1
 ])
 def test_about_10x_holds_only_within_its_band(values, status):
     from numdev.stats.intervals import ratio_spread
     from numdev.stats.verdicts import ABOUT_10X, about_verdict
 
-    verdict = about_verdict(ratio_spread(values, [1.0, 1.0, 1.0]), ABOUT_10X, what="r")
+    verdict = about_verdict(ratio_spread(values, [1.0] * len(values)), ABOUT_10X, what="r")
     assert verdict.status == status, verdict.text()
     assert ABOUT_10X == (7.0, 14.0) and "[7, 14]" in verdict.rule
 
@@ -254,3 +254,99 @@ def test_study_figures_name_their_bands_by_the_house_rule():
     assert spread_words(5) == "95% bootstrap interval of the mean"
     assert spread_words(1).startswith("no interval")
     assert mean_interval([1.0, 2.0, 4.0]).method == "range"
+
+
+# --- the house rule: a range from fewer than 5 replicates carries no verdict ----------------------
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_ratio_range_or_about_claim_from_3_or_4_replicates_is_not_measurable_with_its_range_shown(n):
+    """The same per-seed numbers hold (or fail) from 5 seeds; from 3 or 4 their spread is a range,
+    shown as such, and no verdict rests on it."""
+    from numdev.stats.intervals import ratio_spread
+    from numdev.stats.verdicts import ABOUT_10X, RANGE_NO_VERDICT, about_verdict
+
+    cases = [  # (per-seed ratios, the verdict, its status from 5 seeds)
+        ([10.0, 11.0, 9.5, 10.2, 10.6], lambda e: ratio_verdict(e, "above"), HOLDS),
+        ([10.0, 11.0, 9.5, 10.2, 10.6], lambda e: ratio_verdict(e, "below"), FAILS),
+        ([3.0, 3.2, 2.9, 3.1, 3.05], lambda e: range_verdict(e, 2, 5), HOLDS),
+        ([1.0, 1.2, 0.9, 1.1, 1.05], lambda e: range_verdict(e, 2, 5), FAILS),
+        ([9.0, 9.5, 10.0, 10.5, 11.0], lambda e: about_verdict(e, ABOUT_10X), HOLDS),
+        ([6.2, 6.4, 6.6, 6.8, 6.9], lambda e: about_verdict(e, ABOUT_10X), PARTLY),
+        ([0.4, 0.45, 0.5, 0.55, 0.6], lambda e: about_verdict(e, ABOUT_10X), FAILS),
+    ]
+    for values, judge, five in cases:
+        assert judge(ratio_spread(values, [1.0] * 5)).status == five
+        few = ratio_spread(values[:n], [1.0] * n)
+        verdict = judge(few)
+        assert verdict.status == NOT_MEASURABLE and verdict.symbol == "–", verdict.text()
+        assert f"[range of {n}: {few.low:.3g}, {few.high:.3g}]" in verdict.detail and RANGE_NO_VERDICT in verdict.detail
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_trend_from_3_or_4_seeds_is_not_measurable_with_the_slopes_range_shown(n):
+    """Every path of trend_verdict that gives a symbol from 5 seeds (a t-test, every seed the same slope,
+    every slope flat or the other way) gives none from 3 or 4."""
+    from numdev.stats.verdicts import RANGE_NO_VERDICT, trend_verdict
+
+    x = [256, 512, 1024, 2048]
+    for exponent, noise, five in ((0.5, 0.05, HOLDS), (0.5, 0.0, HOLDS), (0.0, 0.0, FAILS), (-0.5, 0.05, FAILS)):
+        assert trend_verdict(x, _curves(exponent, noise=noise), "increasing").status == five
+        verdict = trend_verdict(x, _curves(exponent, seeds=range(n), noise=noise), "increasing")
+        assert verdict.status == NOT_MEASURABLE, verdict.text()
+        assert f"[range of {n}: " in verdict.detail and RANGE_NO_VERDICT in verdict.detail
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_only_grows_from_3_or_4_seeds_is_not_measurable_even_when_no_curve_reverses(n):
+    """monotone_verdict's per-seed rule 'every seed's curve never reverses' gave 'holds' from 3 seeds."""
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    x = [1, 2, 3, 4, 5]
+    rising = {seed: [v * (1 + 0.01 * seed) for v in (1.0, 2.0, 3.0, 5.0, 8.0)] for seed in range(5)}
+    assert monotone_verdict(x, rising, "increasing").status == HOLDS
+    assert monotone_verdict(x, rising, "decreasing").status == FAILS
+    few = {seed: rising[seed] for seed in range(n)}
+    for direction, against in (("increasing", 0), ("decreasing", 4 * n)):
+        verdict = monotone_verdict(x, few, direction)
+        assert verdict.status == NOT_MEASURABLE, verdict.text()
+        assert f"tau +1.00 [range of {n}: +1.00, +1.00]; {against} of {4 * n} steps" in verdict.detail
+        assert RANGE_NO_VERDICT in verdict.detail
+
+
+def test_a_stored_verdict_is_rejudged_by_the_range_it_quotes():
+    """Verdicts stored before the house rule (docs/results): a holds/fails/partly that quotes a range
+    of fewer than 5 replicates becomes not measurable, its numbers kept; anything else stays."""
+    from numdev.stats.verdicts import (
+        BY_CONSTRUCTION,
+        RANGE_NO_VERDICT,
+        by_construction,
+        from_text,
+        parts_of,
+        rejudge,
+    )
+
+    old = Verdict(HOLDS, "r", "the ratio 11 [range of 3: 9.89, 12.2]")
+    assert rejudge(old) == Verdict(NOT_MEASURABLE, "r", f"the ratio 11 [range of 3: 9.89, 12.2]: {RANGE_NO_VERDICT}")
+    trend = Verdict(FAILS, "t", "log-log slope +0 [range of 4: +0, +0]; 0 of 4 seeds' slopes increasing; flat: every seed's slope is 0")
+    assert rejudge(trend).status == NOT_MEASURABLE and rejudge(trend).detail.startswith(trend.detail)
+    for kept in (Verdict(HOLDS, "r", "the ratio 11 [10.4, 11.7]"),  # a 95% interval
+                 Verdict(HOLDS, "t", "log-log slope +0.634 [range of 5: +0.609, +0.664]; t-test p = 4e-07 (df 4)"),
+                 Verdict(HOLDS, "b", "bit-identical share min 1 over 3 record(s)"),  # an exact check: no spread
+                 Verdict(NOT_MEASURABLE, "r", "the ratio 1.5 [range of 3: 0.9, 2] contains 1"),
+                 by_construction("b", "0 at every seed")):
+        assert rejudge(kept) == kept
+    parts = {"a": old, "b": Verdict(HOLDS, "b", "bit-identical share min 1 over 3 record(s)"),
+             "(b) fp16": by_construction("c", "as built"), "c: d": Verdict(FAILS, "r", "x 0.5 [range of 3: 0.4, 0.6]")}
+    combined = combine(parts)
+    assert combined.status == PARTLY and parts_of(combined.detail) == {k: Verdict(v.status, "", v.detail) for k, v in parts.items()}
+    again = rejudge(combined)
+    # The exact check still holds and the others carry no verdict: partly, never green; the rule and order kept.
+    assert again.status == PARTLY and again.rule == combined.rule
+    assert again.detail == combine({k: rejudge(v) for k, v in parts.items()}).detail
+    assert rejudge(combine({"a": old, "c": parts["c: d"]})).status == NOT_MEASURABLE
+    assert rejudge(combine({"a": old, "c": parts["(b) fp16"]})).status == NOT_MEASURABLE
+    assert rejudge(again) == again and combine({"x": by_construction("c", "y")}).status == BY_CONSTRUCTION
+    assert from_text(combined.status, combined.text(), "rule") == Verdict(combined.status, "rule", combined.detail)
+    with pytest.raises(ValueError, match="not the text of a verdict"):
+        from_text(HOLDS, combined.text())

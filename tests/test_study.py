@@ -114,15 +114,67 @@ def test_a_ratio_to_a_flat_curve_is_not_measurable_whatever_its_value():
 
 
 def test_a_ratio_is_judged_on_its_interval():
-    flash = _growth([1.0e-7, 1.1e-7, 0.9e-7, 1.05e-7])
-    above = ratio_of_growths(_growth([3e-7, 3.2e-7, 2.9e-7, 3.1e-7]), flash, "fp32/flash")
+    flash = _growth([1.0e-7, 1.1e-7, 0.9e-7, 1.05e-7, 0.95e-7])
+    above = ratio_of_growths(_growth([3e-7, 3.2e-7, 2.9e-7, 3.1e-7, 3.05e-7]), flash, "fp32/flash")
     assert above["verdict"]["status"] == HOLDS and above["excludes_one"]
-    below = ratio_of_growths(_growth([0.3e-7, 0.35e-7, 0.28e-7, 0.31e-7]), flash, "ulp/flash")
+    below = ratio_of_growths(_growth([0.3e-7, 0.35e-7, 0.28e-7, 0.31e-7, 0.29e-7]), flash, "ulp/flash")
     assert below["verdict"]["status"] == FAILS and below["excludes_one"]
-    straddles = ratio_of_growths(_growth([0.5e-7, 1.6e-7, 0.7e-7, 1.5e-7]), flash, "data/flash")
+    straddles = ratio_of_growths(_growth([0.5e-7, 1.6e-7, 0.7e-7, 1.5e-7, 1.0e-7]), flash, "data/flash")
     assert straddles["verdict"]["status"] == NOT_MEASURABLE and not straddles["excludes_one"]
     one = ratio_of_growths(_growth([3e-7]), _growth([1e-7]), "fp32/flash")
     assert one["verdict"]["status"] == NOT_MEASURABLE and not one["excludes_one"]
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_ratio_from_3_or_4_replicates_shows_its_range_and_carries_no_verdict(n):
+    """The ratios above, on their first 3 or 4 replicates: a range, no verdict, no 'excludes 1'; and a
+    curve whose growth is unjudged only because its slope's spread is a range is not called flat."""
+    from numdev.analysis.study import growth_of
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    flash = _growth([1.0e-7, 1.1e-7, 0.9e-7, 1.05e-7][:n])
+    for top in ([3e-7, 3.2e-7, 2.9e-7, 3.1e-7], [0.3e-7, 0.35e-7, 0.28e-7, 0.31e-7]):
+        ratio = ratio_of_growths(_growth(top[:n]), flash, "r/flash")
+        assert ratio["verdict"]["status"] == NOT_MEASURABLE and not ratio["excludes_one"], ratio
+        assert f"[range of {n}: " in ratio["verdict"]["detail"] and RANGE_NO_VERDICT in ratio["verdict"]["detail"]
+    # Real growth fits: the slopes' spread is a range, so "grows" is not measurable, but not "does not grow".
+    steps = list(range(0, 60, 6))
+    rising = {r: (steps, {"m": [s * (1 + 0.1 * r) * 1e-7 for s in steps]}) for r in range(n)}
+    faster = {r: (steps, {"m": [s * (3 + 0.1 * r) * 1e-7 for s in steps]}) for r in range(n)}
+    a, b = growth_of(faster, "m"), growth_of(rising, "m")
+    assert a["grows"]["status"] == NOT_MEASURABLE and RANGE_NO_VERDICT in a["grows"]["detail"]
+    ratio = ratio_of_growths(a, b, "fast/flash")
+    assert RANGE_NO_VERDICT in ratio["verdict"]["detail"] and "does not grow" not in ratio["verdict"]["detail"]
+    from numdev.report.study import _side_of_one
+    from numdev.stats.verdicts import Verdict
+
+    assert _side_of_one(Verdict(**ratio["verdict"])) == "not measurable: a range from fewer than 5 replicates"
+
+
+def test_a_summarys_verdicts_are_made_again_from_its_own_numbers():
+    """numdev.analysis.study.rejudge (for the committed summaries, whose runs are not committed): on the
+    10-replicate early study it gives back what analyse wrote; on the 3-replicate full study, ranges
+    and no verdicts, every number as it was."""
+    from numdev.analysis.study import rejudge
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    results = REPO / "docs" / "results"
+    early = json.loads((results / "flash_stability_early_summary.json").read_text(encoding="utf-8"))
+    assert len(early["replicates"]) == 10 and rejudge(early) == early
+    full = json.loads((results / "flash_stability_summary.json").read_text(encoding="utf-8"))
+    again = rejudge(full)
+    assert len(full["replicates"]) == 3
+    fig7 = again["verdicts"]["fig7"]
+    assert fig7["status"] == NOT_MEASURABLE and fig7["detail"].count(RANGE_NO_VERDICT) == 2 and "[range of 3: " in fig7["detail"]
+    assert again["verdicts"]["fig8_late"]["status"] == NOT_MEASURABLE
+    for key, by_metric in again["ratios"].items():
+        for metric, entry in by_metric.items():
+            assert entry["verdict"]["status"] == NOT_MEASURABLE and not entry["excludes_one"], (key, metric)
+            assert entry["estimate"] == full["ratios"][key][metric]["estimate"]
+    for role, pair in again["pairs"]["reference"].items():
+        for metric in again["metrics"]:
+            assert pair[metric]["grows"]["status"] == NOT_MEASURABLE and pair[metric]["slope"] == full["pairs"]["reference"][role][metric]["slope"]
+    assert "✓" not in " ".join(again["captions"].values()) and "✗" not in " ".join(again["captions"].values())
 
 
 def test_a_directory_that_is_not_a_study_is_a_one_line_error(tmp_path):

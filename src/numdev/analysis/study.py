@@ -20,6 +20,7 @@ caption agreement.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import re
 from pathlib import Path
@@ -100,7 +101,7 @@ def growth_of(curves_by_rep: dict[int, tuple], metric: str) -> dict:
         return {}
     slope = stats.mean_interval([f["slope"] for f in fits.values()])
     final = stats.mean_interval(list(finals.values()))
-    grows = verdicts.ratio_verdict(slope, "above", 0.0, what="the slope")
+    grows = grows_verdict(slope)
     return {
         "steps": steps,
         "replicates": sorted(fits),
@@ -112,12 +113,27 @@ def growth_of(curves_by_rep: dict[int, tuple], metric: str) -> dict:
     }
 
 
+def grows_verdict(slope: stats.Estimate) -> verdicts.Verdict:
+    """A curve grows when its mean slope's interval lies above 0 (from fewer than 5 replicates: a range, no verdict)."""
+    return verdicts.ratio_verdict(slope, "above", 0.0, what="the slope")
+
+
+def _flat(growth: dict) -> bool:
+    """A curve not shown to grow: its growth is not 'holds', and not only because its slope's spread
+    is a range (fewer than 5 replicates), which shows nothing either way."""
+    if growth["grows"]["status"] == verdicts.HOLDS:
+        return False
+    slope = stats.Estimate(**growth["slope"]) if growth.get("slope") else None
+    return not (slope is not None and slope.has_interval and slope.method == stats.RANGE)
+
+
 def ratio_of_growths(numerator: dict, denominator: dict, what: str) -> dict:
     """slope ratio numerator/denominator over the replicates both have, paired, with its verdict.
 
     Rule: a ratio of growth rates means something only when both curves grow (each mean slope's
     interval lies above 0); otherwise it is "not measurable", whatever its point value.
-    Then: holds ("above 1") / fails ("below 1") when its interval excludes 1, else not measurable.
+    Then: holds ("above 1") / fails ("below 1") when its interval excludes 1, else not measurable;
+    from fewer than 5 replicates its spread is a range and it carries no verdict.
     """
     common = sorted(set(numerator["replicates"]) & set(denominator["replicates"]))
     if not common:
@@ -125,7 +141,7 @@ def ratio_of_growths(numerator: dict, denominator: dict, what: str) -> dict:
     top = [numerator["per_replicate"][str(r)]["slope"] for r in common]
     bottom = [denominator["per_replicate"][str(r)]["slope"] for r in common]
     estimate = stats.ratio_interval(top, bottom)
-    flat = [name for name, part in (("numerator", numerator), ("denominator", denominator)) if part["grows"]["status"] != verdicts.HOLDS]
+    flat = [name for name, part in (("numerator", numerator), ("denominator", denominator)) if _flat(part)]
     if len(common) < 2:
         verdict = verdicts.ratio_verdict(estimate, "above", 1.0, what=what)  # one replicate: no interval, not measurable
     elif flat:
@@ -136,7 +152,9 @@ def ratio_of_growths(numerator: dict, denominator: dict, what: str) -> dict:
         )
     else:
         verdict = verdicts.ratio_verdict(estimate, "above", 1.0, what=what)
-    return {"estimate": estimate.as_dict(), "excludes_one": estimate.excludes(1.0), "verdict": verdict.as_dict()}
+    # Whether its 95% interval excludes 1 (a range from fewer than 5 replicates is no interval: False).
+    excludes = verdicts.judgeable(estimate) and estimate.excludes(1.0)
+    return {"estimate": estimate.as_dict(), "excludes_one": excludes, "verdict": verdict.as_dict()}
 
 
 def downstream(runs: dict) -> dict:
@@ -339,6 +357,36 @@ def claim_verdicts(summary: dict, curves: dict | None = None) -> dict:
     return {**out, "fig7": fig7.as_dict(), "fig8": fig8.as_dict(), "fig8_late": late.as_dict()}
 
 
+def rejudge(summary: dict) -> dict:
+    """The summary with its verdicts made again, by the rules as they are now, from the numbers it
+    keeps: each curve's growth (its per-replicate slopes' mean and spread), each slope ratio (from
+    the per-replicate slopes, paired), Figs. 7 and 8 (the curves' values, the equivalent sizes) and
+    the captions that quote them. Every number stays as it was. For a summary whose runs are not at
+    hand (docs/results/*_summary.json); numdev-study makes the same verdicts from the runs."""
+    out = copy.deepcopy(summary)
+    for by_role in out["pairs"].values():
+        for pair in by_role.values():
+            for metric in out["metrics"]:
+                if pair.get(metric):
+                    pair[metric]["grows"] = grows_verdict(stats.Estimate(**pair[metric]["slope"])).as_dict()
+    under_test = out["under_test"]
+    for key, by_metric in out["ratios"].items():
+        role = key.removesuffix(f"/{under_test}")
+        for metric, entry in by_metric.items():
+            if entry:
+                by_metric[metric] = ratio_of_growths(out["pairs"]["reference"][role][metric],
+                                                     out["pairs"]["reference"][under_test][metric], f"{key} slope ratio")
+    curves = {}  # role -> replicate -> (steps, metric -> values) against the reference, as analyse reads them
+    for role, pair in out["pairs"]["reference"].items():
+        present = [m for m in out["metrics"] if pair.get(m)]
+        if present:
+            steps, replicates = pair[present[0]]["steps"], pair[present[0]]["values"]
+            curves[role] = {int(r): (steps, {m: pair[m]["values"][r] for m in present if r in pair[m]["values"]}) for r in replicates}
+    out["verdicts"] = claim_verdicts(out, curves)
+    out["captions"] = captions(out)
+    return out
+
+
 def metric_set(by_rep: dict) -> set:
     return {m for _, values in by_rep.values() for m in values}
 
@@ -375,8 +423,11 @@ def captions(summary: dict) -> dict:
             f"at step {flash['steps'][-1]} {stats.Estimate(**flash['final']).text('.2e')}. "
             f"Verdict: {verdicts.Verdict(**summary['verdicts']['fig7']).text()}"
         )
+    # In the study's role order (summary.json is written with sorted keys; a summary read back gives the same lines).
+    order = {role: i for i, role in enumerate(summary.get("role_order") or [])}
+    ranked = lambda items, role_of: sorted(items, key=lambda item: order.get(role_of(item[0]), len(order)))  # noqa: E731
     parts = []
-    for key, ratio in summary["ratios"].items():
+    for key, ratio in ranked(summary["ratios"].items(), lambda key: key.removesuffix(f"/{under_test}")):
         entry = ratio.get(metric)
         if entry:
             parts.append(f"{key} {stats.Estimate(**entry['estimate']).text('.2g', 'x')}{' (excludes 1)' if entry['excludes_one'] else ''}")
@@ -396,7 +447,7 @@ def captions(summary: dict) -> dict:
         # How far each sibling moves the outcome from its reference, beside the seed-to-seed spread.
         moves = [
             f"{role} {stats.Estimate(**row['difference_to_reference']).text('+.2g')}"
-            for role, row in entry["roles"].items() if "difference_to_reference" in row
+            for role, row in ranked(entry["roles"].items(), str) if "difference_to_reference" in row
         ]
         spread = entry.get("seed_spread")
         parts.append(

@@ -4,6 +4,8 @@
    matrix-product figures gemm_formats, gemm_k, gemm_scaling: docs/gemm.md), one
    sweep after another, each at demo size (3 seeds, 5 for the reconciliation; smaller N:
    numdev.figures.<name>.FIGURE's demo_overrides, printed with each command) — `numdev-bench experiment=<name>` runs it at full size;
+   from 3 seeds each spread is a range, which carries no verdict (numdev.stats.verdicts): those
+   verdicts read "not measurable", and the demo says so;
 2. the harm study at demo size (numdev-train experiment=harm_demo: dit_study at 16x16 with Flash in
    key/value blocks of 2, 300 steps, 3 replicates of 9 roles: the reference, Flash, the real CPU
    kernel, bf16 vs fp32, the ulp control, learning rate x10 and the noise ladder; from 3 replicates
@@ -34,6 +36,8 @@ from numdev.cli import logs
 from numdev.cli.commands import command, tensorboard
 from numdev.cli.errors import fail
 from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
+from numdev.stats.intervals import MIN_CI
+from numdev.stats.verdicts import RANGE_NO_VERDICT
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +80,7 @@ def report_command(output_root: Path) -> str:
 
 
 def run_bench_figures(output_root: Path) -> dict[str, Path]:
-    figures = {}
+    figures, few = {}, {}
     for i, experiment in enumerate(BENCH_FIGURES, start=1):
         overrides = list(FIGURES[experiment].demo_overrides)
         log.info(f"[bench {i}/{len(BENCH_FIGURES)}] {bench_command(experiment, output_root)}")
@@ -92,6 +96,14 @@ def run_bench_figures(output_root: Path) -> dict[str, Path]:
         log.info(f"    {time.perf_counter() - start:.0f} s: {summary['caption']}\n    verdict: {summary['verdict']}\n"
               f"    -> {sweep / (experiment + '.png')}")
         figures[experiment] = sweep / f"{experiment}.png"
+        seeds = len((summary.get("provenance") or {}).get("seeds") or [])
+        if 0 < seeds < MIN_CI:
+            few[experiment] = seeds
+    if few:  # why their verdicts read "not measurable", and what gives one
+        counts = "/".join(str(n) for n in sorted(set(few.values())))
+        log.info(f"[bench] {', '.join(few)}: {counts} seeds (their experiments' default), so each spread is a range "
+                 f"('range of n') and {RANGE_NO_VERDICT}: what rests on it reads '– not measurable'; "
+                 f"seeds=[{','.join(map(str, range(MIN_CI)))}] added to a figure's command gives one")
     return figures
 
 
@@ -126,7 +138,7 @@ CATALOGUE_NAME = "optimizations"
 
 def run_catalogue(output_root: Path) -> Path:
     log.info(f"[catalogue] {catalogue_command(output_root)} (every optimization beside its baseline; 3 replicates of 5 "
-             "and 16 steps of 64: intervals are ranges of 3, held-out loss is at step 16)")
+             f"and 16 steps of 64: intervals are ranges of 3 ({RANGE_NO_VERDICT}), held-out loss is at step 16)")
     return _train_sweep("catalogue", CATALOGUE, CATALOGUE_NAME, output_root)
 
 

@@ -14,7 +14,7 @@ from numdev.numerics.formats import parse_format
 from numdev.runs.provenance import provenance
 from numdev.stats.intervals import MIN_BOOTSTRAP
 from numdev.stats.intervals import RULE as INTERVAL_RULE
-from numdev.stats.verdicts import NOT_MEASURABLE, Verdict
+from numdev.stats.verdicts import HOLDS, NOT_MEASURABLE, Verdict, from_text, rejudge
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def spread(by_seed_list) -> tuple[list, list, list]:
         if not vals:
             means.append(math.nan), lows.append(0.0), highs.append(0.0)
             continue
-        m = float(np.mean(vals))
-        means.append(m), lows.append(m - min(vals)), highs.append(max(vals) - m)
+        m = float(np.mean(vals))  # of equal values it can round past them: a bar's length is never negative
+        means.append(m), lows.append(max(m - min(vals), 0.0)), highs.append(max(max(vals) - m, 0.0))
     return means, lows, highs
 
 
@@ -180,9 +180,58 @@ def summary(name: str, caption: str, verdict: Verdict, rows, parts: dict | None 
         "status": verdict.status,
         "verdict": verdict.text(),
         "verdict_rule": verdict.rule,
-        "claim_holds": verdict.status == "holds",
+        "claim_holds": verdict.status == HOLDS,
         "parts": {k: v.as_dict() for k, v in (parts or {}).items()},
         "nonfinite_note": note,
         **numbers,
         "provenance": provenance(seeds=seeds_of(rows)),
     }
+
+
+def rejudged(figure: dict) -> dict:
+    """A figure's stored summary (its <name>.json, or its entry in docs/results/phase1.json) with its
+    verdict re-judged by numdev.stats.verdicts.rejudge: status, verdict, claim_holds, its parts and
+    the parts quoted in its caption; every number as it was. The same summary when nothing changes."""
+    verdict = from_text(figure["status"], figure["verdict"], figure.get("verdict_rule", ""))
+    new = rejudge(verdict)
+    if new == verdict:
+        return figure
+    out = {**figure, "status": new.status, "verdict": new.text()}
+    if "claim_holds" in figure:
+        out["claim_holds"] = new.status == HOLDS
+    if figure.get("parts"):
+        parts = {name: Verdict(**part) for name, part in figure["parts"].items()}
+        caption = figure.get("caption") or ""
+        for name, part in parts.items():
+            changed = rejudge(part)
+            if changed != part:
+                caption = caption.replace(f"{name}: {part.text()}", f"{name}: {changed.text()}")
+                parts[name] = changed
+        out["parts"] = {name: part.as_dict() for name, part in parts.items()}
+        if "caption" in figure:
+            out["caption"] = caption
+    return out
+
+
+def rejudge_results(result: dict, date: str) -> dict:
+    """A committed results file of figure summaries ({"figures": {name: summary}, ...}: docs/results/
+    phase1.json, gemm.json) with every figure rejudged; its `rejudged` note names the figures whose
+    verdict changed (this time or before), the rule and when. Unchanged when nothing changes."""
+    from numdev.stats.verdicts import RANGE_NO_VERDICT
+
+    figures = {name: rejudged(figure) for name, figure in result["figures"].items()}
+    changed = [name for name in figures if figures[name] != result["figures"][name]]
+    if not changed:
+        return result
+    before = (result.get("rejudged") or {}).get("figures") or []
+    note = {"date": date, "rule": RANGE_NO_VERDICT, "figures": [n for n in figures if n in changed or n in before]}
+    return {**result, "figures": figures, "rejudged": note}
+
+
+def rejudged_note(result: dict, command: str) -> str:
+    """The sentence a generated block adds when its results' verdicts were re-judged (rejudge_results)."""
+    note = result.get("rejudged")
+    if not note:
+        return ""
+    return (f" Verdicts re-judged from the stored results by today's rules on {note['date'][:10]} (`{command}`: "
+            f"{note['rule']}; every number as the runs wrote it): {', '.join(note['figures'])}.")

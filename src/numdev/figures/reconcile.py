@@ -39,8 +39,17 @@ from numdev.figures.common import (
     unmeasurable,
 )
 from numdev.figures.plotting import plt, save_png
-from numdev.stats.intervals import ratio_spread
-from numdev.stats.verdicts import ABOUT_10X, HOLDS, about_verdict, combine, ratio_verdict, trend_verdict
+from numdev.stats.intervals import RANGE, ratio_spread
+from numdev.stats.verdicts import (
+    ABOUT_10X,
+    HOLDS,
+    RANGE_NO_VERDICT,
+    about_verdict,
+    combine,
+    judgeable,
+    ratio_verdict,
+    trend_verdict,
+)
 
 FIGURE = Figure(
     "reconcile",
@@ -102,6 +111,11 @@ def _overlap(a, b) -> bool:
     return a.has_interval and b.has_interval and a.low <= b.high and b.low <= a.high
 
 
+def _ranged(*estimates) -> bool:
+    """Whether any of the estimates is a range from fewer than 5 replicates (which carries no verdict)."""
+    return any(e.method == RANGE and e.has_interval for e in estimates)
+
+
 def _x(estimate) -> str:
     if estimate.has_interval:
         label = f"range of {estimate.n}: " if estimate.method == "range" else ""
@@ -131,8 +145,13 @@ def sentences(r: dict, tile: str = "64", blocks: dict | None = None, seed_ratios
         others = [f"{inp} {r[_key(**{**paper_cell, 'inputs': inp})]['max_abs'].value:.2g}x"
                   for inp in ("normal", "outliers") if _key(**{**paper_cell, "inputs": inp}) in r]
         parts["paper-like cell ~10x"] = about_verdict(paper["max_abs"], ABOUT_10X, what="paper-like flash/baseline max |Δ|")
-        about = ("about 10x: within the stated band " if parts["paper-like cell ~10x"].status == HOLDS
-                 else "not about 10x: outside the stated band ") + f"[{ABOUT_10X[0]:g}, {ABOUT_10X[1]:g}]"
+        band = f"[{ABOUT_10X[0]:g}, {ABOUT_10X[1]:g}]"
+        if parts["paper-like cell ~10x"].status == HOLDS:
+            about = f"about 10x: within the stated band {band}"
+        elif not judgeable(paper["max_abs"]):  # a range, or no interval: nothing said about the band
+            about = f"no verdict on the stated band {band}: " + (RANGE_NO_VERDICT if _ranged(paper["max_abs"]) else "no interval")
+        else:
+            about = f"not about 10x: outside the stated band {band}"
         tiles = _tile_order({k[4] for k in r if k[0] == "flash" and k[1:4] == ("uniform", "fa1", "paper")}, blocks)
         follow = ", ".join(f"{blocks.get(t, t)}{' (FA1 SRAM rule)' if t.startswith('sram') else ''} -> "
                            f"{r[_key(**{**paper_cell, 'tiles': t})]['max_abs'].value:.3g}x" for t in tiles)
@@ -215,12 +234,15 @@ def factors(r: dict, blocks: dict) -> str:
         cells = {f: ratio(variant=variant, formats=f) for f in ("paper", "accum", "stats", "fa2")}
         if any(e is None for e in cells.values()):
             continue
-        removes = [f for f in ("accum", "stats") if cells[f].has_interval and cells[f].high < 1]
-        keeps = [f for f in ("accum", "stats") if cells[f].has_interval and cells[f].low > 1]
-        if len(keeps) == 2 and cells["fa2"].has_interval and cells["fa2"].high < 1:
+        # Read off intervals only: a range from fewer than 5 seeds says none of it (RANGE_NO_VERDICT).
+        removes = [f for f in ("accum", "stats") if judgeable(cells[f]) and cells[f].high < 1]
+        keeps = [f for f in ("accum", "stats") if judgeable(cells[f]) and cells[f].low > 1]
+        if len(keeps) == 2 and judgeable(cells["fa2"]) and cells["fa2"].high < 1:
             reading = "either bf16 stage alone keeps Flash above the Baseline; only both in fp32 bring it below"
         elif removes:
             reading = f"promoting {' or '.join(removes)} alone brings it below 1"
+        elif _ranged(cells["accum"], cells["stats"], cells["fa2"]):
+            reading = f"nothing read off their spreads: {RANGE_NO_VERDICT}"
         else:
             reading = "the promotions are not told apart from 1 by these seeds"
         stage_notes.append(f"{variant.upper()} paper formats {cells['paper'].value:.3g}x, accumulator alone in fp32 "
@@ -230,7 +252,8 @@ def factors(r: dict, blocks: dict) -> str:
         said.append("bf16 statistics or accumulator (uniform, " + f"{blocks.get(most, most)} blocks: " + "; ".join(stage_notes) + ")")
     fa2_paper, fa1_paper = ratio(variant="fa2"), ratio()
     if fa2_paper is not None and fa1_paper is not None:
-        needed = "FA1 is not needed" if fa2_paper.has_interval and fa2_paper.low > 1 else "FA2 is not told apart from 1"
+        needed = ("FA1 is not needed" if judgeable(fa2_paper) and fa2_paper.low > 1
+                  else f"nothing read off its spread: {RANGE_NO_VERDICT}" if _ranged(fa2_paper) else "FA2 is not told apart from 1")
         said.append(f"and not the variant alone (FA2 with the paper formats {fa2_paper.value:.3g}x beside FA1's "
                     f"{fa1_paper.value:.3g}x: {needed})")
     return "What the grid supports, by max |Δ| against the paper's Baseline: " + "; ".join(said) + "."

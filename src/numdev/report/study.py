@@ -16,8 +16,8 @@ from numdev.runs.atomic import read_json
 from numdev.runs.layout import DOWNSTREAM, MULTIRUN, SUMMARY
 from numdev.runs.layout import LOSS_CURVES as LOSS_CURVES_PNG
 from numdev.runs.schemas import STUDY_SUMMARY
-from numdev.stats.intervals import Estimate
-from numdev.stats.verdicts import Verdict
+from numdev.stats.intervals import MIN_CI, Estimate
+from numdev.stats.verdicts import FAILS, HOLDS, RANGE_NO_VERDICT, Verdict
 from numdev.train.evaluation import CHANCE, agreement_text
 from numdev.weights.metrics import LABELS
 
@@ -111,10 +111,12 @@ def early_table(summary: dict) -> str:
 
 def _side_of_one(verdict: Verdict) -> str:
     """Where a ratio's interval lies (rule: numdev.analysis.study.ratio_of_growths)."""
-    if verdict.status == "holds":
+    if verdict.status == HOLDS:
         return "above 1"
-    if verdict.status == "fails":
+    if verdict.status == FAILS:
         return "below 1"
+    if RANGE_NO_VERDICT in verdict.detail:
+        return f"not measurable: a range from fewer than {MIN_CI} replicates"
     return "not measurable: " + ("a curve does not grow" if "does not grow" in verdict.detail else "contains 1 or one replicate")
 
 
@@ -185,7 +187,10 @@ def study_sections(study_dir: Path) -> list[Section]:
     replicates = len(summary["replicates"])
     setting = (
         f"{summary['under_test_backend']} vs {summary['reference_backend']}, {summary['precision']}, {summary['model']}, "
-        f"{summary['steps']} steps, {replicates} replicate(s)" + (" (one replicate: no intervals, no verdicts)" if replicates < 2 else "")
+        f"{summary['steps']} steps, {replicates} replicate(s)" + (
+            " (one replicate: no intervals, no verdicts)" if replicates < 2
+            else f" (fewer than {MIN_CI}: each spread is the range of the {replicates}, labelled so, and carries no verdict)"
+            if replicates < MIN_CI else "")
     )
     metric = summary["primary_metric"]
     fig7, fig8 = (Verdict(**summary["verdicts"][k]) for k in ("fig7", "fig8"))

@@ -208,7 +208,8 @@ STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), wha
               "under_test_backend": str, "reference_backend": str, "precision": str, "model": str, "roles": dict,
               "growth_measure": str},
     optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict,
-              "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict, "missing": list},
+              "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict, "missing": list,
+              "rejudged": dict},  # verdicts made again from the summary's numbers (numdev.analysis.study.rejudge)
     each={"pairs": dict, "ratios": dict, "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
     finite=True,
 )

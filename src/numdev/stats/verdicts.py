@@ -10,7 +10,9 @@ Statuses:
     fails            the data contradict it by the rule
     partly           some parts hold and some fail (combine only); or a claim of a size ("about
                      10x") whose direction holds but whose size lies outside the stated band
-    not measurable   the rule cannot decide: one seed, no interval, non-finite values
+    not measurable   the rule cannot decide: one seed, no interval, non-finite values; or fewer
+                     than MIN_CI (5) replicates: their spread is a range, labelled "range of n",
+                     and a range carries no verdict (RANGE_NO_VERDICT: the house rule, here only)
     by construction  true by how the instrument is built, not by a measurement (e.g. Fig. 6b: B_r
                      has no numeric effect in the emulator); shown with its own neutral symbol and
                      never counted as support: a claim with such a part is at most "partly"
@@ -18,6 +20,7 @@ Statuses:
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -30,6 +33,10 @@ BY_CONSTRUCTION = "by construction"
 STATUSES = (HOLDS, FAILS, PARTLY, NOT_MEASURABLE, BY_CONSTRUCTION)
 RANGE_NO_VERDICT = f"a range from fewer than {MIN_CI} replicates carries no verdict"
 SYMBOLS = {HOLDS: "✓", FAILS: "✗", PARTLY: "◐", NOT_MEASURABLE: "–", BY_CONSTRUCTION: "□"}
+JUDGED = (HOLDS, FAILS, PARTLY)  # the statuses a range from fewer than MIN_CI replicates may not give
+# How a verdict's detail quotes the spread it rests on when that is a range: "[range of n: low, high]"
+# (Estimate.text for a ratio, a mean, ...; the per-seed slopes of trend_verdict, the taus of monotone_verdict).
+RANGE_LABEL = re.compile(r"\[range of (\d+): ")
 
 # A monotone trend is judged by Kendall's tau between x and the per-seed values (every seed's point
 # counts, so seed-to-seed spread weakens the evidence), one-sided in the claimed direction. Used by
@@ -61,6 +68,12 @@ class Verdict:
 
     def text(self) -> str:
         return f"{self.symbol} {self.status}" + (f": {self.detail}" if self.detail else "")
+
+
+def judgeable(estimate: Estimate) -> bool:
+    """Whether a verdict (or a sentence that reads like one: "below 1", "told apart") may rest on the
+    estimate: a finite value with a 95% interval, not a range from fewer than MIN_CI replicates."""
+    return bool(np.isfinite(estimate.value)) and estimate.has_interval and estimate.method != RANGE
 
 
 def ratio_verdict(estimate: Estimate, claim: str, threshold: float = 1.0, what: str = "the ratio") -> Verdict:
@@ -110,11 +123,12 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
     of one seed's curve are serially dependent (a cumulative drift), so a test over them would not
     hold its size; the seeds are independent replicates, so their taus are (as in `trend_verdict`).
     holds: p < 0.05, or every seed's curve never reverses; fails: every tau at or below 0, or the
-    t-test significant the other way; not measurable otherwise, with fewer than 3 seeds having 3 or
-    more x values, or when every curve is flat (tau undefined). The detail counts the steps of the
-    seeds' curves that go against the claim, so a 'holds' with reversals says so. On driftless
-    random walks (tests/test_stats_verdicts.py) it said 'holds' 5.7% of the time with 5 seeds and
-    7.5% with 3 (the taus are not normal), where a test over the pooled points said so 30%.
+    t-test significant the other way; not measurable otherwise, with fewer than 3 distinct x values,
+    when every curve is flat (tau undefined), and from fewer than MIN_CI (5) seeds: their taus are
+    then shown as a range (RANGE_NO_VERDICT), even when every curve never reverses. The detail counts
+    the steps of the seeds' curves that go against the claim, so a 'holds' with reversals says so. On
+    driftless random walks (tests/test_stats_verdicts.py) it said 'holds' 5.7% of the time with 5
+    seeds (the taus are not normal), where a test over the pooled points said so 30%.
     """
     if direction not in ("increasing", "decreasing"):
         raise ValueError(f"direction must be 'increasing' or 'decreasing', got {direction!r}")
@@ -140,12 +154,14 @@ def monotone_verdict(x, values_by_seed: dict, direction: str, what: str = "the d
     if not enough_x:
         return Verdict(NOT_MEASURABLE, rule, f"{len(np.unique(x))} distinct x value(s): a trend needs 3")
     if len(values_by_seed) < 3:
-        return Verdict(NOT_MEASURABLE, rule, f"{len(values_by_seed)} seed(s): a t-test over seeds needs 3")
+        return Verdict(NOT_MEASURABLE, rule, f"{len(values_by_seed)} seed(s): a verdict over seeds needs {MIN_CI}")
     if not taus:
         return Verdict(NOT_MEASURABLE, rule, "every seed's curve is flat: a flat curve has no trend")
     values = np.asarray(taus)
     summary = (f"tau {values.mean():+.2f} [range of {len(values)}: {values.min():+.2f}, {values.max():+.2f}]; "
                f"{reversals} of {steps} steps of the seeds' curves go against it")
+    if len(values_by_seed) < MIN_CI:
+        return Verdict(NOT_MEASURABLE, rule, f"{summary}: {RANGE_NO_VERDICT}")
     if len(values) < 3:
         return Verdict(NOT_MEASURABLE, rule, f"{summary}; {len(values)} seed(s) not flat: a t-test needs 3")
     if (sign * values <= 0).all():
@@ -214,7 +230,8 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     its inputs and are not, which is why they are reduced to one slope first), and a slope, a
     weighted sum of many log-deviations, is close to normal. holds: p < 0.05; fails: every seed's
     slope is zero or goes the other way (a flat curve counts against a trend), or the t-test is
-    significant the other way; otherwise not measurable. At least 3 seeds.
+    significant the other way; otherwise not measurable. From fewer than MIN_CI (5) seeds the slopes
+    are shown as their range and no verdict is given (RANGE_NO_VERDICT), whatever they say.
     """
     if direction not in ("increasing", "decreasing"):
         raise ValueError(f"direction must be 'increasing' or 'decreasing', got {direction!r}")
@@ -225,7 +242,7 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     slopes = seed_slopes(x if isinstance(x, dict) else list(x), values_by_seed, log_x)
     values = np.asarray(list(slopes.values()), dtype=np.float64)
     if len(values) < 3:
-        return Verdict(NOT_MEASURABLE, rule, f"{len(values)} seed(s) with 3 or more x values: a t-test needs 3")
+        return Verdict(NOT_MEASURABLE, rule, f"{len(values)} seed(s) with 3 or more x values: a verdict over seeds needs {MIN_CI}")
     if not np.isfinite(values).all():
         return Verdict(NOT_MEASURABLE, rule, "a value at or below 0 (or non-finite): no log-slope")
     values = np.where(np.abs(values) < SLOPE_ZERO, 0.0, values)  # a flat curve's fit leaves float noise
@@ -234,6 +251,8 @@ def trend_verdict(x, values_by_seed: dict, direction: str, what: str = "the devi
     with_claim = int((sign * values > 0).sum())
     summary = (f"{'log-log slope' if log_x else 'slope of log per ' + unit} {values.mean():+.3g} [{spread}: {values.min():+.3g}, "
                f"{values.max():+.3g}]; {with_claim} of {len(values)} seeds' slopes {direction}")
+    if len(values) < MIN_CI:
+        return Verdict(NOT_MEASURABLE, rule, f"{summary}: {RANGE_NO_VERDICT}")
     if with_claim == 0:
         flat = "flat: every seed's slope is 0" if (values == 0).all() else "no seed's slope goes the claimed way"
         return Verdict(FAILS, rule, f"{summary}; {flat}")
@@ -269,17 +288,74 @@ def combine(parts: dict[str, Verdict]) -> Verdict:
     "partly"; alone, the claim is "by construction"."""
     if not parts:
         raise ValueError("combine needs at least one part")
-    statuses = [v.status for v in parts.values()]
     detail = "; ".join(f"{name}: {v.text()}" for name, v in parts.items())
     rule = "every part must hold: " + "; ".join(f"{name}: {v.rule}" for name, v in parts.items())
+    return Verdict(combined_status([v.status for v in parts.values()]), rule, detail)
+
+
+def combined_status(statuses: list[str]) -> str:
+    """combine's status of a claim whose parts have these statuses."""
     if all(s == BY_CONSTRUCTION for s in statuses):
-        status = BY_CONSTRUCTION
-    elif all(s == HOLDS for s in statuses):
-        status = HOLDS
-    elif HOLDS in statuses or PARTLY in statuses:
-        status = PARTLY  # some parts hold, others fail, cannot be judged or hold by construction: never green
-    elif FAILS in statuses:
-        status = FAILS  # no part holds and at least one is contradicted
-    else:
-        status = NOT_MEASURABLE
-    return Verdict(status, rule, detail)
+        return BY_CONSTRUCTION
+    if all(s == HOLDS for s in statuses):
+        return HOLDS
+    if HOLDS in statuses or PARTLY in statuses:
+        return PARTLY  # some parts hold, others fail, cannot be judged or hold by construction: never green
+    if FAILS in statuses:
+        return FAILS  # no part holds and at least one is contradicted
+    return NOT_MEASURABLE
+
+
+# combine's detail, read back: "name: <symbol> <status>[: detail]; name: ..." (a name holds no ';').
+_PART = re.compile("(?:^|; )(?P<name>[^;]+?): (?P<symbol>[" + "".join(SYMBOLS.values()) + "]) (?P<status>"
+                   + "|".join(STATUSES) + ")(?=: |; |$)")
+
+
+def parts_of(detail: str) -> dict[str, Verdict] | None:
+    """The parts of a combined verdict read back from its detail (as `combine` wrote it; their rules
+    are not in it), or None when the detail is not one."""
+    found = list(_PART.finditer(detail))
+    if not found or found[0].start() != 0:
+        return None
+    parts = {}
+    for match, after in zip(found, [*found[1:], None]):
+        text = detail[match.start("symbol"):after.start() if after else len(detail)]
+        status = match["status"]
+        if SYMBOLS[status] != match["symbol"] or match["name"] in parts:
+            return None
+        parts[match["name"]] = Verdict(status, "", text[len(f"{match['symbol']} {status}: "):] if text != f"{match['symbol']} {status}" else "")
+    if "; ".join(f"{name}: {v.text()}" for name, v in parts.items()) != detail:
+        return None
+    return parts
+
+
+def rejudge(verdict: Verdict) -> Verdict:
+    """A stored verdict, made before the house rule reached it, under the rule: one that says holds,
+    fails or partly while its detail quotes a range from fewer than MIN_CI replicates ("[range of n:
+    ...", RANGE_LABEL) becomes not measurable, its numbers kept and RANGE_NO_VERDICT said. A
+    combined verdict is re-judged part by part (parts_of) and its status recombined (combined_status),
+    its rule and the parts' order kept. Exact checks (bit identity), verdicts "by construction" and
+    verdicts on 95% intervals quote no such range and stay as they are.
+
+    For results whose per-replicate numbers are not kept (docs/results/phase1.json, gemm.json: their
+    runs' records are not committed); where they are, rerun the rule on them instead (numdev-figure,
+    numdev.analysis.study.rejudge)."""
+    parts = parts_of(verdict.detail)
+    if parts is None:
+        counts = [int(n) for n in RANGE_LABEL.findall(verdict.detail)]
+        if verdict.status not in JUDGED or not counts or min(counts) >= MIN_CI:
+            return verdict
+        return Verdict(NOT_MEASURABLE, verdict.rule, f"{verdict.detail}: {RANGE_NO_VERDICT}")
+    rejudged = {name: rejudge(part) for name, part in parts.items()}
+    if rejudged == parts:
+        return verdict
+    detail = "; ".join(f"{name}: {v.text()}" for name, v in rejudged.items())
+    return Verdict(combined_status([v.status for v in rejudged.values()]), verdict.rule, detail)
+
+
+def from_text(status: str, text: str, rule: str = "") -> Verdict:
+    """A Verdict from its status and its text() (as figure summaries store them)."""
+    prefix = f"{SYMBOLS[status]} {status}"
+    if text != prefix and not text.startswith(prefix + ": "):
+        raise ValueError(f"{text[:60]!r} is not the text of a verdict that {status}")
+    return Verdict(status, rule, text[len(prefix) + 2:] if text != prefix else "")
