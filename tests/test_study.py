@@ -32,12 +32,17 @@ def _sweep(experiment: str) -> list[str]:
 
 
 def test_every_role_is_one_file_and_the_study_sweeps_each_once():
-    """The early study sweeps every role file once (the ladder included); the full study a subset, in the same order."""
+    """The early study sweeps every flash-stability role file once (the ladder included); the full study a subset, in
+    the same order; the harm study sweeps its own roles and names the ones that extend it (study.more_roles)."""
     order, low_floor, full = _sweep("flash_stability_early"), _sweep("flash_stability_lowfloor"), _sweep("flash_stability")
     catalogue = _sweep("optimizations")  # experiment=optimizations (docs/optimizations.md)
-    assert set(order) | set(low_floor) | set(catalogue) == {p.stem for p in ROLE_FILES}, "a role file no study sweeps, or a sweep naming no file"
+    harm_config = yaml.safe_load((REPO / "conf" / "train" / "experiment" / "harm.yaml").read_text())
+    harm = _sweep("harm") + list(harm_config["study"]["more_roles"])
+    assert set(order) | set(low_floor) | set(catalogue) | set(harm) == {p.stem for p in ROLE_FILES}, \
+        "a role file no study sweeps, or a sweep naming no file"
     for sweep in (order, low_floor, full, catalogue):
         assert len(set(sweep)) == len(sweep) and sweep[:2] == ["truth", "reference"]
+    assert len(set(harm)) == len(harm) and harm[0] == "reference"
     assert full == [r for r in order if r in full]
     assert not {r for r in full if yaml.safe_load((REPO / "conf" / "train" / "study" / f"{r}.yaml").read_text())["study"]["kind"] == "ladder"}
     kinds = {}
@@ -45,7 +50,8 @@ def test_every_role_is_one_file_and_the_study_sweeps_each_once():
         block = yaml.safe_load(path.read_text())["study"]
         assert block["role"] == path.stem and block["kind"] in KIND_ORDER and block["label"]
         kinds[path.stem] = block["kind"]
-    assert list(kinds.values()).count("reference") == 1 and list(kinds.values()).count("under_test") == 1
+    assert list(kinds.values()).count("reference") == 1
+    assert [r for r in order if kinds[r] == "under_test"] == ["flash"]  # the flash-stability study judges one role
 
 
 @pytest.mark.parametrize("role, changed", [
