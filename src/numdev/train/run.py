@@ -24,7 +24,7 @@ from numdev.models.perturb import apply_init_perturbation
 from numdev.optimizations import Optimization
 from numdev.runs import record
 from numdev.runs.atomic import remove_temporaries
-from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR, RunDir
+from numdev.runs.layout import CHECKPOINT, RUN_RECORD, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
 from numdev.train.callbacks import results as callback_results
@@ -183,6 +183,13 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
                   optimization: Optimization | None = None) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
+    if resume and not (run_dir / CHECKPOINT).is_file():
+        # A finished run without a checkpoint (callbacks.checkpoint=null: the studies' short runs) is
+        # recognised from run.json and its final snapshot: a requeue does nothing, its records stay as they are.
+        record.check_resumable(run_dir, cfg)
+        done = record.finished_record(run_dir, cfg)
+        if done is not None:
+            return {**done, "already_finished": True}
     if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
         record.check_resumable(run_dir, cfg)
         resumed_from = 0
@@ -268,7 +275,8 @@ def _signal_of(error: BaseException) -> signal.Signals | None:
 
 
 def _holds_run(run_dir: Path) -> bool:
-    return (run_dir / CHECKPOINT).exists() or (run_dir / WEIGHTS_DIR).exists()
+    """A run was started here: a checkpoint, snapshots, or its run.json (a run with neither checkpoints nor snapshots)."""
+    return (run_dir / CHECKPOINT).exists() or (run_dir / WEIGHTS_DIR).exists() or (run_dir / RUN_RECORD).exists()
 
 
 def _resume_mode(cfg: DictConfig, run_dir: Path):
