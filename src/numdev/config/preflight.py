@@ -60,8 +60,12 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
             if added:
                 return added
             configs = _configs(app, jobs, compose)
+    except ConfigFileError as error:
+        return str(error)
     except HydraException:
         return None  # a composition error (an unknown option or key): Hydra's own message
+    except Exception as error:  # noqa: BLE001 - a job's config file that is not YAML: named; anything else is Hydra's to say
+        return config_file_problem(error)
     for index, (overrides, cfg) in enumerate(zip(jobs, configs)):
         try:
             try:
@@ -84,7 +88,10 @@ def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | 
     first = [f"{key}={values[0]}" for key, values in swept.items()]
     try:
         hydra_cfg = compose(config_name=app, overrides=[*plain, *first], return_hydra_config=True).hydra
-    except Exception:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
+    except Exception as error:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
+        yaml_problem = config_file_problem(error)
+        if yaml_problem:  # Hydra's would be a traceback, after the run directory exists
+            raise ConfigFileError(yaml_problem) from None
         return None, multirun
     multirun = multirun or str(hydra_cfg.get("mode")) in ("MULTIRUN", "RunMode.MULTIRUN")
     if not multirun:
@@ -110,6 +117,26 @@ def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | 
             for value in swept[key][1:]:
                 combos.append(tuple(value if j == i else swept[k][0] for j, k in enumerate(keys)))
     return [[*plain, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in combos], True
+
+
+class ConfigFileError(ValueError):
+    """A config file (a user's option, say) that is not valid YAML: one line naming the file and the place."""
+
+
+def config_file_problem(error: BaseException) -> str | None:
+    """A YAML syntax error anywhere in `error`'s chain, as one line naming the file, line and column."""
+    import yaml
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, yaml.YAMLError):
+            mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+            where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
+            what = " ".join(str(getattr(error, "problem", None) or type(error).__name__).split())
+            return f"{where}: not valid YAML ({what}): fix the file (nothing was run)"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:

@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from numdev.cli.errors import Hangup, RunFailed, one_line
+from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.perturb import apply_init_perturbation
 from numdev.optimizations import Optimization
@@ -93,6 +93,55 @@ def check_config(cfg: DictConfig) -> None:
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
     _check_optimizer(cfg)
+    _check_optimization(cfg)
+
+
+def _check_optimization(cfg: DictConfig) -> Optimization:
+    """The optimization node builds an Optimization whose options are valid (a user's own option file
+    with no _target_, one that cannot be imported or is not an Optimization, a list, a bad compile
+    mode or submodule): refused now, in one line naming the key, before a directory is created."""
+    from hydra.errors import InstantiationException
+    from omegaconf import ListConfig
+
+    node = cfg.get("optimization")
+    if node is None:
+        return Optimization()
+    if not isinstance(node, DictConfig):
+        kind = "a list" if isinstance(node, ListConfig) else f"{type(node).__name__} {node!r}"
+        raise ValueError(f"optimization: its option file holds {kind}, not a mapping with a _target_ (a subclass of "
+                         "numdev.optimizations.base.Optimization) and a name: fix the file (conf/train/optimization/*.yaml)")
+    target = node.get("_target_")
+    if not isinstance(target, str) or not target:
+        raise ValueError("optimization: its option file has no _target_: name a subclass of numdev.optimizations.base.Optimization "
+                         "(e.g. _target_: numdev.optimizations.fused_adamw.FusedOptimizer)")
+    try:
+        built = instantiate(node)
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, (ValueError, UserError)):
+            raise ValueError(one_line(cause)) from None
+        text = one_line(cause if error.__cause__ is not None else error).split(", set env var HYDRA_FULL_ERROR")[0]
+        raise ValueError(f"optimization._target_={target}: {text}: name an importable subclass of "
+                         "numdev.optimizations.base.Optimization") from None
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"optimization: {one_line(error)}") from None
+    if not isinstance(built, Optimization):
+        raise ValueError(f"optimization._target_={target} builds a {type(built).__name__}, not a subclass of "
+                         "numdev.optimizations.base.Optimization: name one (conf/train/optimization/*.yaml shows how)")
+    check = getattr(built, "check_model", None)
+    if check is not None:
+        check(_meta_model(cfg))
+    return built
+
+
+def _meta_model(cfg: DictConfig) -> torch.nn.Module | None:
+    """The configured model on PyTorch's meta device (nothing allocated), for checks of its structure; None when it cannot be built."""
+    try:
+        backend = instantiate(cfg.attention)
+        with torch.device("meta"):
+            return instantiate(cfg.model, attention=backend, _convert_="all")
+    except Exception:  # noqa: BLE001 - the run's own checks say why, later
+        return None
 
 
 def _check_optimizer(cfg: DictConfig) -> None:
