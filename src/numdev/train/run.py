@@ -96,6 +96,47 @@ def check_config(cfg: DictConfig) -> None:
     _check_optimization(cfg)
 
 
+def check_sweep(jobs) -> str | None:
+    """A sweep's jobs against each other, before it starts (numdev.config.preflight.SweepJob each; a single
+    run is a one-job sweep whose reference must exist, since nothing will make it): a job
+    whose sibling.reference is no job of the sweep and does not exist would wait sibling.timeout_s
+    (an hour) for a run that never comes (`study=truth,flash` without the reference); one whose
+    reference the sweep runs after it, one job at a time, would wait the same. One line naming the
+    role and the reference, or None."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    made = {job.run_dir: job for job in jobs}
+    for job in jobs:
+        try:
+            reference = OmegaConf.select(job.cfg, "sibling.reference", throw_on_resolution_failure=True)
+        except Exception:  # noqa: BLE001 - resolved only as the run starts: its own check then
+            continue
+        if reference is None:
+            continue
+        path = os.path.normpath(str(reference))
+        role = OmegaConf.select(job.cfg, "study.role", default=None)
+        who = f"sweep job #{job.num} (" + (f"role {role}, replicate {OmegaConf.select(job.cfg, 'study.replicate', default='?')}"
+                                          if role is not None else " ".join(job.swept)) + ")"
+        shown = os.path.relpath(path, job.sweep_dir) if job.sweep_dir and path.startswith(job.sweep_dir + os.sep) else path
+        timeout = OmegaConf.select(job.cfg, "sibling.timeout_s", default=None)
+        maker = made.get(path)
+        if job.sweep_dir is None and not os.path.exists(path):  # a single run: nothing is going to make it
+            parent = "" if os.path.isdir(os.path.dirname(path) or ".") else " (nor does its parent directory)"
+            return (f"sibling.reference={path} does not exist{parent}: give the directory of a numdev-train run "
+                    "(start the reference first; a study's roles run in one sweep)")
+        if maker is None and not os.path.exists(path):
+            return (f"{who} compares with sibling.reference {shown}, which no job of the sweep makes and which does not exist "
+                    f"({path}): it would wait {timeout} s (sibling.timeout_s) for it; add the role that makes it to the sweep "
+                    "(e.g. study=truth,reference,...) or point sibling.reference at an existing run; no job was run")
+        if maker is not None and maker.num > job.num and job.one_at_a_time:
+            return (f"{who} compares with {shown}, which the sweep runs after it, one job at a time: it would wait {timeout} s "
+                    "(sibling.timeout_s) for it; list the reference's role first (study=truth,reference,...) or run jobs in "
+                    "parallel (hydra.launcher.n_jobs=2); no job was run")
+    return None
+
+
 def _check_optimization(cfg: DictConfig) -> Optimization:
     """The optimization node builds an Optimization whose options are valid (a user's own option file
     with no _target_, one that cannot be imported or is not an Optimization, a list, a bad compile
