@@ -223,6 +223,10 @@ class RunDir:
             raise ValueError(f"{self.heldout}: 'predictions.file' is {entry['file']!r}, not {HELDOUT_PREDICTIONS!r}: the record was edited")
         if not path.is_file():
             raise ValueError(f"{path} is missing (named in {HELDOUT})")
+        size = path.stat().st_size
+        if size != entry["bytes"]:  # checked before the file is read: an extended (sparse) file is never read whole
+            raise ValueError(f"{path}: {size} bytes, not the {entry['bytes']} {HELDOUT} records: the file is truncated, "
+                             "extended or was changed after it was written")
         data = path.read_bytes()
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ValueError(f"{path}: {len(data)} bytes whose sha256 does not match {HELDOUT}'s: the file is corrupt, "

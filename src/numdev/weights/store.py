@@ -183,7 +183,7 @@ class SnapshotWriter:
 def verified_entry(path: Path, step: int, param_shapes: dict[str, list[int]]) -> dict:
     """The index entry of a snapshot file that has no entry yet: readable safetensors, its metadata
     step equal to its name's, its tensors the run's parameter shapes."""
-    data = path.read_bytes()
+    data = read_snapshot_bytes(path, param_shapes)
     state = _parse(path, data)
     trained = any(name.endswith(ROWS_SUFFIX) for name in state)
     if trained:
@@ -212,7 +212,14 @@ def read_index(run_dir: str | Path) -> dict:
         SNAPSHOT_INDEX.check(path, index)
     except ValueError as error:
         raise SnapshotError(str(error)) from None
+    seen = set()
     for entry in index["snapshots"]:
+        if entry["step"] < 0:
+            raise SnapshotError(f"{path}: lists step {entry['step']}, a negative step: the index was edited; restore it from a copy")
+        if entry["step"] in seen:
+            raise SnapshotError(f"{path}: lists step {entry['step']} twice: the index was edited; restore it from a copy "
+                                "(or delete it: a resumed run lists every verified snapshot file again)")
+        seen.add(entry["step"])
         if entry["file"] != snapshot_name(entry["step"]):
             raise SnapshotError(f"{path}: step {entry['step']} lists file {entry['file']!r}, not {snapshot_name(entry['step'])!r}: the index was edited")
     return index
@@ -240,7 +247,7 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
     path = RunDir(run_dir).weights / entry["file"]
     if not path.is_file():
         raise SnapshotError(f"{path} is missing (listed in {INDEX} for step {step})")
-    data = path.read_bytes()
+    data = read_snapshot_bytes(path, index["param_shapes"])
     if verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise SnapshotError(f"{path}: sha256 does not match {INDEX}: the file is corrupt or was changed after it was written")
     state = _parse(path, data)
@@ -251,6 +258,50 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
         raise SnapshotError(f"{path}: its tensors do not match the param_shapes of {INDEX}")
     _check_float32(path, state)  # a checksum recomputed after a rewrite in another dtype proves nothing
     return state, entry["sha256"]
+
+
+MAX_SNAPSHOT_HEADER = 1 << 24  # bytes; a real header is a few kB (one entry per parameter)
+
+
+def read_snapshot_bytes(path: Path, param_shapes: dict) -> bytes:
+    """A snapshot file's bytes, read only once its size is known to be the one its own header gives and
+    within what the run's param_shapes can take: a file extended (a sparse 100 GB `truncate`) or cut,
+    or a header claiming more data than the model has, is a SnapshotError before anything is read whole."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(8)
+            if len(head) < 8:
+                raise SnapshotError(f"{path}: {size} bytes, shorter than a safetensors header: the file was truncated")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, MAX_SNAPSHOT_HEADER):
+                raise SnapshotError(f"{path}: its header length ({length} bytes) is out of range for a file of {size} bytes: "
+                                    "the file is truncated or not a snapshot")
+            try:
+                header = json.loads(handle.read(length))
+                ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                raise SnapshotError(f"{path} is not a readable safetensors file (its header is not safetensors JSON)") from None
+            expected = 8 + length + max(ends, default=0)
+            limit = 8 + MAX_SNAPSHOT_HEADER + 2 * 4 * sum(_numel(shape) for shape in param_shapes.values()) + (1 << 20)
+            if expected > limit:
+                raise SnapshotError(f"{path}: its header claims {expected} bytes of data, more than the model's parameters "
+                                    "(param_shapes) can hold: the file is not a snapshot of this run")
+            if size != expected:
+                how = "extended (e.g. by truncate)" if size > expected else "truncated"
+                raise SnapshotError(f"{path}: {size} bytes, but its header says {expected}: the file was {how} after it was "
+                                    "written; restore it from a copy (nothing was read)")
+            handle.seek(0)
+            return handle.read()
+    except OSError as error:
+        raise SnapshotError(f"{path} could not be read ({error.strerror or error})") from None
+
+
+def _numel(shape) -> int:
+    total = 1
+    for n in shape if isinstance(shape, list) else []:
+        total *= int(n) if isinstance(n, int) and n > 0 else 1
+    return total
 
 
 def _check_float32(path: Path, state: dict[str, torch.Tensor]) -> None:
