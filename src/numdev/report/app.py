@@ -27,7 +27,7 @@ from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one 
 from numdev.report import provenance as report_provenance
 from numdev.report.html import Section, render
 from numdev.runs import schemas
-from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
+from numdev.runs.atomic import WriteError, check_regular_target, write_together
 from numdev.runs.layout import CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, MULTIRUN, RUN_RECORD, SUMMARY, TABLE, RunDir
 from numdev.runs.provenance import provenance
 
@@ -154,9 +154,8 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise WriteError(out_dir, error) from None
-    for section in sections:
-        if section.figure is not None and section.figure.exists():
-            write_bytes(out_dir / section.figure.name, section.figure.read_bytes())  # atomic copy
+    figures = {out_dir / section.figure.name: section.figure for section in sections
+               if section.figure is not None and section.figure.exists()}
     page = render(
         "numdev report",
         f"generated {datetime.datetime.now():%Y-%m-%d %H:%M} — does FlashAttention's numeric deviation matter?",
@@ -167,7 +166,7 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         out_dir=out_dir,
     )
     index = out_dir / "index.html"
-    write_text(index, page)
+    write_together({**figures, index: page.encode("utf-8")})  # the page and its figures together, or none of them
     return index
 
 

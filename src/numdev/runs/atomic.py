@@ -86,6 +86,47 @@ def write_buffers(path: str | os.PathLike, buffers) -> None:
         raise
 
 
+def write_together(files: dict) -> None:
+    """Write several files as one output: all of them, or none.
+
+    `files`: {target path: bytes, or the path of a finished file to copy}. Every target is checked
+    first (a directory, FIFO or device where a file should go, a parent that is a file: refused before
+    anything is written); then each is staged as a fsynced temporary file beside its target; only when
+    every one is staged are they renamed over their targets. A failure while staging (a full disk)
+    removes every temporary file and changes nothing; files an earlier run left under the same names
+    are replaced together, never some of them."""
+    targets = [Path(target) for target in files]
+    for target in targets:
+        check_regular_target(target)
+    staged: list[tuple[str, Path]] = []
+    current = None
+    try:
+        for target, data in zip(targets, files.values()):
+            current = target
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            staged.append((tmp, target))
+            os.fchmod(fd, file_mode())
+            with os.fdopen(fd, "wb") as handle:
+                if isinstance(data, (bytes, bytearray, memoryview)):
+                    handle.write(data)
+                else:
+                    with open(data, "rb") as source:
+                        for chunk in iter(lambda: source.read(1 << 22), b""):
+                            handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for tmp, target in staged:
+            current = target
+            os.replace(tmp, target)
+    except BaseException as error:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, WriteError) and current is not None:
+            raise WriteError(current, error) from error
+        raise
+
+
 def file_mode() -> int:
     """The mode a plain open() would give a new file: 0666 less the process umask (0644 under the usual 022).
     The umask is read from /proc (setting it to read it back would race with other threads creating files)."""
