@@ -16,7 +16,6 @@ smoke < 3 min, optimizations catalogue <= 20 min on 2 cores.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 from numdev.cli.demo import STUDY as DEMO_STUDY
+from numdev.cli.script_args import ScriptParser
 from numdev.runs.provenance import provenance
 
 COMMANDS = {
@@ -53,7 +53,7 @@ def run_seconds(study_dir: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--which", choices=sorted(COMMANDS), default="demo")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="run the study into this new directory and keep it (one repeat)")

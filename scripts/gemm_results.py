@@ -14,7 +14,6 @@ experiment it ran, and the load average then: the demo's budget) and fills the g
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from numdev.cli.script_args import ScriptParser
 from numdev.figures import FIGURES
 from numdev.gemm.emulated import emulated_matmul
 from numdev.gemm.golden import golden_matmul
@@ -144,7 +144,7 @@ def kernels_block(bits: dict, prov: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default=str(ROOT / "outputs"))
     parser.add_argument("--run", choices=("demo", "full"), help="run the three GEMM figures first, at this size")
     parser.add_argument("--no-docs", action="store_true", help="write docs/results/gemm.json only")

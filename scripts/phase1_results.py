@@ -13,13 +13,13 @@ docs/microbenchmark.md. Nothing in those blocks is typed by hand.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from numdev.cli.script_args import ScriptParser
 from numdev.figures import BENCH_FIGURES, FIGURES
 from numdev.report.docblocks import replace_block
 from numdev.runs.atomic import write_json
@@ -103,7 +103,7 @@ def findings_sentence(figures: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default=str(ROOT / "outputs"))
     parser.add_argument("--run", choices=("demo", "full"), help="run every phase-1 figure first, at this size")
     parser.add_argument("--no-docs", action="store_true", help="write docs/results/phase1.json only")
