@@ -36,13 +36,8 @@ NO_RUN = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", 
           "--resolve", "-p", "--package"}
 
 
-def problem(app: str, args: list[str], check: Callable[[DictConfig], None],
-            check_sweep: Callable[[list], str | None] | None = None) -> str | None:
-    """The first thing wrong with the command's configs, as one line (None: every job is fine).
-
-    `check_sweep(jobs)`: the jobs of a sweep checked against each other (numdev-train: a sibling
-    reference that no job produces), each a SweepJob with its run directory; every job of the sweep
-    up to MAX_SWEEP_JOBS."""
+def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> str | None:
+    """The first thing wrong with the command's configs, as one line (None: every job is fine)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -67,11 +62,6 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None],
             if added:
                 return added
             configs = _configs(app, jobs, compose)
-            if check_sweep is not None:
-                sweep = _sweep_jobs(app, parsed, compose) if multirun else _single_job(app, parsed, compose, configs[0])
-                found = check_sweep(sweep) if sweep else None
-                if found:
-                    return found
     except ConfigFileError as error:
         return str(error)
     except HydraException:
@@ -90,6 +80,31 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None],
             swept = [o for o in overrides if o not in given]
             return f"sweep job {index} ({' '.join(swept)}): {one_line(error)}; no job was run"
     return None
+
+
+def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str | None]) -> str | None:
+    """The command's jobs checked against each other by `check_sweep(jobs)` (numdev-train: a sibling
+    reference that no job makes), each a SweepJob with the directory it will run in: every job of a
+    sweep (up to MAX_SWEEP_JOBS), or a single run as a one-job list. None: nothing wrong, or a
+    command this cannot expand (Hydra says why when it runs)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from numdev.config.groups import config_module
+
+    if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
+        return None
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+        with initialize_config_module(config_module=config_module(app), version_base="1.3"):
+            jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
+            if jobs is None:
+                return None
+            sweep = _sweep_jobs(app, parsed, compose) if multirun else _single_job(app, parsed, compose, _configs(app, jobs, compose)[0])
+    except Exception:  # noqa: BLE001 - problem() has said what it can; Hydra says the rest when it runs
+        return None
+    return check_sweep(sweep) if sweep else None
 
 
 def _jobs(app: str, parsed, multirun: bool, compose, every: bool = False):
@@ -339,7 +354,9 @@ def checked_overrides(program: str, app: str, check=None, check_sweep=None):
                 given = sys.argv[1:]  # passing a config, not Hydra's shell completion)
                 mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
                 if not mistake and check is not None:
-                    mistake = problem(app, given, check, check_sweep)
+                    mistake = problem(app, given, check)
+                if not mistake and check_sweep is not None:
+                    mistake = sweep_problem(app, given, check_sweep)
                 if mistake:
                     fail(program, mistake)
                 note_existing_run_dir(given)

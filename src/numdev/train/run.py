@@ -126,6 +126,10 @@ def check_sweep(jobs) -> str | None:
             parent = "" if os.path.isdir(os.path.dirname(path) or ".") else " (nor does its parent directory)"
             return (f"sibling.reference={path} does not exist{parent}: give the directory of a numdev-train run "
                     "(start the reference first; a study's roles run in one sweep)")
+        if maker is None and os.path.isdir(path) and not _is_a_run(path):
+            return (f"{who if job.sweep_dir else 'this run'} compares with sibling.reference={path}, which is not a numdev-train "
+                    "run (no run.json, and no process holds its run lock), so no snapshot would come: give the directory of "
+                    "a run (of a sweep: one of its runs, e.g. .../r0/reference)")
         if maker is None and not os.path.exists(path):
             return (f"{who} compares with sibling.reference {shown}, which no job of the sweep makes and which does not exist "
                     f"({path}): it would wait {timeout} s (sibling.timeout_s) for it; add the role that makes it to the sweep "
@@ -135,6 +139,13 @@ def check_sweep(jobs) -> str | None:
                     "(sibling.timeout_s) for it; list the reference's role first (study=truth,reference,...) or run jobs in "
                     "parallel (hydra.launcher.n_jobs=2); no job was run")
     return None
+
+
+def _is_a_run(path: str) -> bool:
+    """A directory that holds a run record, or whose run lock a live process holds (a run starting up)."""
+    from numdev.runs.lock import is_held
+
+    return (Path(path) / RUN_RECORD).is_file() or is_held(path)
 
 
 def _check_optimization(cfg: DictConfig) -> Optimization:

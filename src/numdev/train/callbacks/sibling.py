@@ -155,7 +155,8 @@ class SiblingDistance(pl.Callback):
             sweep = Path(str(HydraConfig.get().sweep.dir)).resolve()
         except Exception:  # noqa: BLE001 - no Hydra here (a test, a script): a single run
             return False
-        return self.reference.resolve().is_relative_to(sweep)
+        reference = self.reference.resolve()
+        return reference != sweep and reference.is_relative_to(sweep)
 
     def attach_to(self, hub) -> None:
         """Listen to the run's snapshot hub (numdev.train.callbacks.connect); an inactive comparison does not."""
