@@ -197,6 +197,22 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
         os.close(fd)
 
 
+RECORD_LIMIT = 64 << 20  # a JSON or YAML record numdev writes is kB
+TABLE_LIMIT = 1 << 30  # results.jsonl, the sibling CSVs: MB even for large sweeps and runs
+
+
+def read_bounded(path: str | os.PathLike, limit: int = RECORD_LIMIT, what: str = "record") -> bytes:
+    """A file's bytes, read only once its size is known to be at most `limit`: a file extended (a sparse
+    100 GB `truncate`) or replaced by something else is one ValueError naming it, not a MemoryError."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > limit:
+        raise ValueError(f"{path}: {size} bytes, far more than a {what} holds (at most {limit >> 20} MiB): the file is "
+                         "corrupt, extended or not numdev's; restore it from a copy (nothing was read)")
+    with open(path, "rb") as handle:
+        return handle.read(limit + 1)
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Records (JSON objects) of a JSON-lines file; a corrupt, torn, blank or non-object line is a
     ValueError naming the file and line. Every record ends with a newline, so a last line without
@@ -207,7 +223,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 def read_jsonl_numbered(path: str | os.PathLike) -> list[tuple[int, dict]]:
     """(line number, record) of every record of a JSON-lines file, checked as read_jsonl says."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        text = read_bounded(path, TABLE_LIMIT, "JSON-lines file of records").decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): the file is corrupt") from None
     lines = text.split("\n")
@@ -236,7 +252,7 @@ def read_json(path: str | os.PathLike, what: str = "file"):
     """A JSON file's content; unreadable or invalid JSON is a ValueError naming the file."""
     path = Path(path)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(read_bounded(path, what=what).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         reason = error.msg if isinstance(error, json.JSONDecodeError) else "not UTF-8"
         raise ValueError(f"{path}: not valid JSON ({reason}): the {what} is corrupt or truncated") from None

@@ -41,7 +41,7 @@ import numpy as np
 import safetensors.numpy
 
 from numdev.runs import schemas, tables
-from numdev.runs.atomic import write_bytes
+from numdev.runs.atomic import read_bounded, write_bytes
 
 CONFIG = "config.yaml"
 RUN_RECORD = "run.json"
@@ -259,7 +259,7 @@ class RunDir:
         if not path.is_file():
             return None
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = json.loads(read_bounded(path, what="token-rows record").decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{path} is not valid JSON ({error}): delete it and resume the run to write it again") from None
         problem = token_rows_problem(record)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from numdev.runs.atomic import RECORD_LIMIT
+
 NUMBER = (int, float)
 
 
@@ -131,7 +133,7 @@ def _kind(value) -> str:
     )
 
 
-MAX_RECORD_BYTES = 64 << 20  # numdev's JSON and YAML records are kB; a larger one is not read into memory
+MAX_RECORD_BYTES = RECORD_LIMIT  # numdev's JSON and YAML records are kB; a larger one is not read into memory
 
 
 def _check_record_size(path: Path, what: str) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from numdev.runs.atomic import write_bytes, write_json
+from numdev.runs.atomic import read_bounded, write_bytes, write_json
 from numdev.runs.layout import checkpoint_digest_path
 
 
@@ -68,19 +68,24 @@ def _check_size(path: Path) -> None:
     100 GB truncate) or damaged file is refused without reading it into memory."""
     digest_path = checkpoint_digest_path(path)
     try:
-        record = json.loads(digest_path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError):
-        return  # missing or corrupt: _check_digest names it once the file has been read
+        record = json.loads(read_bounded(digest_path, 1 << 20, "checksum record").decode("utf-8"))
+    except FileNotFoundError:
+        return  # missing: _check_digest names it once the file has been read
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{digest_path}: not a checksum record ({str(error).splitlines()[0][:200] if str(error) else type(error).__name__}): it is corrupt, so {path} cannot be "
+                              "verified; restore both from a copy, or move the checkpoints/ directory aside and rerun with resume=auto") from None
     if not isinstance(record, dict):
         return
     size = path.stat().st_size
     sizes = {record.get("bytes"), record.get("previous_bytes")} - {None}
     if sizes and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
-        if size not in sizes:
+        # Larger than twice what was written: extended or replaced, refused unread. A file up to that size
+        # is read and checked (its content names what is wrong: truncated, pickled code, not Lightning's).
+        if size > 2 * max(sizes) + (1 << 20):
             raise CheckpointError(
-                f"{path} is not a readable checkpoint ({size} bytes, not the {' or '.join(map(str, sorted(sizes)))} its "
-                f"{digest_path.name} records): it is truncated, extended or corrupt; restore it from a copy, or move it aside "
-                "and rerun with resume=auto to train again from step 0 (nothing was read)"
+                f"{path} is not a readable checkpoint ({size} bytes, far more than the {' or '.join(map(str, sorted(sizes)))} "
+                f"its {digest_path.name} records): it was extended or replaced, or is corrupt; restore it from a copy, or move "
+                "it aside and rerun with resume=auto to train again from step 0 (nothing was read)"
             )
         return
     if size > (1 << 30) and _file_sha256(path) not in {record.get("sha256"), record.get("previous")}:
@@ -97,7 +102,7 @@ def _check_digest(path: Path, data: bytes) -> None:
             "aside and rerun with resume=auto to train again from step 0 (the snapshots come out the same)"
         )
     try:
-        record = json.loads(digest_path.read_bytes().decode("utf-8"))
+        record = json.loads(read_bounded(digest_path, 1 << 20, "checksum record").decode("utf-8"))
         known = {record["sha256"], record.get("previous")} - {None}
         if not all(isinstance(k, str) and len(k) == 64 for k in known):
             raise TypeError

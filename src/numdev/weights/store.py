@@ -48,7 +48,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from numdev.runs.atomic import write_buffers, write_bytes, write_json
+from numdev.runs.atomic import read_bounded, write_buffers, write_bytes, write_json
 from numdev.runs.layout import (
     INDEX,
     INDEX_FORMAT,
@@ -203,9 +203,11 @@ def read_index(run_dir: str | Path) -> dict:
     if not path.is_file():
         raise SnapshotError(f"{path} does not exist: {run_dir} is not a training run directory with snapshots")
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        index = json.loads(read_bounded(path, what="snapshot index").decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SnapshotError(f"{path} is not valid JSON ({error}): the index is corrupt") from None
+    except ValueError as error:  # larger than any index (extended): not read
+        raise SnapshotError(str(error)) from None
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or not isinstance(index.get("snapshots"), list):
         raise SnapshotError(f"{path}: not a format-{INDEX_FORMAT} snapshot index")
     try:  # fields and types (numdev.runs.schemas), and file names confined to weights/
@@ -264,35 +266,18 @@ MAX_SNAPSHOT_HEADER = 1 << 24  # bytes; a real header is a few kB (one entry per
 
 
 def read_snapshot_bytes(path: Path, param_shapes: dict) -> bytes:
-    """A snapshot file's bytes, read only once its size is known to be the one its own header gives and
-    within what the run's param_shapes can take: a file extended (a sparse 100 GB `truncate`) or cut,
-    or a header claiming more data than the model has, is a SnapshotError before anything is read whole."""
+    """A snapshot file's bytes, read only once its size is known to be at most what a snapshot of the
+    run's param_shapes can take (every parameter in float32, the rows' ids, a header): a file extended
+    (a sparse 100 GB `truncate`) or replaced by something much larger is a SnapshotError before anything
+    is read. A file within that size is read and checked as before (sha256, safetensors, shapes)."""
     try:
+        size = path.stat().st_size
+        limit = 8 + MAX_SNAPSHOT_HEADER + 2 * 4 * sum(_numel(shape) for shape in param_shapes.values()) + (1 << 20)
+        if size > limit:
+            raise SnapshotError(f"{path}: {size} bytes, far more than a snapshot of this model holds (at most {limit}): the file "
+                                "was extended or replaced after it was written; restore it from a copy (nothing was read)")
         with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            head = handle.read(8)
-            if len(head) < 8:
-                raise SnapshotError(f"{path}: {size} bytes, shorter than a safetensors header: the file was truncated")
-            (length,) = struct.unpack("<Q", head)
-            if length > min(size - 8, MAX_SNAPSHOT_HEADER):
-                raise SnapshotError(f"{path}: its header length ({length} bytes) is out of range for a file of {size} bytes: "
-                                    "the file is truncated or not a snapshot")
-            try:
-                header = json.loads(handle.read(length))
-                ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-                raise SnapshotError(f"{path} is not a readable safetensors file (its header is not safetensors JSON)") from None
-            expected = 8 + length + max(ends, default=0)
-            limit = 8 + MAX_SNAPSHOT_HEADER + 2 * 4 * sum(_numel(shape) for shape in param_shapes.values()) + (1 << 20)
-            if expected > limit:
-                raise SnapshotError(f"{path}: its header claims {expected} bytes of data, more than the model's parameters "
-                                    "(param_shapes) can hold: the file is not a snapshot of this run")
-            if size != expected:
-                how = "extended (e.g. by truncate)" if size > expected else "truncated"
-                raise SnapshotError(f"{path}: {size} bytes, but its header says {expected}: the file was {how} after it was "
-                                    "written; restore it from a copy (nothing was read)")
-            handle.seek(0)
-            return handle.read()
+            return handle.read(limit + 1)
     except OSError as error:
         raise SnapshotError(f"{path} could not be read ({error.strerror or error})") from None
 
