@@ -284,7 +284,7 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
                   optimization: Optimization | None = None) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
-    if resume and not (run_dir / CHECKPOINT).is_file():
+    if resume and not (run_dir / CHECKPOINT).is_file() and (run_dir / RUN_RECORD).is_file():
         # A finished run without a checkpoint (callbacks.checkpoint=null: the studies' short runs) is
         # recognised from run.json and its final snapshot: a requeue does nothing, its records stay as they are.
         record.check_resumable(run_dir, cfg)
