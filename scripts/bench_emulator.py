@@ -31,7 +31,6 @@ machine only the thread-CPU-time ratios mean much; rerun on a quiet one for the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -39,6 +38,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import seed as seed_type
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -189,7 +191,7 @@ def bench_kernel_model(n: int, dim: int, heads: int, repeats: int, seed: int, at
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--presets", nargs="*", default=["paper", "fa2"], help="none: skip the preset table")
     parser.add_argument("--kernel-model", action="store_true",
@@ -201,7 +203,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=64, help="B_r = B_c of the emulator")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (3 at N >= 16k)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_type, default=0)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs" / "microbenchmark.md",
                         help="the doc whose block `emulator-speed` gets the table (with --out or --table)")

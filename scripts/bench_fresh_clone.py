@@ -13,7 +13,6 @@ others' work is in the wall time), the exit code, pytest's summary line (test) a
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -25,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from numdev.cli.script_args import ScriptParser
 from numdev.runs.provenance import git_state, provenance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ PYTEST_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", re.M)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--which", choices=sorted(COMMANDS), required=True)
     parser.add_argument("--keep-outputs", type=Path, help="move the clone's outputs/ here afterwards (a directory that does not exist yet)")
     args = parser.parse_args()

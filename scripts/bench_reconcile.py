@@ -13,7 +13,6 @@ sweep should take <= 5 min on a quiet 2-core machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -22,9 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from numdev.cli.script_args import ScriptParser
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="run the sweep into this new directory and keep it (one repeat)")
     parser.add_argument("overrides", nargs="*", help="numdev-bench overrides (after --)")

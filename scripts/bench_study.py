@@ -18,7 +18,6 @@ gives every role's median run and step time (`per_role`): the study's cost per r
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 from numdev.cli.demo import STUDY as DEMO_STUDY
+from numdev.cli.script_args import ScriptParser
 from numdev.runs.provenance import provenance
 
 COMMANDS = {
@@ -76,7 +76,7 @@ def role_costs(study_dir: Path) -> dict[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--which", choices=sorted(COMMANDS), default="demo")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="run the study into this new directory and keep it (one repeat)")

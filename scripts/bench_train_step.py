@@ -26,7 +26,6 @@ ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 (r
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -41,6 +40,7 @@ from bench_wasserstein import make_runs  # scripts/ is on sys.path when a script
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from numdev.cli.script_args import ScriptParser
 from numdev.runs.atomic import write_json
 from numdev.runs.provenance import provenance
 from numdev.train.callbacks.sibling import SiblingDistance
@@ -197,7 +197,7 @@ def sibling_cost(model: str, step_seconds: float, threads: int, repeats: int = 3
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--cpu-backends", default="baseline,sdpa_flash,flash_emulated")

@@ -16,13 +16,13 @@ at N=4096, d=128 (target: >= 0.8 on an H100) and each knob's cost relative to th
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
 
 import torch
 
+from numdev.cli.script_args import ScriptParser
 from numdev.runs.atomic import write_text
 
 PERTURBED = {
@@ -35,7 +35,7 @@ PERTURBED = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--modes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])

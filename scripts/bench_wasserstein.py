@@ -38,7 +38,6 @@ Threads are pinned (torch, and the comparison's own pool) and recorded with the 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import shutil
@@ -55,6 +54,7 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from torch.utils.tensorboard import SummaryWriter
 
+from numdev.cli.script_args import ScriptParser
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import RunDir, indexed_rows
 from numdev.runs.provenance import provenance
@@ -134,7 +134,7 @@ def make_runs(root: Path, model_name: str) -> tuple[Path, Path, dict[int, dict[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="dit_tiny")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads and the comparison's thread pool")

@@ -18,7 +18,6 @@ and a `rejudged` note, and fills `gemm-results` from it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from numdev.cli.script_args import ScriptParser
 from numdev.figures import FIGURES
 from numdev.figures.common import rejudge_results, rejudged_note
 from numdev.gemm.emulated import emulated_matmul
@@ -151,7 +151,7 @@ def kernels_block(bits: dict, prov: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default=str(ROOT / "outputs"))
     parser.add_argument("--run", choices=("demo", "full"), help="run the three GEMM figures first, at this size")
     parser.add_argument("--no-docs", action="store_true", help="write docs/results/gemm.json only")

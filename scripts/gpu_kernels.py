@@ -42,6 +42,8 @@ from numdev.attention import (
     golden_attention,
 )
 from numdev.bench.metrics import deviation
+from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import seed as seed_type
 from numdev.numerics.stages import stage_formats
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
@@ -171,13 +173,13 @@ def _at_least(low: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--dims", type=_at_least(1), nargs="+", default=[64, 128])
     parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
     parser.add_argument("--n", type=_at_least(1), nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--seeds", type=_at_least(0), nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=seed_type, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--batch", type=_at_least(1), default=2)
     parser.add_argument("--heads", type=_at_least(1), default=8)
     parser.add_argument("--compare-heads", type=_at_least(1), default=1, help="heads of batch 0 compared on the CPU")

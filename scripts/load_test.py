@@ -19,7 +19,6 @@ measurement already in its results.jsonl only once; numdev-gather refuses one me
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -28,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from numdev.cli.script_args import ScriptParser
 
 SEEDS = [0, 1]
 RECORDS_PER_BENCH = 2 * len(SEEDS) + len(SEEDS)  # flash and baseline vs golden, and the pair, per seed
@@ -57,7 +58,7 @@ def _records(path: Path) -> tuple[list[dict], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--benches", type=int, default=8)
     parser.add_argument("--trainings", type=int, default=2)
     parser.add_argument("--root", help="output root (default: a new temporary directory)")

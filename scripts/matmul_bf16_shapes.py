@@ -12,7 +12,6 @@ shapes and the CPU: this says which calls it took here.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
 from numdev.runs.provenance import machine_line, provenance
 from numdev.train.run import build_model
@@ -87,7 +87,7 @@ def block(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     result = measure()

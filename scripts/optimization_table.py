@@ -11,7 +11,6 @@ Blocks: `optimization-catalogue` (conf/train/optimization/*.yaml, their own comm
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from numdev.analysis.optimizations import ordering
+from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
 from numdev.runs.provenance import machine_line
 from numdev.runs.schemas import read_study_summary
@@ -104,7 +104,7 @@ def budget_text(bench: dict, path: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--summary", type=Path, default=RESULT)
     parser.add_argument("--copy", action="store_true", help=f"copy --summary to {RESULT.relative_to(REPO)} first")
     parser.add_argument("--command", default=COMMAND, help="the command that made the study")

@@ -19,7 +19,6 @@ docs/microbenchmark.md. Nothing in those blocks is typed by hand.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
@@ -27,6 +26,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from numdev.cli.script_args import ScriptParser
 from numdev.figures import BENCH_FIGURES, FIGURES
 from numdev.figures.common import rejudge_results, rejudged_note
 from numdev.report.docblocks import replace_block
@@ -119,7 +119,7 @@ def findings_sentence(figures: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default=str(ROOT / "outputs"))
     parser.add_argument("--run", choices=("demo", "full"), help="run every phase-1 figure first, at this size")
     parser.add_argument("--no-docs", action="store_true", help="write docs/results/phase1.json only")

@@ -13,10 +13,10 @@ precision.gemm=auto picks there.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
 from numdev.runs.provenance import machine_line
 
@@ -70,7 +70,7 @@ def block_text() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     args = parser.parse_args()
     text = block_text()

@@ -12,13 +12,14 @@ Debian/Ubuntu.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from numdev.cli.script_args import ScriptParser
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # The stable section ids of a numdev report (numdev/report/provenance.py ANCHOR, report/study.py).
@@ -72,7 +73,7 @@ def _has_id(dom: str, marker: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("page", nargs="?", default="outputs/report/index.html")
     parser.add_argument("-o", "--out", help="PNG path (default: beside the page, screenshot.png)")
     parser.add_argument("--require", nargs="*", default=[], metavar="ID",

@@ -14,7 +14,6 @@ the JSON and, with --write-docs, under the table with the machine they were take
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from numdev.attention import Eager, SdpaFlash, golden_attention
+from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
 from numdev.runs.provenance import provenance
 from numdev.stats.intervals import mean_interval
@@ -78,7 +78,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="training steps timed per precision (0: skip)")
     parser.add_argument("--threads", type=int, default=1)

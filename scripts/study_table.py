@@ -34,6 +34,7 @@ import shutil
 from pathlib import Path
 
 from numdev.analysis.study import rejudge
+from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
 from numdev.report.study import downstream_table, early_table, equivalent_table, roles_table
 from numdev.runs.atomic import write_json
@@ -220,7 +221,7 @@ def early_block(early: dict, result: Path, command: str = "numdev-train experime
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--summary", type=Path, default=RESULT)
     parser.add_argument("--copy", action="store_true", help=f"copy --summary to {RESULT.relative_to(REPO)} first")
     parser.add_argument("--command", default="numdev-train experiment=flash_stability", help="the command that made the study")

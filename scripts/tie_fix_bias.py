@@ -20,7 +20,6 @@ lies below 1, increases it when above 1 (numdev.stats.intervals.log_ratio_interv
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.bench.metrics import deviation
+from numdev.cli.script_args import ScriptParser
 from numdev.numerics.stages import stage_formats
 from numdev.report.docblocks import replace_block
 from numdev.runs.provenance import machine_line, provenance
@@ -104,7 +104,7 @@ def block(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--docs-only", action="store_true", help=f"rewrite the block from {RESULT.relative_to(REPO)}, measuring nothing")
     args = parser.parse_args()

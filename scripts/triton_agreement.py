@@ -11,7 +11,6 @@ output elements that are not bit-identical to the emulator's. The kernel runs wi
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -19,6 +18,8 @@ import sys
 import torch
 
 from numdev.attention import FlashEmulated, golden_attention
+from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import seed as seed_type
 from numdev.kernels import flash_attention as fa
 from numdev.numerics.stages import stage_formats
 
@@ -26,10 +27,10 @@ _NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--exp2", action="store_true", help="run the kernel with exp2 (FA2's formula)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_type, default=0)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("triton_agreement: error: --device cuda needs a CUDA GPU", file=sys.stderr)

@@ -17,7 +17,6 @@ cpublas::brgemm give differently, per K: why a model calling the wrong one misse
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -26,6 +25,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import seed as seed_type
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,8 +150,8 @@ def blas_dispatch(which: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=seed_type, nargs="+", default=[0, 1, 2])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()

@@ -13,7 +13,6 @@ Two questions, answered by measurement:
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -23,6 +22,8 @@ import torch
 
 from numdev.attention import Baseline, FlashEmulated, golden_attention
 from numdev.bench.inputs import GENERATORS, Shape
+from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import seed as seed_type
 from numdev.numerics.stages import stage_formats
 from numdev.runs.provenance import provenance
 
@@ -40,10 +41,10 @@ def extended_reference(q, k, v) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=seed_type, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--blocks", type=int, nargs="+", default=[4, 16, 64, 256], help="key/value block counts")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

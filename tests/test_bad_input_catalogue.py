@@ -819,6 +819,269 @@ CATALOGUE += [
     Case("train-seed-rounding-negative", "numdev-train", [*TRAIN, "optimization=bf16_sr", "precision=bf16-true", "seed.rounding=-1"],
          "seed.rounding=-1 must be a non-negative integer below 2^64"),
 ]
+
+# -- reliability, round three (issue 32 item 3): each class of the adversarial pass, with variants ------------
+def _trained_with(*overrides: str) -> Callable[[Path], None]:
+    """A finished 2-step run in {tmp}/run made with `overrides` (e.g. without checkpoints)."""
+
+    def setup(tmp: Path) -> None:
+        threads = torch.get_num_threads()
+        from numdev.train.run import train
+
+        try:
+            train(compose_train("trainer.max_steps=2", *overrides, run_dir=tmp / "run"))
+        finally:
+            torch.set_num_threads(threads)
+
+    return setup
+
+
+def _then(*steps: Callable[[Path], None]) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        for step in steps:
+            step(tmp)
+
+    return setup
+
+
+def _extend(path: str, size: int = 100 << 30) -> Callable[[Path], None]:
+    """`truncate -s 100G path`: the file extended, sparse (no disk used), as a bad copy or a tool can leave it."""
+    return lambda tmp: os.truncate(tmp / path, size)
+
+
+def _no_checkpoints(tmp: Path) -> None:
+    assert not (tmp / "run" / "checkpoints").exists()
+
+
+NO_CKPT = ["callbacks.checkpoint=null"]
+FINISHED_KEPT = ("run/run.json", "run/config.yaml", "run/weights/index.json", "run/weights/step_00000002.safetensors",
+                 "run/eval.json", "run/heldout.json", "run/instability.json")
+STUDY = ["experiment=flash_stability_early_smoke", "study.replicate=0", "hydra.sweep.dir={tmp}/sweep"]
+
+
+def _user_option(name: str, text: str) -> Callable[[Path], None]:
+    """A user's own optimization option, conf/optimization/<name>.yaml on hydra.searchpath."""
+
+    def setup(tmp: Path) -> None:
+        (tmp / "conf" / "optimization").mkdir(parents=True, exist_ok=True)
+        (tmp / "conf" / "optimization" / f"{name}.yaml").write_text(text)
+
+    return setup
+
+
+USER_CONF = [*TRAIN, "hydra.searchpath=[file://{tmp}/conf]"]
+
+
+def _study_run(role: str, kind: str, replicate: int = 0, where: str | None = None, snapshots: bool = False,
+               csv: str | None = None, **config) -> Callable[[Path], None]:
+    """One finished run of a hand-made study under {tmp}/study (config.yaml and run.json; snapshots and a
+    sibling CSV when asked): what numdev-study reads before it computes anything."""
+    import yaml
+
+    def setup(tmp: Path) -> None:
+        run = tmp / "study" / (where or f"r{replicate}/{role}")
+        run.mkdir(parents=True)
+        base = {"name": "s", "model": {"hidden": 32}, "data": {"resolution": 16, "batch_size": 4}, "trainer": {"max_steps": 2},
+                "snapshot": {"every_n_steps": 2, "schedule": "every"}, "optim": {"optimizer": {"lr": 2.0e-3}, "warmup_steps": 0},
+                "diffusion": {"p_uncond": 0.1}, "seed": {"init": replicate}, "precision": {"name": "fp32"},
+                "study": {"role": role, "kind": kind, "replicate": replicate, "label": role}}
+        for key, value in config.items():
+            node = base
+            *path, last = key.split("__")
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        (run / "config.yaml").write_text(yaml.safe_dump(base))
+        (run / "run.json").write_text(json.dumps({"status": "finished", "final_step": 2, "precision": "fp32"}))
+        if snapshots:
+            _snapshots(run.parent, run.name)
+        if csv is not None:
+            (run / "sibling").mkdir()
+            (run / "sibling" / "reference.csv").write_text(csv)
+
+    return setup
+
+
+_CSV_HEAD = "step,tensor,numel,max_abs,mean_abs,rel_frobenius,wasserstein,w1_over_std,pooled_wasserstein\n"
+_CSV_ROWS = "".join(f"{s},{t},6,0.1,0.1,0.1,0.1,0.1,0.1\n" for s in (0, 2) for t in ("w", "__model__"))
+
+
+def _csv_study(text: str) -> Callable[[Path], None]:
+    return _then(_study_run("reference", "reference", snapshots=True), _study_run("flash", "under_test", snapshots=True, csv=text))
+
+
+def _all_new(names: tuple[str, ...]) -> Callable[[Path], None]:
+    def after(tmp: Path) -> None:
+        for name in names:
+            assert "previous" not in (tmp / "cmp" / name).read_text(errors="replace"), name
+
+    return after
+
+
+def _old_compare(tmp: Path) -> None:
+    _compare_pair(tmp)  # an earlier comparison's distances.csv ...
+    (tmp / "cmp" / "distances.png").write_text("the previous figure")  # ... and its figure and record
+    (tmp / "cmp" / "compare.json").write_text('{"the": "previous"}')
+
+
+def _dir_at(path: str) -> Callable[[Path], None]:
+    return lambda tmp: (tmp / path).mkdir(parents=True)
+
+
+CATALOGUE += [
+    # 1. resume that redoes finished work: a finished run is recognised from run.json and its final snapshot
+    *(Case(f"train-resume-{mode}-finished-without-checkpoints", "numdev-train", [*TRAIN, "trainer.max_steps=2", *NO_CKPT, f"resume={mode}"],
+           "", setup=_trained_with(*NO_CKPT), style="quiet", code=0, refused_before_start=False, intact=FINISHED_KEPT,
+           after=_no_checkpoints) for mode in ("auto", "true")),
+    Case("train-resume-auto-finished-without-snapshots-or-checkpoints", "numdev-train",
+         [*TRAIN, "trainer.max_steps=2", *NO_CKPT, "callbacks.snapshots=null", "resume=auto"], "",
+         setup=_trained_with(*NO_CKPT, "callbacks.snapshots=null"), style="quiet", code=0, refused_before_start=False,
+         intact=("run/run.json", "run/config.yaml", "run/eval.json")),
+    Case("train-rerun-over-a-run-without-snapshots-or-checkpoints", "numdev-train",
+         [*TRAIN, "trainer.max_steps=2", *NO_CKPT, "callbacks.snapshots=null"], "already holds a run: add resume=true",
+         setup=_trained_with(*NO_CKPT, "callbacks.snapshots=null"), refused_before_start=False, intact=("run/run.json", "run/config.yaml")),
+    Case("train-resume-auto-finished-final-snapshot-deleted", "numdev-train", [*TRAIN, "trainer.max_steps=2", *NO_CKPT, "resume=auto"],
+         "{tmp}/run/run.json says finished at step 2 but {tmp}/run/weights/step_00000002.safetensors is missing",
+         setup=_then(_trained_with(*NO_CKPT), lambda tmp: (tmp / "run/weights/step_00000002.safetensors").unlink()),
+         refused_before_start=False, intact=("run/run.json", "run/weights/index.json")),
+    # 2. a study that cannot finish is refused before it starts; a reference nothing will make fails at once
+    Case("train-study-without-its-reference", "numdev-train", [*STUDY, "study=truth,flash", "hydra.launcher.n_jobs=1"],
+         "sweep job #1 (role flash, replicate 0) compares with sibling.reference r0/reference, which no job of the sweep makes "
+         "and which does not exist", extra={"absent": ("sweep",)}),
+    Case("train-study-reference-listed-after-its-comparer", "numdev-train", [*STUDY, "study=truth,flash,reference", "hydra.launcher.n_jobs=1"],
+         "sweep job #1 (role flash, replicate 0) compares with r0/reference, which the sweep runs after it, one job at a time",
+         extra={"absent": ("sweep",)}),
+    Case("train-study-truthless-reference", "numdev-train", [*STUDY, "study=reference,flash"],
+         "sweep job #0 (role reference, replicate 0) compares with sibling.reference r0/truth, which no job of the sweep makes",
+         extra={"absent": ("sweep",)}),
+    Case("train-sweep-reference-to-no-job", "numdev-train",
+         ["-m", "experiment=train_smoke", "seed.init=0,1", "sibling.reference={tmp}/sweep/7", "hydra.sweep.dir={tmp}/sweep"],
+         "sweep job #0 (seed.init=0) compares with sibling.reference 7, which no job of the sweep makes", extra={"absent": ("sweep",)}),
+    Case("train-sibling-reference-missing-beside-this-run", "numdev-train", [*TRAIN, "sibling.reference={tmp}/nowhere"],
+         "sibling.reference={tmp}/nowhere does not exist: give the directory of a numdev-train run", extra={"absent": ("run",)}),
+    Case("train-sibling-reference-not-a-run", "numdev-train", [*TRAIN, "sibling.reference={tmp}/empty"],
+         "this run compares with sibling.reference={tmp}/empty, which is not a numdev-train run (no run.json, and no process "
+         "holds its run lock)", setup=_dir_at("empty"), extra={"absent": ("run",)}),
+    Case("train-sweep-reference-is-its-own-sweep-directory", "numdev-train",
+         ["-m", "experiment=train_smoke", "seed.init=0,1", "sibling.reference={tmp}/sweep", "hydra.sweep.dir={tmp}/sweep"],
+         "sweep job #0 (seed.init=0) compares with sibling.reference={tmp}/sweep, which is not a numdev-train run",
+         setup=_dir_at("sweep"), extra={"absent": ("sweep/0",)}),
+    # 3. values silently dropped: a list for a group that takes one option
+    *(Case(f"{program}-list-for-{group.replace('@', '-at-')}", program, [*args, f"{group}=[{a},{b}]"],
+           f"{group}=[{a},{b}]: {group} takes one option, not a list: Hydra would merge {a}, {b} into one",
+           extra={"absent": ("run", "bench")})
+      for program, args, group, a, b in (
+          ("numdev-train", TRAIN, "optimization", "fp8_linear", "fused_adamw"), ("numdev-train", TRAIN, "attention", "sdpa_flash", "eager"),
+          ("numdev-train", TRAIN, "precision", "bf16-mixed", "fp16-mixed"), ("numdev-train", TRAIN, "model", "dit_tiny", "dit_small"),
+          ("numdev-train", TRAIN, "data", "shapes", "folder"), ("numdev-train", TRAIN, "attention@shadow", "baseline", "eager"),
+          ("numdev-train", TRAIN, "study", "flash", "noise"), ("numdev-bench", BENCH, "numerics", "fa2", "paper"),
+          ("numdev-bench", BENCH, "inputs", "normal", "uniform"))),
+    Case("train-sweep-of-a-list-for-a-group", "numdev-train", ["-m", *TRAIN, "optimization=none,[fp8_linear,fused_adamw]"],
+         "optimization takes one option, not a list"),
+    # 4. a study's parts checked against each other (numdev.analysis.consistency), sibling CSVs read strictly
+    Case("study-role-copied-in-at-another-learning-rate", "numdev-study", ["{tmp}/study"],
+         "{tmp}/study/r0/flash: optim.optimizer.lr = 0.003, but {tmp}/study/r0/reference has 0.002",
+         setup=_then(_study_run("reference", "reference"), _study_run("flash", "under_test", optim__optimizer__lr=3e-3))),
+    Case("study-rung-size-edited", "numdev-study", ["{tmp}/study"],
+         "{tmp}/study/r0/eps_1e-6: study.ladder.size = 0.0001 but it ran with init_perturbation.eps = 1e-06",
+         setup=_then(_study_run("reference", "reference"), _study_run("eps_1e-6", "ladder", study__ladder={"name": "init", "size": 1e-4},
+                                                                       init_perturbation={"kind": "relative", "eps": 1e-6}))),
+    Case("study-role-copied-in-at-another-resolution", "numdev-study", ["{tmp}/study"],
+         "{tmp}/study/r0/noise: data.resolution = 32, but {tmp}/study/r0/reference has 16",
+         setup=_then(_study_run("reference", "reference"), _study_run("noise", "control", data__resolution=32))),
+    Case("study-role-in-another-replicates-directory", "numdev-study", ["{tmp}/study"],
+         "its config says role 'flash', replicate 1, but it sits in r0/flash",
+         setup=_then(_study_run("reference", "reference"), _study_run("flash", "under_test", replicate=1, where="r0/flash"))),
+    *(Case(f"study-sibling-csv-{name}", "numdev-study", ["{tmp}/study"], f"{{tmp}}/study/r0/flash/sibling/reference.csv, line {message}",
+           setup=_csv_study(_CSV_HEAD + text))
+      for name, text, message in (
+          ("row-twice", _CSV_ROWS + "2,w,6,0.2,0.1,0.1,0.1,0.1,0.1\n", "6: step 2, tensor 'w' again (first on line 4)"),
+          ("negative-distance", _CSV_ROWS.replace("2,w,6,0.1,0.1,0.1", "2,w,6,0.1,-0.1,0.1"), "4: column 'mean_abs' is -0.1, negative"),
+          ("negative-rel-frobenius", _CSV_ROWS.replace("0,w,6,0.1,0.1,0.1", "0,w,6,0.1,0.1,-inf"), "2: column 'rel_frobenius' is -inf, negative"),
+          ("negative-step", _CSV_ROWS.replace("0,__model__", "-1,__model__"), "3: step -1 is negative"),
+          ("nan-distance", _CSV_ROWS.replace("2,__model__,6,0.1", "2,__model__,6,nan"), "5: column 'max_abs' is nan"))),
+    # 6. documented combinations that crashed at step 0 now train (optimization x precision)
+    *(Case(f"train-combination-{opt}-{precision}", "numdev-train", [*TRAIN, "trainer.max_steps=2", f"optimization={opt}", f"precision={precision}"],
+           "", style="quiet", code=0, refused_before_start=False, after=_finished)
+      for opt, precision in (("fused_adamw", "fp16-mixed"), ("fused_adamw", "bf16-mixed"), ("mxfp8_linear", "bf16-true"),
+                             ("mxfp8_linear", "fp64"))),
+    # 7. malformed optimization options and compile settings: one line before the run directory exists
+    *(Case(f"train-user-optimization-{name}", "numdev-train", [*USER_CONF, "optimization=mine"], message,
+           setup=_user_option("mine", text), extra={"absent": ("run",)})
+      for name, text, message in (
+          ("yaml-syntax", "_target_: numdev.optimizations.Optimization\nname: [unclosed\n",
+           "{tmp}/conf/optimization/mine.yaml, line 3, column 1: not valid YAML"),
+          ("target-not-importable", "_target_: numdev.optimizations.nope.Nope\nname: mine\n",
+           "optimization._target_=numdev.optimizations.nope.Nope: Error loading"),
+          ("target-not-an-optimization", "_target_: collections.OrderedDict\nname: mine\n",
+           "optimization._target_=collections.OrderedDict builds a OrderedDict, not a subclass of numdev.optimizations.base.Optimization"),
+          ("a-list", "- fused_adamw\n- compile\n", "optimization: its option file holds a list, not a mapping with a _target_"),
+          ("no-target", "name: mine\n", "optimization: its option file has no _target_"),
+          ("a-string", "just text\n", "optimization: its option file has no _target_"),
+          ("bad-name", "_target_: numdev.optimizations.Optimization\nname: ''\n", "optimization.name='' must be the optimization's name"))),
+    *(Case(f"train-compile-{name}", "numdev-train", [*TRAIN, "optimization=compile", override], message, extra={"absent": ("run",)})
+      for name, override, message in (
+          ("mode-unknown", "optimization.mode=fastest", "optimization.mode='fastest': use one of default, reduce-overhead, max-autotune"),
+          ("submodule-unknown", "optimization.submodules=[nope]", "optimization.submodules: the model has no submodule 'nope'"),
+          ("submodules-string", "optimization.submodules=text", "optimization.submodules='text' must be a list"),
+          ("submodules-numbers", "optimization.submodules=[1,2]", "optimization.submodules=[1, 2] must be a list"))),
+    # 8. damaged files are measured before they are read: sizes against the header or the record, duplicate steps
+    Case("compare-snapshot-extended-to-100gb", "numdev-compare", ["{tmp}/a", "{tmp}/b"],
+         "{tmp}/b/weights/step_00000002.safetensors: 107374182400 bytes, far more than a snapshot of this model holds",
+         setup=_then(lambda tmp: _snapshots(tmp, "a") or _snapshots(tmp, "b"), _extend("b/weights/step_00000002.safetensors"))),
+    Case("compare-snapshot-cut", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "step_00000002.safetensors: sha256 does not match",
+         setup=_then(lambda tmp: _snapshots(tmp, "a") or _snapshots(tmp, "b"), _extend("b/weights/step_00000002.safetensors", 100))),
+    Case("compare-index-step-twice", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "{tmp}/b/weights/index.json: lists step 2 twice",
+         setup=_edit_index(lambda index: index["snapshots"].append(dict(index["snapshots"][-1])))),
+    Case("compare-index-negative-step", "numdev-compare", ["{tmp}/a", "{tmp}/b"], "{tmp}/b/weights/index.json: lists step -2, a negative step",
+         setup=_edit_index(lambda index: index["snapshots"][-1].update(step=-2, file="step_-0000002.safetensors"))),
+    *(Case(f"train-checkpoint-extended-to-100gb-{mode}", "numdev-train", [*TRAIN, "trainer.max_steps=4", f"resume={mode}"],
+           "{tmp}/run/checkpoints/last.ckpt is not a readable checkpoint (107374182400 bytes, far more than the",
+           setup=_then(_trained_run, _extend("run/checkpoints/last.ckpt")), refused_before_start=False,
+           intact=("run/run.json", "run/weights/index.json")) for mode in ("true", "auto")),
+    Case("compare-index-extended-to-100gb", "numdev-compare", ["{tmp}/a", "{tmp}/b"],
+         "{tmp}/b/weights/index.json: 107374182400 bytes, far more than a snapshot index holds",
+         setup=_then(lambda tmp: _snapshots(tmp, "a") or _snapshots(tmp, "b"), _extend("b/weights/index.json"))),
+    Case("gather-results-extended-to-100gb", "numdev-gather", ["{tmp}/sweep"],
+         "{tmp}/sweep/0/results.jsonl: 107374182400 bytes, far more than a JSON-lines file of records holds",
+         setup=_then(lambda tmp: _records(tmp, GOOD_RECORD), _extend("sweep/0/results.jsonl"))),
+    Case("study-sibling-csv-extended-to-100gb", "numdev-study", ["{tmp}/study"],
+         "{tmp}/study/r0/flash/sibling/reference.csv: 107374182400 bytes, far more than a table holds",
+         setup=_then(_csv_study(_CSV_HEAD + _CSV_ROWS), _extend("study/r0/flash/sibling/reference.csv"))),
+    Case("study-config-extended-to-100gb", "numdev-study", ["{tmp}/study"],
+         "{tmp}/study/r0/flash/config.yaml: 107374182400 bytes, far more than a run config holds",
+         setup=_then(_study_run("reference", "reference"), _study_run("flash", "under_test"), _extend("study/r0/flash/config.yaml"))),
+    Case("train-checkpoint-checksum-extended-to-100gb", "numdev-train", RESUME,
+         "{tmp}/run/checkpoints/last.ckpt.sha256: not a checksum record",
+         setup=_then(_trained_run, _extend("run/checkpoints/last.ckpt.sha256")), refused_before_start=False, intact=CKPT_KEPT),
+    Case("train-resume-run-json-extended-to-100gb", "numdev-train", RESUME, "{tmp}/run/run.json: 107374182400 bytes, far more than a run record holds",
+         setup=_then(_trained_run, _extend("run/run.json")), refused_before_start=False, intact=("run/weights/index.json", "run/checkpoints/last.ckpt")),
+    # 9. outputs written all or none; an earlier run's outputs replaced together
+    Case("compare-output-png-is-a-directory", "numdev-compare", ["{tmp}/a", "{tmp}/b", "-o", "{tmp}/cmp"],
+         "{tmp}/cmp/distances.png is a directory, not a regular file",
+         setup=_then(_compare_pair, _dir_at("cmp/distances.png")), intact=("cmp/distances.csv",), extra={"absent": ("cmp/compare.json",)}),
+    Case("compare-output-json-is-a-directory", "numdev-compare", ["{tmp}/a", "{tmp}/b", "-o", "{tmp}/cmp"],
+         "{tmp}/cmp/compare.json is a directory, not a regular file",
+         setup=_then(_compare_pair, _dir_at("cmp/compare.json")), intact=("cmp/distances.csv",)),
+    Case("compare-disk-full-on-the-last-output", "numdev-compare", ["{tmp}/a", "{tmp}/b", "-o", "{tmp}/cmp"],
+         "could not write {tmp}/cmp/compare.json: No space left", setup=_old_compare, fault="compare.json",
+         intact=("cmp/distances.csv", "cmp/distances.png", "cmp/compare.json")),
+    Case("compare-into-an-earlier-comparisons-directory", "numdev-compare", ["{tmp}/a", "{tmp}/b", "-o", "{tmp}/cmp"], "",
+         setup=_old_compare, style="quiet", code=0, after=_all_new(("distances.csv", "distances.png", "compare.json"))),
+    Case("figure-output-summary-is-a-directory", "numdev-figure", ["fig3", "{tmp}/sweep"], "{tmp}/sweep/fig3.json is a directory",
+         setup=_then(_sweep_of({"0": _record()}), _dir_at("sweep/fig3.json")), intact=("sweep/table.csv", "sweep/fig3.png")),
+    Case("figure-disk-full-on-the-summary", "numdev-figure", ["fig3", "{tmp}/sweep"], "could not write {tmp}/sweep/fig3.json: No space left",
+         setup=_sweep_of({"0": _record()}), fault="fig3.json", intact=("sweep/table.csv", "sweep/fig3.png")),
+    Case("report-page-is-a-directory", "numdev-report", ["--bench", "{tmp}/sweep", "-o", "{tmp}/out"], "{tmp}/out/index.html is a directory",
+         setup=_then(_report_sweep, _dir_at("out/index.html")), extra={"absent": ("out/fig3.png",)}),
+    Case("report-figure-name-is-a-directory", "numdev-report", ["--bench", "{tmp}/sweep", "-o", "{tmp}/report"],
+         "{tmp}/report/fig3.png is a directory", setup=_then(_report_sweep, _dir_at("report/fig3.png")), intact=("report/index.html",)),
+    # 10. every argument and method checked before the first computation
+    Case("bench-method-that-cannot-run-here", "numdev-bench", [*BENCH, "seeds=[0,1]", "+attention@methods.cudnn=sdpa_cudnn"],
+         "methods.cudnn: attention backend 'sdpa_cudnn' cannot run here", extra={"absent": ("bench",)}),
+    Case("bench-seed-twice", "numdev-bench", [*BENCH, "seeds=[0,1,0]"], "seeds=[0, 1, 0] lists 0 more than once", extra={"absent": ("bench",)}),
+]
+
 CATALOGUE_SIZE = len(CATALOGUE)
 
 

@@ -226,7 +226,12 @@ def test_a_run_stops_waiting_for_a_dead_reference(tmp_path):
 
 
 def test_a_run_waiting_for_its_reference_honours_sigterm(tmp_path):
-    reference = tmp_path / "reference"  # not started yet: the run waits for its snapshot of step 0
+    from numdev.runs.lock import RunLock
+
+    reference = tmp_path / "reference"  # a live run with no snapshot yet: the run waits for its snapshot of step 0
+    reference.mkdir()
+    (reference / "run.json").write_text(json.dumps({"status": "running"}))
+    lock = RunLock(reference).acquire()  # (a reference that does not exist is refused at once: test_reliability_3.py)
     process = _start(_comparing_run(tmp_path, reference), cwd=tmp_path)
     run_dir = tmp_path / "run"
     try:
@@ -235,6 +240,7 @@ def test_a_run_waiting_for_its_reference_honours_sigterm(tmp_path):
         _, stderr = process.communicate(timeout=60)
     finally:
         _kill_session(process)
+        lock.release()
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["error"] == "interrupted by SIGTERM at step 0"

@@ -15,12 +15,14 @@ whose weights are bit-identical at every step get a loud warning (all curves are
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import tempfile
 from pathlib import Path
 
 from numdev.cli import logs
 from numdev.cli.errors import fail
-from numdev.runs.atomic import WriteError, write_json, write_text
+from numdev.runs.atomic import WriteError, check_regular_target, write_together
 from numdev.runs.layout import (
     COMPARE_JSON,
     DISTANCES_CSV,
@@ -116,19 +118,26 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logs.console()
     out = Path(args.out) if args.out else Path(args.run_a) / f"compare_{Path(args.run_b).name}"
+    outputs = [out / DISTANCES_CSV, out / DISTANCES_PNG, out / COMPARE_JSON]
     try:
+        for path in outputs:  # every destination before anything is computed or written
+            check_regular_target(path)
         rows = compare_runs(args.run_a, args.run_b, strict=args.strict, log=logger.warning)
-        write_text(out / DISTANCES_CSV, distances_to_csv(rows))
         from numdev.figures.distances import plot_curves  # matplotlib only when a figure is made
 
-        plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, out / DISTANCES_PNG, "weight distance over training")
         last = [r for r in rows if r["tensor"] == MODEL_ROW][-1]
         steps = sorted({r["step"] for r in rows})
-        write_json(out / COMPARE_JSON, {
+        record = {
             "run_a": str(Path(args.run_a).resolve()), "run_b": str(Path(args.run_b).resolve()), "steps": steps,
             "final": {k: v for k, v in last.items() if k != "tensor"},
             "bit_identical": all(r["max_abs"] == 0 for r in rows), "provenance": provenance(),
-        })
+        }
+        with tempfile.TemporaryDirectory(prefix="numdev-compare-") as staging:
+            figure = Path(staging) / DISTANCES_PNG
+            plot_curves({f"{Path(args.run_a).name} vs {Path(args.run_b).name}": rows}, figure, "weight distance over training")
+            # the three together or none: an earlier comparison's files in OUT are replaced together, never mixed
+            write_together({outputs[0]: distances_to_csv(rows).encode("utf-8"), outputs[1]: figure,
+                            outputs[2]: (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")})
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
     if warning := identical_warning(args.run_a, args.run_b, rows):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from numdev.analysis import early
+from numdev.analysis import consistency, early
 from numdev.analysis.study_runs import (
     REFERENCE,
     UNDER_TEST,
@@ -198,6 +198,7 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
         return harm.analyse(study_dir, log=log, partial=partial).to_json()
     study_dir = Path(study_dir)
     runs = discover(study_dir)
+    consistency.check(runs)  # the runs trained one workload, each in its place (a role copied in, an edited rung: one line)
     missing = missing_jobs(study_dir, runs)
     if missing and not partial:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from numdev.analysis.compare import compare_runs
+from numdev.runs.atomic import read_bounded
 from numdev.runs.layout import MODEL_ROW as MODEL
 from numdev.runs.layout import MULTIRUN, RUN_RECORD, RunDir
 from numdev.weights.metrics import PREFERENCE
@@ -111,7 +112,7 @@ def role_of_kind(runs: dict, kind: str) -> str | None:
 
 def read_yaml(path: Path) -> dict:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return yaml.safe_load(read_bounded(path, what="run config").decode("utf-8")) or {}
     except yaml.YAMLError as error:
         raise ValueError(f"{path} is not valid YAML ({type(error).__name__}): the run's config is corrupt") from None
 
@@ -122,7 +123,7 @@ def read_json(path: Path, what: str, required: bool = True) -> dict | None:
             raise FileNotFoundError(f"{path} is missing: {path.parent} is not a finished numdev-train run ({what})")
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_bounded(path, what=what).decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error}): the {what} is corrupt") from None
 

@@ -10,8 +10,8 @@ figures is numdev.figures.FIGURES. numdev-bench makes the figure when a sweep en
 from __future__ import annotations
 
 import argparse
+import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +19,7 @@ from pathlib import Path
 from numdev.bench.gather import read_sweep
 from numdev.cli import logs
 from numdev.cli.errors import fail
-from numdev.runs.atomic import WriteError, write_json, write_text
+from numdev.runs.atomic import WriteError, write_together
 from numdev.runs.layout import TABLE
 from numdev.runs.tables import to_csv
 
@@ -51,10 +51,10 @@ def make_figure(name: str, sweep_dir: str | Path) -> dict:
     try:
         summary = {"figure": name, "sweep": str(sweep_dir), "jobs": len({r["job"] for r in rows}), **figure.summarise(rows, staging)}
         _records_provenance(summary, sweep)
-        write_text(sweep_dir / TABLE, to_csv(rows))
-        for drawn in sorted(staging.iterdir()):
-            os.replace(drawn, sweep_dir / drawn.name)
-        write_json(sweep_dir / f"{name}.json", summary)
+        # table.csv, the figure and its summary together or none (every destination checked first)
+        write_together({sweep_dir / TABLE: to_csv(rows).encode("utf-8"),
+                        **{sweep_dir / drawn.name: drawn for drawn in sorted(staging.iterdir())},
+                        sweep_dir / f"{name}.json": (json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return summary

@@ -25,7 +25,7 @@ import yaml
 
 from numdev.cli import logs
 from numdev.runs import schemas
-from numdev.runs.atomic import WriteError, read_jsonl_numbered, write_text
+from numdev.runs.atomic import WriteError, read_bounded, read_jsonl_numbered, write_text
 from numdev.runs.layout import HYDRA_DIR, HYDRA_OVERRIDES, INTERRUPTED, MULTIRUN, RESULTS, TABLE
 from numdev.runs.tables import to_csv
 
@@ -146,7 +146,7 @@ def _check_not_interrupted(job_dir: Path) -> None:
     marker = job_dir / INTERRUPTED
     if marker.is_file():
         try:
-            what = json.loads(marker.read_text(encoding="utf-8"))
+            what = json.loads(read_bounded(marker, what="interruption marker").decode("utf-8"))
             how = f"by {what['signal']} after {int(what['records'])} record(s)"
         except (OSError, ValueError, KeyError, TypeError):
             how = "(its marker is unreadable)"
@@ -160,7 +160,7 @@ def _job_overrides(job_dir: Path) -> list[str] | None:
     """The overrides Hydra recorded for the job (its .hydra/overrides.yaml), None if unreadable or absent."""
     path = job_dir / HYDRA_DIR / HYDRA_OVERRIDES
     try:
-        overrides = yaml.safe_load(path.read_text(encoding="utf-8"))
+        overrides = yaml.safe_load(read_bounded(path, what="Hydra overrides.yaml").decode("utf-8"))
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return None
     return [str(o) for o in overrides] if isinstance(overrides, list) else None
@@ -210,7 +210,7 @@ def _grid_size(multirun: Path) -> int | None:
     product of its params (hydra.sweeper.params, from the experiment) and the command line's sweeps,
     the command line's value replacing a param's. None when it cannot be told (another sweeper)."""
     try:
-        hydra_cfg = (yaml.safe_load(multirun.read_text(encoding="utf-8")) or {}).get("hydra", {})
+        hydra_cfg = (yaml.safe_load(read_bounded(multirun, what="Hydra multirun.yaml").decode("utf-8")) or {}).get("hydra", {})
         sweeper = hydra_cfg.get("sweeper") or {}
         if "BasicSweeper" not in str(sweeper.get("_target_", "BasicSweeper")):
             return None

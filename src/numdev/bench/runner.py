@@ -125,7 +125,25 @@ def _build(cfg: DictConfig):
             raise ValueError(f"pair {list(pair)} must name two of the methods {', '.join(methods)}")
     if not cfg.seeds:
         raise ValueError("seeds is empty: give at least one seed, e.g. seeds=[0]")
+    seeds = [int(s) for s in cfg.seeds]
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:  # a seed twice would be counted as two independent replicates of one measurement
+        raise ValueError(f"seeds={seeds} lists {', '.join(map(str, twice))} more than once: each seed is one replicate; list each once")
+    _check_methods_run_here(shape, formats, generator, methods)
     return shape, formats, generator, methods, pairs
+
+
+def _check_methods_run_here(shape: Shape, formats, generator, methods: dict) -> None:
+    """Every method can run on this machine with the run's inputs (device, dtype, head dim), checked on a
+    one-token probe before the first record: a method that cannot run is refused now, not after the
+    others' records were written."""
+    probe = Shape(batch=1, heads=1, seq_q=1, seq_k=1, dim=shape.dim)
+    q, _, _ = generator(probe, 0, formats.input)
+    for label, method in methods.items():
+        reason = method.unsupported_reason(q)
+        if reason is not None:
+            raise ValueError(f"methods.{label}: attention backend {method.name!r} cannot run here: {reason}; "
+                             f"drop it (methods.{label}=null) or run on a machine that has it; nothing was computed")
 
 
 def _check_inputs(q, k, v, formats) -> None:

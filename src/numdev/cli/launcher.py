@@ -11,6 +11,9 @@ with a lifecycle that leaves nothing behind and every run's record final.
   the whole process group is answered once, by the job's own handler, not twice.
 - A job that fails (or whose worker is killed) stops the sweep the same way: no new job starts and the
   running ones are asked to stop (they are resumable; a study cannot be analysed without every role).
+- A sweep's process killed outright (SIGKILL, the OOM killer) takes its workers with it: each worker's
+  initializer asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG) and starts a thread that
+  checks its parent every second; with the workers gone, loky's resource trackers exit too.
 - When the sweep ends, every worker has exited (the pools are shut down and joined) and every run.json
   under the sweep still "running" whose run lock is free (its process died without a word) is made
   final ("failed", numdev.runs.record.close_abandoned).
@@ -28,6 +31,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
@@ -42,13 +46,48 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FORWARD_EVERY_S = 1.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCHDOG_S = 1.0
 
 
 # -- in the worker process --------------------------------------------------------------------------------
 
 
+def _worker_start(parent: int) -> None:
+    """The worker's initializer: it dies with the sweep's process (_die_with_parent), and leaves the
+    stop signals to it (_ignore_stop_signals)."""
+    _die_with_parent(parent)
+    _ignore_stop_signals()
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker outlives a sweep's process killed outright (SIGKILL, the OOM killer): nothing is left to
+    read its result, and it would train on for hours, deaf to the SIGTERM a user sends the sweep. So on
+    Linux the kernel sends it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG), and everywhere a
+    daemon thread checks every WATCHDOG_S that its parent is still `parent`, else kills it. A parent
+    that died before this ran is caught by the same check at once. The run it was training stays
+    "running" with its lock free: resume=auto continues it, and the next sweep end closes it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the thread below alone
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(WATCHDOG_S)
+
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="numdev-parent-watchdog", daemon=True).start()
+
+
 def _ignore_stop_signals() -> None:
-    """The worker's initializer: the parent decides when a job stops (it forwards SIGTERM), and a
+    """The parent decides when a job stops (it forwards SIGTERM), and a
     job's own code installs its handlers while it runs (Lightning's for SIGTERM, numdev's for SIGHUP,
     the bench's), restoring these afterwards: a signal to the whole process group (a terminal's
     Ctrl-C or hangup) reaches an idle worker without killing it, and a job's cleanup is not cut
@@ -171,7 +210,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                     if slot in busy:
                         continue
                     if pools[slot] is None:
-                        pools[slot] = ProcessPoolExecutor(max_workers=1, initializer=_ignore_stop_signals)
+                        pools[slot] = ProcessPoolExecutor(max_workers=1, initializer=_worker_start, initargs=(os.getpid(),))
                     idx, overrides = todo.pop()
                     future = pools[slot].submit(_execute_job, idx, overrides, launcher.hydra_context, config,
                                                 launcher.task_function, singleton_state)

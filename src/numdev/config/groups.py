@@ -157,6 +157,9 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     if unknown:
         return unknown
     mine = app_defaults(app)
+    merged = merged_options(app, overrides)
+    if merged:
+        return merged
     other = [a for a in APPS if a != app]
     me = script(f"numdev-{app}")
     chosen = dict(mine)
@@ -199,6 +202,27 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
                     f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
     return unknown_group(app, overrides)
+
+
+def merged_options(app: str, overrides) -> str | None:
+    """`optimization=[fp8_linear,fused_adamw]`: a list of options for a group. Hydra merges them into
+    one node, the later option's values over the earlier's (one _target_, one name), so only one of
+    them is applied and the record names that one. Every numdev group takes one option: refused in
+    one line (an empty list, `logger=[]`, still means none, and a list of one is that option)."""
+    groups = set(app_defaults(app))
+    for o in overrides:
+        name = o.key_or_group
+        if "." in name or "/" in name or name.startswith("hydra") or o.is_delete() or name not in groups:
+            continue
+        values = o.value().list if o.is_sweep_override() and hasattr(o.value(), "list") else [o.value()]
+        for value in values:
+            if isinstance(value, (list, tuple)) and len(value) > 1:
+                where = f"{name}@{o.package}" if o.package else name
+                listed = ",".join(str(v) for v in value)
+                return (f"{o.input_line}: {where} takes one option, not a list: Hydra would merge {', '.join(map(str, value))} "
+                        f"into one (the last one's values win) and run only one of them; choose one ({where}={value[-1]}), "
+                        f"or run each in a sweep (-m {where}={listed})")
+    return None
 
 
 def top_level_keys(app: str) -> set[str]:

@@ -26,10 +26,12 @@ import inspect
 import itertools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
 MAX_JOBS = 24  # beyond: each swept value once, not every combination
+MAX_SWEEP_JOBS = 2000  # the sweep's jobs checked against each other (check_sweep) up to this many
 NO_RUN = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc",
           "--resolve", "-p", "--package"}
 
@@ -60,8 +62,12 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
             if added:
                 return added
             configs = _configs(app, jobs, compose)
+    except ConfigFileError as error:
+        return str(error)
     except HydraException:
         return None  # a composition error (an unknown option or key): Hydra's own message
+    except Exception as error:  # noqa: BLE001 - a job's config file that is not YAML: named; anything else is Hydra's to say
+        return config_file_problem(error)
     for index, (overrides, cfg) in enumerate(zip(jobs, configs)):
         try:
             try:
@@ -76,15 +82,44 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
     return None
 
 
-def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | None, bool]:
+def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str | None]) -> str | None:
+    """The command's jobs checked against each other by `check_sweep(jobs)` (numdev-train: a sibling
+    reference that no job makes), each a SweepJob with the directory it will run in: every job of a
+    sweep (up to MAX_SWEEP_JOBS), or a single run as a one-job list. None: nothing wrong, or a
+    command this cannot expand (Hydra says why when it runs)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from numdev.config.groups import config_module
+
+    if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
+        return None
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+        with initialize_config_module(config_module=config_module(app), version_base="1.3"):
+            jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
+            if jobs is None:
+                return None
+            sweep = _sweep_jobs(app, parsed, compose) if multirun else _single_job(app, parsed, compose, _configs(app, jobs, compose)[0])
+    except Exception:  # noqa: BLE001 - problem() has said what it can; Hydra says the rest when it runs
+        return None
+    return check_sweep(sweep) if sweep else None
+
+
+def _jobs(app: str, parsed, multirun: bool, compose, every: bool = False):
     """The override list of every job the command would run (None: a sweep this cannot expand), and
-    whether it is a sweep (-m, or hydra.mode=MULTIRUN set by an experiment such as flash_stability)."""
+    whether it is a sweep (-m, or hydra.mode=MULTIRUN set by an experiment such as flash_stability).
+    With `every`, also the sweep's Hydra config and every job in Hydra's order, however many."""
     plain = [o.input_line for o in parsed if not o.is_sweep_override()]
     swept = {o.get_key_element(): list(o.sweep_string_iterator()) for o in parsed if o.is_sweep_override()}
     first = [f"{key}={values[0]}" for key, values in swept.items()]
     try:
         hydra_cfg = compose(config_name=app, overrides=[*plain, *first], return_hydra_config=True).hydra
-    except Exception:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
+    except Exception as error:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
+        yaml_problem = config_file_problem(error)
+        if yaml_problem:  # Hydra's would be a traceback, after the run directory exists
+            raise ConfigFileError(yaml_problem) from None
         return None, multirun
     multirun = multirun or str(hydra_cfg.get("mode")) in ("MULTIRUN", "RunMode.MULTIRUN")
     if not multirun:
@@ -94,9 +129,19 @@ def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | 
     params = hydra_cfg.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=False) if params else {}
     from_config = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    given = {o.get_key_element() for o in parsed if not o.is_sweep_override()}
     swept = {**{o.get_key_element(): list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.input_line.split("=", 1)[1]]
-                for o in from_config}, **swept}  # the command line wins, as in Hydra's basic sweeper
+                for o in from_config if o.get_key_element() not in given},
+             **swept}  # the command line wins, as in Hydra's basic sweeper (a plain value too: study.replicate=0)
     keys = list(swept)
+    if every:
+        total = 1
+        for values in swept.values():
+            total *= len(values)
+        if total > MAX_SWEEP_JOBS:
+            return None, hydra_cfg
+        # Hydra's basic sweeper: the product of the swept values, the last key varying fastest
+        return [[*plain, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in itertools.product(*(swept[k] for k in keys))], hydra_cfg
     if not keys:
         return [plain], True
     total = 1
@@ -110,6 +155,86 @@ def _jobs(app: str, parsed, multirun: bool, compose) -> tuple[list[list[str]] | 
             for value in swept[key][1:]:
                 combos.append(tuple(value if j == i else swept[k][0] for j, k in enumerate(keys)))
     return [[*plain, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in combos], True
+
+
+@dataclass
+class SweepJob:
+    """One job of a sweep as Hydra will run it: its number, its overrides, its config, and the
+    directory it will run in (hydra.sweep.dir / hydra.sweep.subdir, resolved for this job; the
+    config's run_dir set to it)."""
+
+    num: int
+    overrides: list[str]
+    cfg: DictConfig
+    run_dir: str
+    one_at_a_time: bool  # the launcher runs the sweep's jobs one after another (Hydra's basic launcher, or n_jobs=1)
+    sweep_dir: str | None  # None: a single run (not a sweep)
+    swept: list[str]  # the overrides that make this job differ from the sweep's other jobs
+
+
+def _sweep_jobs(app: str, parsed, compose) -> list[SweepJob] | None:
+    """Every job of the sweep with its run directory, in the order Hydra's basic sweeper lists them
+    (None: more than MAX_SWEEP_JOBS, or a directory that cannot be resolved here)."""
+    import os
+
+    jobs, hydra_cfg = _jobs(app, parsed, True, compose, every=True)
+    if jobs is None or hydra_cfg is None:
+        return None
+    plain = {o.input_line for o in parsed if not o.is_sweep_override()}
+    try:
+        sweep_dir = str(hydra_cfg.sweep.dir)
+        subdir = OmegaConf.to_container(hydra_cfg.sweep, resolve=False).get("subdir")
+        launcher = OmegaConf.to_container(hydra_cfg.launcher, resolve=True)
+    except Exception:  # noqa: BLE001 - a directory built from something only Hydra knows when it runs
+        return None
+    target = str(launcher.get("_target_", ""))
+    one_at_a_time = target.endswith("BasicLauncher") or (target.endswith("ParallelLauncher") and launcher.get("n_jobs") == 1)
+    out = []
+    for num, (overrides, cfg) in enumerate(zip(jobs, _configs(app, jobs, compose))):
+        job = cfg.copy()
+        try:
+            OmegaConf.update(job, "hydra", {"job": {"num": num}, "sweep": {"subdir": subdir}}, merge=True, force_add=True)
+            name = str(OmegaConf.select(job, "hydra.sweep.subdir", throw_on_resolution_failure=True))
+            run_dir = os.path.normpath(os.path.join(sweep_dir, name))
+            OmegaConf.update(job, "run_dir", run_dir, merge=False, force_add=True)
+        except Exception:  # noqa: BLE001 - a subdir built from something only Hydra knows when it runs
+            return None
+        out.append(SweepJob(num, overrides, job, run_dir, one_at_a_time, os.path.normpath(sweep_dir), [o for o in overrides if o not in plain]))
+    return out
+
+
+def _single_job(app: str, parsed, compose, cfg: DictConfig) -> list[SweepJob] | None:
+    """A single run as a one-job "sweep" (sweep_dir None), in the directory Hydra will give it."""
+    import os
+
+    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    try:
+        run_dir = os.path.normpath(str(compose(config_name=app, overrides=plain, return_hydra_config=True).hydra.run.dir))
+        job = cfg.copy()
+        OmegaConf.update(job, "run_dir", run_dir, merge=False, force_add=True)
+    except Exception:  # noqa: BLE001 - a directory built from something only Hydra knows when it runs
+        return None
+    return [SweepJob(0, plain, job, run_dir, True, None, [])]
+
+
+class ConfigFileError(ValueError):
+    """A config file (a user's option, say) that is not valid YAML: one line naming the file and the place."""
+
+
+def config_file_problem(error: BaseException) -> str | None:
+    """A YAML syntax error anywhere in `error`'s chain, as one line naming the file, line and column."""
+    import yaml
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, yaml.YAMLError):
+            mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+            where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "a config file"
+            what = " ".join(str(getattr(error, "problem", None) or type(error).__name__).split())
+            return f"{where}: not valid YAML ({what}): fix the file (nothing was run)"
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
@@ -211,7 +336,7 @@ def _register_launcher() -> None:
 HYDRA_TOOL_FLAGS = {"-sc", "--shell-completion"}
 
 
-def checked_overrides(program: str, app: str, check=None):
+def checked_overrides(program: str, app: str, check=None, check_sweep=None):
     """Decorate a Hydra app's entry point (outside @hydra.main): before Hydra composes, an override
     whose key belongs to another option of its group or to the other app is one line naming the fix
     (numdev.config.groups.override_mistake), where Hydra's own hint would point the wrong way; then
@@ -230,6 +355,8 @@ def checked_overrides(program: str, app: str, check=None):
                 mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
                 if not mistake and check is not None:
                     mistake = problem(app, given, check)
+                if not mistake and check_sweep is not None:
+                    mistake = sweep_problem(app, given, check_sweep)
                 if mistake:
                     fail(program, mistake)
                 note_existing_run_dir(given)

@@ -8,8 +8,11 @@ inductor generates C++ and needs a compiler (cc/g++); the first steps pay the co
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 
 from numdev.optimizations.base import Optimization
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class Compile(Optimization):
@@ -17,9 +20,26 @@ class Compile(Optimization):
 
     def __init__(self, name: str, mode: str | None = None, submodules: tuple[str, ...] | list[str] = ("text",)):
         super().__init__(name)
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"optimization.mode={mode!r}: use one of {', '.join(MODES)} or null (torch.compile's modes)")
+        if isinstance(submodules, str) or not isinstance(submodules, Sequence) or not all(
+                isinstance(s, str) and s for s in submodules):
+            raise ValueError(f"optimization.submodules={submodules!r} must be a list of the model's submodule names, e.g. [text] or []")
         self.mode = mode
         self.submodules = tuple(submodules)
         self.compiled: list[str] = []
+
+    def check_model(self, model) -> None:
+        """Every submodule named exists in the model (built on the meta device before the run starts)."""
+        if model is None:
+            return
+        for name in self.submodules:
+            try:
+                model.get_submodule(name)
+            except AttributeError:
+                top = sorted(n for n, _ in model.named_children())
+                raise ValueError(f"optimization.submodules: the model has no submodule {name!r}: name some of "
+                                 f"{', '.join(top)} (or [])") from None
 
     def model(self, model):
         if shutil.which("g++") is None and shutil.which("c++") is None:

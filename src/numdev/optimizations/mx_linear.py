@@ -29,18 +29,20 @@ def quantize(x: torch.Tensor, fmt: str, block: int, axis: int) -> torch.Tensor:
 class _MXMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, fmt: str, grad_fmt: str, block: int) -> torch.Tensor:
+        # The emulation computes in float32 whatever the weights' dtype (precision=bf16-true keeps bf16
+        # weights, fp64 float64 ones): the weight is read as float32, its gradient returned in its own dtype.
         ctx.save_for_backward(x, weight)
         ctx.formats = (grad_fmt, fmt, block)
-        return quantize(x, fmt, block, -1) @ quantize(weight, fmt, block, -1).t()
+        return quantize(x, fmt, block, -1) @ quantize(weight.float(), fmt, block, -1).t()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         grad_fmt, fmt, block = ctx.formats
         grad = grad.float()
-        grad_x = quantize(grad, grad_fmt, block, -1) @ quantize(weight, fmt, block, 0)
+        grad_x = quantize(grad, grad_fmt, block, -1) @ quantize(weight.float(), fmt, block, 0)
         grad_w = quantize(grad, grad_fmt, block, 0).t() @ quantize(x, fmt, block, 0)
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w.to(weight.dtype), None, None, None
 
 
 class MXLinear(nn.Linear):

@@ -27,7 +27,7 @@ from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one 
 from numdev.report import provenance as report_provenance
 from numdev.report.html import Section, render
 from numdev.runs import schemas
-from numdev.runs.atomic import WriteError, check_regular_target, write_bytes, write_text
+from numdev.runs.atomic import WriteError, check_regular_target, read_bounded, write_together
 from numdev.runs.harm_summary import is_harm_summary
 from numdev.runs.layout import CONFIG, HYDRA_DIR, HYDRA_OVERRIDES, MULTIRUN, RUN_RECORD, SUMMARY, TABLE, RunDir
 from numdev.runs.provenance import provenance
@@ -98,7 +98,8 @@ def _run_overrides(overrides_yaml: Path) -> list[str]:
     if not overrides_yaml.exists():
         return []
     try:
-        return [str(o) for o in (yaml.safe_load(overrides_yaml.read_text()) or []) if not str(o).startswith("output_root=")]
+        return [str(o) for o in (yaml.safe_load(read_bounded(overrides_yaml, what="Hydra overrides.yaml").decode("utf-8")) or [])
+                if not str(o).startswith("output_root=")]
     except yaml.YAMLError:
         raise ValueError(f"{overrides_yaml}: not a Hydra overrides.yaml: the file is corrupt") from None
 
@@ -107,7 +108,8 @@ def _first_record_provenance(sweep: Path) -> dict | None:
     """Sweeps made before figure summaries carried provenance: the block of a job's bench records, if any."""
     for results in sorted(sweep.glob("*/results.jsonl"))[:1]:
         try:
-            first = results.read_text(encoding="utf-8").split("\n", 1)[0]
+            with open(results, encoding="utf-8") as handle:  # the first record only, never the whole file
+                first = handle.readline(1 << 20)
             return json.loads(first).get("provenance")
         except (OSError, ValueError, AttributeError):
             return None
@@ -118,7 +120,7 @@ def _task_overrides(multirun_yaml: Path) -> list[str]:
     if not multirun_yaml.exists():
         return []
     try:
-        hydra_cfg = (yaml.safe_load(multirun_yaml.read_text()) or {}).get("hydra", {})
+        hydra_cfg = (yaml.safe_load(read_bounded(multirun_yaml, what="Hydra multirun.yaml").decode("utf-8")) or {}).get("hydra", {})
     except (yaml.YAMLError, AttributeError) as error:
         raise ValueError(f"{multirun_yaml}: not a Hydra multirun.yaml ({type(error).__name__}): the file is corrupt") from None
     return list(hydra_cfg.get("overrides", {}).get("task", []))
@@ -163,9 +165,8 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise WriteError(out_dir, error) from None
-    for section in sections:
-        if section.figure is not None and section.figure.exists():
-            write_bytes(out_dir / section.figure.name, section.figure.read_bytes())  # atomic copy
+    figures = {out_dir / section.figure.name: section.figure for section in sections
+               if section.figure is not None and section.figure.exists()}
     page = render(
         "numdev report",
         f"generated {datetime.datetime.now():%Y-%m-%d %H:%M} — does FlashAttention's numeric deviation matter?",
@@ -176,7 +177,7 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         out_dir=out_dir,
     )
     index = out_dir / "index.html"
-    write_text(index, page)
+    write_together({**figures, index: page.encode("utf-8")})  # the page and its figures together, or none of them
     return index
 
 

@@ -86,6 +86,47 @@ def write_buffers(path: str | os.PathLike, buffers) -> None:
         raise
 
 
+def write_together(files: dict) -> None:
+    """Write several files as one output: all of them, or none.
+
+    `files`: {target path: bytes, or the path of a finished file to copy}. Every target is checked
+    first (a directory, FIFO or device where a file should go, a parent that is a file: refused before
+    anything is written); then each is staged as a fsynced temporary file beside its target; only when
+    every one is staged are they renamed over their targets. A failure while staging (a full disk)
+    removes every temporary file and changes nothing; files an earlier run left under the same names
+    are replaced together, never some of them."""
+    targets = [Path(target) for target in files]
+    for target in targets:
+        check_regular_target(target)
+    staged: list[tuple[str, Path]] = []
+    current = None
+    try:
+        for target, data in zip(targets, files.values()):
+            current = target
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            staged.append((tmp, target))
+            os.fchmod(fd, file_mode())
+            with os.fdopen(fd, "wb") as handle:
+                if isinstance(data, (bytes, bytearray, memoryview)):
+                    handle.write(data)
+                else:
+                    with open(data, "rb") as source:
+                        for chunk in iter(lambda: source.read(1 << 22), b""):
+                            handle.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for tmp, target in staged:
+            current = target
+            os.replace(tmp, target)
+    except BaseException as error:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, WriteError) and current is not None:
+            raise WriteError(current, error) from error
+        raise
+
+
 def file_mode() -> int:
     """The mode a plain open() would give a new file: 0666 less the process umask (0644 under the usual 022).
     The umask is read from /proc (setting it to read it back would race with other threads creating files)."""
@@ -156,6 +197,22 @@ def append_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
         os.close(fd)
 
 
+RECORD_LIMIT = 64 << 20  # a JSON or YAML record numdev writes is kB
+TABLE_LIMIT = 1 << 30  # results.jsonl, the sibling CSVs: MB even for large sweeps and runs
+
+
+def read_bounded(path: str | os.PathLike, limit: int = RECORD_LIMIT, what: str = "record") -> bytes:
+    """A file's bytes, read only once its size is known to be at most `limit`: a file extended (a sparse
+    100 GB `truncate`) or replaced by something else is one ValueError naming it, not a MemoryError."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > limit:
+        raise ValueError(f"{path}: {size} bytes, far more than a {what} holds (at most {limit >> 20} MiB): the file is "
+                         "corrupt, extended or not numdev's; restore it from a copy (nothing was read)")
+    with open(path, "rb") as handle:
+        return handle.read(limit + 1)
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Records (JSON objects) of a JSON-lines file; a corrupt, torn, blank or non-object line is a
     ValueError naming the file and line. Every record ends with a newline, so a last line without
@@ -166,7 +223,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 def read_jsonl_numbered(path: str | os.PathLike) -> list[tuple[int, dict]]:
     """(line number, record) of every record of a JSON-lines file, checked as read_jsonl says."""
     try:
-        text = Path(path).read_bytes().decode("utf-8")
+        text = read_bounded(path, TABLE_LIMIT, "JSON-lines file of records").decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): the file is corrupt") from None
     lines = text.split("\n")
@@ -195,7 +252,7 @@ def read_json(path: str | os.PathLike, what: str = "file"):
     """A JSON file's content; unreadable or invalid JSON is a ValueError naming the file."""
     path = Path(path)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(read_bounded(path, what=what).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         reason = error.msg if isinstance(error, json.JSONDecodeError) else "not UTF-8"
         raise ValueError(f"{path}: not valid JSON ({reason}): the {what} is corrupt or truncated") from None

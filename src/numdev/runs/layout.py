@@ -41,7 +41,7 @@ import numpy as np
 import safetensors.numpy
 
 from numdev.runs import schemas, tables
-from numdev.runs.atomic import write_bytes
+from numdev.runs.atomic import read_bounded, write_bytes
 
 CONFIG = "config.yaml"
 RUN_RECORD = "run.json"
@@ -227,6 +227,10 @@ class RunDir:
             raise ValueError(f"{self.heldout}: 'predictions.file' is {entry['file']!r}, not {HELDOUT_PREDICTIONS!r}: the record was edited")
         if not path.is_file():
             raise ValueError(f"{path} is missing (named in {HELDOUT})")
+        size = path.stat().st_size
+        if size != entry["bytes"]:  # checked before the file is read: an extended (sparse) file is never read whole
+            raise ValueError(f"{path}: {size} bytes, not the {entry['bytes']} {HELDOUT} records: the file is truncated, "
+                             "extended or was changed after it was written")
         data = path.read_bytes()
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ValueError(f"{path}: {len(data)} bytes whose sha256 does not match {HELDOUT}'s: the file is corrupt, "
@@ -259,7 +263,7 @@ class RunDir:
         if not path.is_file():
             return None
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = json.loads(read_bounded(path, what="token-rows record").decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(f"{path} is not valid JSON ({error}): delete it and resume the run to write it again") from None
         problem = token_rows_problem(record)

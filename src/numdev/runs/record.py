@@ -121,12 +121,34 @@ def start_record(run_dir: Path, cfg: DictConfig, backend, resumed_from: int | No
 
 
 def finished_record(run_dir: Path, cfg: DictConfig) -> dict | None:
-    """run.json if the run already finished all of cfg's steps (a requeue or a repeated resume), else None."""
-    if not (Path(run_dir) / RUN).is_file():
+    """run.json if the run already finished all of cfg's steps (a requeue or a repeated resume), else None.
+
+    A finished run is recognised from run.json and, when the run takes snapshots, the index entry and
+    file of its final snapshot, whatever the checkpoint setting: one whose final snapshot is gone is
+    refused (ValueError naming the file) rather than trained again over its records."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN).is_file():
         return None
     run = RunDir(run_dir).read_record()
-    done = run["status"] == "finished" and (run.get("final_step") or 0) >= int(cfg.trainer.max_steps)
-    return run if done else None
+    final = run.get("final_step") or 0
+    done = run["status"] == "finished" and final >= int(cfg.trainer.max_steps)
+    if not done:
+        return None
+    callbacks = cfg.get("callbacks") or {}
+    if callbacks.get("snapshots") is not None:
+        from numdev.runs.layout import snapshot_name
+
+        run_files = RunDir(run_dir)
+        index = schemas.read_json_file(run_files.index, schemas.SNAPSHOT_INDEX) if run_files.index.is_file() else None
+        steps = {int(e["step"]) for e in index["snapshots"]} if index is not None else set()
+        snapshot = run_files.weights / snapshot_name(final)
+        if final not in steps or not snapshot.is_file():
+            missing = snapshot if final in steps else run_files.index if index is None else f"{run_files.index}'s entry for step {final}"
+            raise ValueError(
+                f"{run_files.record} says finished at step {final} but {missing} is missing: the run's final snapshot "
+                "is gone; restore the weights/ directory from a copy, or move the run aside to train it again"
+            )
+    return run
 
 
 def finish_record(run_dir: Path, record: dict, status: str, **fields) -> dict:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from numdev.runs.atomic import RECORD_LIMIT
+
 NUMBER = (int, float)
 
 
@@ -131,10 +133,21 @@ def _kind(value) -> str:
     )
 
 
+MAX_RECORD_BYTES = RECORD_LIMIT  # numdev's JSON and YAML records are kB; a larger one is not read into memory
+
+
+def _check_record_size(path: Path, what: str) -> None:
+    size = path.stat().st_size
+    if size > MAX_RECORD_BYTES:
+        raise ValueError(f"{path}: {size} bytes, far more than a {what} holds (at most {MAX_RECORD_BYTES >> 20} MiB): "
+                         "the file is corrupt or not numdev's; restore it from a copy (nothing was read)")
+
+
 def read_json_file(path: str | os.PathLike, schema: FileSchema) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
+    _check_record_size(path, schema.what)
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
@@ -150,6 +163,7 @@ def read_yaml_file(path: str | os.PathLike, schema: FileSchema) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
+    _check_record_size(path, schema.what)
     try:
         data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:

@@ -10,6 +10,8 @@ import io
 import math
 from pathlib import Path
 
+TABLE_LIMIT = 1 << 30
+
 
 def to_csv(rows: list[dict], columns: list[str] | None = None) -> str:
     """CSV text with a header; columns default to every key of the rows, in first-seen order."""
@@ -25,6 +27,10 @@ def read_csv(path: str | Path, types: dict[str, type], finite=(), optional=()) -
     """The rows of `path`, each column converted with its type in `types`; a NaN or infinite number in
     a column of `finite` (where numdev never writes one) is a ValueError naming file, line and column.
     A column of `optional` (one added after files were written) that the header lacks reads as None."""
+    size = Path(path).stat().st_size
+    if size > TABLE_LIMIT:  # a table numdev writes is MB; an extended (sparse) file is not read
+        raise ValueError(f"{path}: {size} bytes, far more than a table holds (at most {TABLE_LIMIT >> 20} MiB): the file is "
+                         "corrupt or was extended; restore it from a copy or delete it (nothing was read)")
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)

@@ -21,12 +21,12 @@ from numdev.cli.workers import console_script
 from numdev.config.groups import unexpected_key
 from numdev.config.preflight import checked_overrides
 from numdev.train.evaluation import agreement_text
-from numdev.train.run import check_config, train
+from numdev.train.run import check_config, check_sweep, train
 
 log = logging.getLogger("numdev.train.app")  # by name: also when run as python -m numdev.train.app
 
 
-@checked_overrides("numdev-train", "train", check_config)
+@checked_overrides("numdev-train", "train", check_config, check_sweep)
 @hydra.main(config_path="pkg://numdev.conf.train", config_name="train", version_base="1.3")
 @user_facing("numdev-train", unexpected_key)
 def run(cfg: DictConfig) -> None:

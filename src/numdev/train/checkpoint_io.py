@@ -8,7 +8,10 @@ containers and numbers only, so a checkpoint from elsewhere cannot run code when
 A truncated, corrupt or unsafe file is a `CheckpointError` naming the file and the reason.
 
 Integrity: beside each checkpoint, `<name>.sha256` (run_layout.checkpoint_digest_path) records
-{"sha256": <the checkpoint's>, "previous": <the one it replaces>}. It is written (atomically)
+{"sha256": <the checkpoint's>, "previous": <the one it replaces>, "bytes", "previous_bytes": their
+sizes}; a checkpoint's size is checked against them before it is read (a file extended to 100 GB is
+refused without reading it; for records written before the sizes, the sha256 of a file above 1 GiB is
+read in chunks first). It is written (atomically)
 before the checkpoint, so whenever a kill falls between the two writes the checkpoint on disk is
 one of the two it lists; a checkpoint matching neither was changed after it was written (a bit
 flip, an edit, a copy gone wrong) and is refused at every load, resume=true and resume=auto alike,
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from numdev.runs.atomic import write_bytes, write_json
+from numdev.runs.atomic import read_bounded, write_bytes, write_json
 from numdev.runs.layout import checkpoint_digest_path
 
 
@@ -44,9 +47,50 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
     torch.save(checkpoint, buffer)
     data = buffer.getvalue()
     digest = checkpoint_digest_path(path)
-    previous = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-    write_json(digest, {"sha256": hashlib.sha256(data).hexdigest(), "previous": previous})
+    previous, previous_bytes = (_file_sha256(path), path.stat().st_size) if path.is_file() else (None, None)
+    write_json(digest, {"sha256": hashlib.sha256(data).hexdigest(), "previous": previous, "bytes": len(data),
+                        "previous_bytes": previous_bytes})
     write_bytes(path, data)
+
+
+def _file_sha256(path: Path) -> str:
+    """A file's sha256, read in chunks (never the whole file in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_size(path: Path) -> None:
+    """Before a checkpoint is read whole: its size must be one its checksum record lists (records written
+    before the sizes were kept: its sha256, read in chunks, must match first), so an extended (a sparse
+    100 GB truncate) or damaged file is refused without reading it into memory."""
+    digest_path = checkpoint_digest_path(path)
+    try:
+        record = json.loads(read_bounded(digest_path, 1 << 20, "checksum record").decode("utf-8"))
+    except FileNotFoundError:
+        return  # missing: _check_digest names it once the file has been read
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{digest_path}: not a checksum record ({str(error).splitlines()[0][:200] if str(error) else type(error).__name__}): it is corrupt, so {path} cannot be "
+                              "verified; restore both from a copy, or move the checkpoints/ directory aside and rerun with resume=auto") from None
+    if not isinstance(record, dict):
+        return
+    size = path.stat().st_size
+    sizes = {record.get("bytes"), record.get("previous_bytes")} - {None}
+    if sizes and all(isinstance(n, int) and not isinstance(n, bool) for n in sizes):
+        # Larger than twice what was written: extended or replaced, refused unread. A file up to that size
+        # is read and checked (its content names what is wrong: truncated, pickled code, not Lightning's).
+        if size > 2 * max(sizes) + (1 << 20):
+            raise CheckpointError(
+                f"{path} is not a readable checkpoint ({size} bytes, far more than the {' or '.join(map(str, sorted(sizes)))} "
+                f"its {digest_path.name} records): it was extended or replaced, or is corrupt; restore it from a copy, or move "
+                "it aside and rerun with resume=auto to train again from step 0 (nothing was read)"
+            )
+        return
+    if size > (1 << 30) and _file_sha256(path) not in {record.get("sha256"), record.get("previous")}:
+        raise CheckpointError(f"{path}: its sha256 does not match {digest_path.name} ({size} bytes): the checkpoint was changed "
+                              "or damaged after it was written; restore it from a copy, or move it aside and rerun with resume=auto")
 
 
 def _check_digest(path: Path, data: bytes) -> None:
@@ -58,7 +102,7 @@ def _check_digest(path: Path, data: bytes) -> None:
             "aside and rerun with resume=auto to train again from step 0 (the snapshots come out the same)"
         )
     try:
-        record = json.loads(digest_path.read_bytes().decode("utf-8"))
+        record = json.loads(read_bounded(digest_path, 1 << 20, "checksum record").decode("utf-8"))
         known = {record["sha256"], record.get("previous")} - {None}
         if not all(isinstance(k, str) and len(k) == 64 for k in known):
             raise TypeError
@@ -83,6 +127,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
     try:
+        _check_size(path)
         data = path.read_bytes()
     except OSError as error:
         raise CheckpointError(f"{path} could not be read ({error.strerror or error})") from None

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import HalfPrecision as _HalfPrecision
 from lightning.pytorch.plugins.precision import MixedPrecision as _MixedPrecision
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch.overrides import TorchFunctionMode
 
 SETTINGS = ("auto", "native", "fp32")
@@ -215,6 +217,28 @@ class MixedPrecision(_MixedPrecision, _Route):
 
     def forward_context(self):
         return self._routed(super().forward_context())
+
+    # A fused optimizer (optimization=fused_adamw) can unscale the gradients inside its own step, so
+    # Lightning neither unscales them before the step nor lets them be clipped (a RuntimeError at step 0,
+    # even under bf16-mixed, which has no scaler). numdev clips (trainer.gradient_clip_val) and checks
+    # the gradients (callbacks.instability) before the step: they are unscaled here for every optimizer;
+    # GradScaler.step then hands a fused optimizer no scale (its stage is UNSCALED), only found_inf.
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        if self.scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+        closure_result = closure()
+        skip = closure_result is None and model.automatic_optimization
+        if not skip:
+            self.scaler.unscale_(optimizer)
+        self._after_closure(model, optimizer)
+        if skip:
+            return closure_result
+        output = self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        return output
+
+    def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=GradClipAlgorithmType.NORM) -> None:
+        Precision.clip_gradients(self, optimizer, clip_val=clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
 
 
 class HalfPrecision(_HalfPrecision, _Route):

@@ -18,13 +18,13 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from numdev.cli.errors import Hangup, RunFailed, one_line
+from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.perturb import apply_init_perturbation, parse_perturbation
 from numdev.optimizations import Optimization
 from numdev.runs import record
 from numdev.runs.atomic import remove_temporaries
-from numdev.runs.layout import CHECKPOINT, WEIGHTS_DIR, RunDir
+from numdev.runs.layout import CHECKPOINT, RUN_RECORD, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
 from numdev.train.callbacks import results as callback_results
@@ -100,6 +100,107 @@ def check_config(cfg: DictConfig) -> None:
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
     _check_optimizer(cfg)
+    _check_optimization(cfg)
+
+
+def check_sweep(jobs) -> str | None:
+    """A sweep's jobs against each other, before it starts (numdev.config.preflight.SweepJob each; a single
+    run is a one-job sweep whose reference must exist, since nothing will make it): a job
+    whose sibling.reference is no job of the sweep and does not exist would wait sibling.timeout_s
+    (an hour) for a run that never comes (`study=truth,flash` without the reference); one whose
+    reference the sweep runs after it, one job at a time, would wait the same. One line naming the
+    role and the reference, or None."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    made = {job.run_dir: job for job in jobs}
+    for job in jobs:
+        try:
+            reference = OmegaConf.select(job.cfg, "sibling.reference", throw_on_resolution_failure=True)
+        except Exception:  # noqa: BLE001 - resolved only as the run starts: its own check then
+            continue
+        if reference is None:
+            continue
+        path = os.path.normpath(str(reference))
+        role = OmegaConf.select(job.cfg, "study.role", default=None)
+        who = f"sweep job #{job.num} (" + (f"role {role}, replicate {OmegaConf.select(job.cfg, 'study.replicate', default='?')}"
+                                          if role is not None else " ".join(job.swept)) + ")"
+        shown = os.path.relpath(path, job.sweep_dir) if job.sweep_dir and path.startswith(job.sweep_dir + os.sep) else path
+        timeout = OmegaConf.select(job.cfg, "sibling.timeout_s", default=None)
+        maker = made.get(path)
+        if job.sweep_dir is None and not os.path.exists(path):  # a single run: nothing is going to make it
+            parent = "" if os.path.isdir(os.path.dirname(path) or ".") else " (nor does its parent directory)"
+            return (f"sibling.reference={path} does not exist{parent}: give the directory of a numdev-train run "
+                    "(start the reference first; a study's roles run in one sweep)")
+        if maker is None and os.path.isdir(path) and not _is_a_run(path):
+            return (f"{who if job.sweep_dir else 'this run'} compares with sibling.reference={path}, which is not a numdev-train "
+                    "run (no run.json, and no process holds its run lock), so no snapshot would come: give the directory of "
+                    "a run (of a sweep: one of its runs, e.g. .../r0/reference)")
+        if maker is None and not os.path.exists(path):
+            return (f"{who} compares with sibling.reference {shown}, which no job of the sweep makes and which does not exist "
+                    f"({path}): it would wait {timeout} s (sibling.timeout_s) for it; add the role that makes it to the sweep "
+                    "(e.g. study=truth,reference,...) or point sibling.reference at an existing run; no job was run")
+        if maker is not None and maker.num > job.num and job.one_at_a_time:
+            return (f"{who} compares with {shown}, which the sweep runs after it, one job at a time: it would wait {timeout} s "
+                    "(sibling.timeout_s) for it; list the reference's role first (study=truth,reference,...) or run jobs in "
+                    "parallel (hydra.launcher.n_jobs=2); no job was run")
+    return None
+
+
+def _is_a_run(path: str) -> bool:
+    """A directory that holds a run record, or whose run lock a live process holds (a run starting up)."""
+    from numdev.runs.lock import is_held
+
+    return (Path(path) / RUN_RECORD).is_file() or is_held(path)
+
+
+def _check_optimization(cfg: DictConfig) -> Optimization:
+    """The optimization node builds an Optimization whose options are valid (a user's own option file
+    with no _target_, one that cannot be imported or is not an Optimization, a list, a bad compile
+    mode or submodule): refused now, in one line naming the key, before a directory is created."""
+    from hydra.errors import InstantiationException
+    from omegaconf import ListConfig
+
+    node = cfg.get("optimization")
+    if node is None:
+        return Optimization()
+    if not isinstance(node, DictConfig):
+        kind = "a list" if isinstance(node, ListConfig) else f"{type(node).__name__} {node!r}"
+        raise ValueError(f"optimization: its option file holds {kind}, not a mapping with a _target_ (a subclass of "
+                         "numdev.optimizations.base.Optimization) and a name: fix the file (conf/train/optimization/*.yaml)")
+    target = node.get("_target_")
+    if not isinstance(target, str) or not target:
+        raise ValueError("optimization: its option file has no _target_: name a subclass of numdev.optimizations.base.Optimization "
+                         "(e.g. _target_: numdev.optimizations.fused_adamw.FusedOptimizer)")
+    try:
+        built = instantiate(node)
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, (ValueError, UserError)):
+            raise ValueError(one_line(cause)) from None
+        text = one_line(cause if error.__cause__ is not None else error).split(", set env var HYDRA_FULL_ERROR")[0]
+        raise ValueError(f"optimization._target_={target}: {text}: name an importable subclass of "
+                         "numdev.optimizations.base.Optimization") from None
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"optimization: {one_line(error)}") from None
+    if not isinstance(built, Optimization):
+        raise ValueError(f"optimization._target_={target} builds a {type(built).__name__}, not a subclass of "
+                         "numdev.optimizations.base.Optimization: name one (conf/train/optimization/*.yaml shows how)")
+    check = getattr(built, "check_model", None)
+    if check is not None:
+        check(_meta_model(cfg))
+    return built
+
+
+def _meta_model(cfg: DictConfig) -> torch.nn.Module | None:
+    """The configured model on PyTorch's meta device (nothing allocated), for checks of its structure; None when it cannot be built."""
+    try:
+        backend = instantiate(cfg.attention)
+        with torch.device("meta"):
+            return instantiate(cfg.model, attention=backend, _convert_="all")
+    except Exception:  # noqa: BLE001 - the run's own checks say why, later
+        return None
 
 
 def _check_optimizer(cfg: DictConfig) -> None:
@@ -194,6 +295,13 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
                   optimization: Optimization | None = None) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
+    if resume and not (run_dir / CHECKPOINT).is_file() and (run_dir / RUN_RECORD).is_file():
+        # A finished run without a checkpoint (callbacks.checkpoint=null: the studies' short runs) is
+        # recognised from run.json and its final snapshot: a requeue does nothing, its records stay as they are.
+        record.check_resumable(run_dir, cfg)
+        done = record.finished_record(run_dir, cfg)
+        if done is not None:
+            return {**done, "already_finished": True}
     if resume == "restart":  # resume=auto, killed before its first checkpoint: the same run from step 0
         record.check_resumable(run_dir, cfg)
         resumed_from = 0
@@ -279,7 +387,8 @@ def _signal_of(error: BaseException) -> signal.Signals | None:
 
 
 def _holds_run(run_dir: Path) -> bool:
-    return (run_dir / CHECKPOINT).exists() or (run_dir / WEIGHTS_DIR).exists()
+    """A run was started here: a checkpoint, snapshots, or its run.json (a run with neither checkpoints nor snapshots)."""
+    return (run_dir / CHECKPOINT).exists() or (run_dir / WEIGHTS_DIR).exists() or (run_dir / RUN_RECORD).exists()
 
 
 def _resume_mode(cfg: DictConfig, run_dir: Path):

@@ -57,5 +57,22 @@ def distances_to_csv(rows: list[dict]) -> str:
 
 
 def read_distances_csv(path: str | Path) -> list[dict]:
-    """Rows of a sibling CSV or distances.csv; a file of another shape is a one-line error naming it."""
-    return tables.read_csv(path, DISTANCE_COLUMNS, finite=FINITE_DISTANCES)
+    """Rows of a sibling CSV or distances.csv; a file of another shape, a (step, tensor) row twice, a
+    negative step or distance, or a NaN or infinite one where numdev never writes one (FINITE_DISTANCES)
+    is a one-line error naming the file and the line."""
+    rows = tables.read_csv(path, DISTANCE_COLUMNS, finite=FINITE_DISTANCES)
+    seen: dict[tuple, int] = {}
+    for line, row in enumerate(rows, start=2):
+        key = (row["step"], row["tensor"])
+        if key in seen:
+            raise ValueError(f"{path}, line {line}: step {row['step']}, tensor {row['tensor']!r} again (first on line {seen[key]}): "
+                             "a row twice means the file was edited or two files were joined; restore it, or delete it and "
+                             "compare again (numdev-compare, or resume the run)")
+        seen[key] = line
+        if row["step"] < 0:
+            raise ValueError(f"{path}, line {line}: step {row['step']} is negative: the file is corrupt or was edited")
+        negative = next((name for name in NAMES if row[name] < 0), None)
+        if negative is not None:
+            raise ValueError(f"{path}, line {line}: column {negative!r} is {row[negative]}, negative, and a distance never is: "
+                             "the file is corrupt or was edited")
+    return rows

@@ -48,7 +48,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
-from numdev.runs.atomic import write_buffers, write_bytes, write_json
+from numdev.runs.atomic import read_bounded, write_buffers, write_bytes, write_json
 from numdev.runs.layout import (
     INDEX,
     INDEX_FORMAT,
@@ -183,7 +183,7 @@ class SnapshotWriter:
 def verified_entry(path: Path, step: int, param_shapes: dict[str, list[int]]) -> dict:
     """The index entry of a snapshot file that has no entry yet: readable safetensors, its metadata
     step equal to its name's, its tensors the run's parameter shapes."""
-    data = path.read_bytes()
+    data = read_snapshot_bytes(path, param_shapes)
     state = _parse(path, data)
     trained = any(name.endswith(ROWS_SUFFIX) for name in state)
     if trained:
@@ -203,16 +203,25 @@ def read_index(run_dir: str | Path) -> dict:
     if not path.is_file():
         raise SnapshotError(f"{path} does not exist: {run_dir} is not a training run directory with snapshots")
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        index = json.loads(read_bounded(path, what="snapshot index").decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SnapshotError(f"{path} is not valid JSON ({error}): the index is corrupt") from None
+    except ValueError as error:  # larger than any index (extended): not read
+        raise SnapshotError(str(error)) from None
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT or not isinstance(index.get("snapshots"), list):
         raise SnapshotError(f"{path}: not a format-{INDEX_FORMAT} snapshot index")
     try:  # fields and types (numdev.runs.schemas), and file names confined to weights/
         SNAPSHOT_INDEX.check(path, index)
     except ValueError as error:
         raise SnapshotError(str(error)) from None
+    seen = set()
     for entry in index["snapshots"]:
+        if entry["step"] < 0:
+            raise SnapshotError(f"{path}: lists step {entry['step']}, a negative step: the index was edited; restore it from a copy")
+        if entry["step"] in seen:
+            raise SnapshotError(f"{path}: lists step {entry['step']} twice: the index was edited; restore it from a copy "
+                                "(or delete it: a resumed run lists every verified snapshot file again)")
+        seen.add(entry["step"])
         if entry["file"] != snapshot_name(entry["step"]):
             raise SnapshotError(f"{path}: step {entry['step']} lists file {entry['file']!r}, not {snapshot_name(entry['step'])!r}: the index was edited")
     return index
@@ -240,7 +249,7 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
     path = RunDir(run_dir).weights / entry["file"]
     if not path.is_file():
         raise SnapshotError(f"{path} is missing (listed in {INDEX} for step {step})")
-    data = path.read_bytes()
+    data = read_snapshot_bytes(path, index["param_shapes"])
     if verify and hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise SnapshotError(f"{path}: sha256 does not match {INDEX}: the file is corrupt or was changed after it was written")
     state = _parse(path, data)
@@ -251,6 +260,33 @@ def load_snapshot_entry(run_dir: str | Path, step: int, verify: bool = True) -> 
         raise SnapshotError(f"{path}: its tensors do not match the param_shapes of {INDEX}")
     _check_float32(path, state)  # a checksum recomputed after a rewrite in another dtype proves nothing
     return state, entry["sha256"]
+
+
+MAX_SNAPSHOT_HEADER = 1 << 24  # bytes; a real header is a few kB (one entry per parameter)
+
+
+def read_snapshot_bytes(path: Path, param_shapes: dict) -> bytes:
+    """A snapshot file's bytes, read only once its size is known to be at most what a snapshot of the
+    run's param_shapes can take (every parameter in float32, the rows' ids, a header): a file extended
+    (a sparse 100 GB `truncate`) or replaced by something much larger is a SnapshotError before anything
+    is read. A file within that size is read and checked as before (sha256, safetensors, shapes)."""
+    try:
+        size = path.stat().st_size
+        limit = 8 + MAX_SNAPSHOT_HEADER + 2 * 4 * sum(_numel(shape) for shape in param_shapes.values()) + (1 << 20)
+        if size > limit:
+            raise SnapshotError(f"{path}: {size} bytes, far more than a snapshot of this model holds (at most {limit}): the file "
+                                "was extended or replaced after it was written; restore it from a copy (nothing was read)")
+        with open(path, "rb") as handle:
+            return handle.read(limit + 1)
+    except OSError as error:
+        raise SnapshotError(f"{path} could not be read ({error.strerror or error})") from None
+
+
+def _numel(shape) -> int:
+    total = 1
+    for n in shape if isinstance(shape, list) else []:
+        total *= int(n) if isinstance(n, int) and n > 0 else 1
+    return total
 
 
 def _check_float32(path: Path, state: dict[str, torch.Tensor]) -> None:

@@ -1,68 +1,10 @@
 """A harm study's runs checked against each other before anything is computed from them.
 
-Sibling runs are comparable only if they trained the same workload: a role directory copied in
-from another study (another learning rate, resolution or step count), a rung whose label was edited
-away from what it ran, or a margin changed after the runs were launched would silently change every
-number. Each check fails with one line naming the run directories that disagree (WORKLOAD_KEYS):
-
-- every run has the same value of each WORKLOAD_KEYS key as the reference of replicate 0 (the
-  learning rate too, except for roles of kind positive_control, whose role file may change it);
-- every run's `study.harm` block (the pre-registered outcome and margin) is the same;
-- each run sits in `r<study.replicate>/<study.role>`;
-- a ladder rung's `study.ladder.size` is the size it ran with (`attention.delta` for the attention-noise
-  ladder, `init_perturbation.eps` for the init ladder);
-- runs of the same precision computed their bf16/fp16 products the same way (run.json
-  `precision_gemm.route`: numdev.train.precision).
-"""
+The checks are numdev.analysis.consistency's, shared with the flash-stability study (one home);
+kept importable here for the harm analysis and its tests."""
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+from numdev.analysis.consistency import LEARNING_RATE, WORKLOAD_KEYS, check
 
-WORKLOAD_KEYS = ("name", "model", "data.resolution", "data.batch_size", "trainer.max_steps", "snapshot.every_n_steps",
-                 "snapshot.schedule", "optim.warmup_steps", "diffusion")
-LEARNING_RATE = "optim.optimizer.lr"
-
-
-def _get(config: dict, key: str):
-    return OmegaConf.select(OmegaConf.create(config), key, default=None)
-
-
-def _plain(value):
-    return OmegaConf.to_container(value, resolve=False) if OmegaConf.is_config(value) else value
-
-
-def check(runs: dict) -> None:
-    """Raise ValueError (one line) at the first disagreement between the study's runs."""
-    flat = [run for by_rep in runs.values() for run in by_rep.values()]
-    reference = next((run for run in flat if run["kind"] == "reference"), flat[0])
-    base = reference["config"]
-    for key in (*WORKLOAD_KEYS, LEARNING_RATE, "study.harm"):
-        expected = _plain(_get(base, key))
-        for run in flat:
-            if key == LEARNING_RATE and run["kind"] == "positive_control":
-                continue
-            value = _plain(_get(run["config"], key))
-            if value != expected:
-                raise ValueError(f"{run['dir']}: {key} = {value!r}, but {reference['dir']} has {expected!r}: "
-                                 "its runs must train the same workload (a run copied in from another study?)")
-    for run in flat:
-        where = (run["dir"].parent.name, run["dir"].name)
-        if where != (f"r{run['replicate']}", run["role"]):
-            raise ValueError(f"{run['dir']}: its config says role {run['role']!r}, replicate {run['replicate']}, "
-                             f"but it sits in {where[0]}/{where[1]}: move it back or re-run it")
-        ladder = run.get("ladder") or {}
-        if ladder.get("name") in ("attention_noise", "init") and ladder.get("size") != "ulp":
-            key = "attention.delta" if ladder["name"] == "attention_noise" else "init_perturbation.eps"
-            ran = _get(run["config"], key)
-            if ran is None or abs(float(ran) - float(ladder["size"])) > 1e-12 * abs(float(ladder["size"])):
-                raise ValueError(f"{run['dir']}: study.ladder.size = {ladder['size']!r} but it ran with {key} = {ran!r}: "
-                                 "a rung must say the size it ran with")
-    routes: dict[str, tuple] = {}
-    for run in flat:
-        precision = _get(run["config"], "precision.name")
-        route = (run["record"].get("precision_gemm") or {}).get("route")
-        if precision in routes and route != routes[precision][0]:
-            raise ValueError(f"{run['dir']}: its {precision} products ran by the {route!r} route but {routes[precision][1]}'s by "
-                             f"{routes[precision][0]!r} (precision.gemm): run the whole study on one machine with one setting")
-        routes.setdefault(precision, (route, run["dir"]))
+__all__ = ["LEARNING_RATE", "WORKLOAD_KEYS", "check"]

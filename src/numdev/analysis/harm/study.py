@@ -53,11 +53,11 @@ def is_harm_study(runs: dict) -> bool:
 def analyse(study_dir, log=print, partial: bool = False, function_level_measures: bool = True) -> HarmSummary:
     study_dir = Path(study_dir)
     runs = discover(study_dir)
+    consistency.check(runs)  # first: a run in the wrong place would otherwise be reported as a missing job
     missing = missing_jobs(study_dir, runs)
     if missing and not partial:
         raise FileNotFoundError(f"{study_dir}: {len(missing)} job(s) of the study have no finished run: {', '.join(missing)} "
                                 f"(resume the sweep with hydra.sweep.dir={study_dir} resume=auto, or numdev-study --partial)")
-    consistency.check(runs)
     reference = role_of_kind(runs, REFERENCE)
     info = {role: {**first_run(by_rep), "kind": kind_of(by_rep)} for role, by_rep in runs.items()}
     harm_cfg = first_run(runs[reference])["config"]["study"]["harm"]

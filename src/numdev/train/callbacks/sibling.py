@@ -68,6 +68,7 @@ from numdev.weights.store import (
 log = logging.getLogger(__name__)
 FINISHED = ("finished", "failed", "stopped")
 HISTOGRAM_VALUES = 1 << 18
+STARTUP_GRACE_S = 60.0  # how long a reference directory may hold no run record and no live run lock (a run starting up)
 
 
 def default_label(reference: Path) -> str:
@@ -112,6 +113,7 @@ class SiblingDistance(pl.Callback):
         self.stored_problem: str | None = None  # why the sibling's sorted values were last set aside (said once)
         self._trainer = None  # for its SIGTERM flag while waiting
         self._seen_dead = False  # the sibling looked dead at the previous poll
+        self._no_run_since: float | None = None  # since when the reference has had no run record and no live lock
 
     @property
     def active(self) -> bool:
@@ -131,9 +133,30 @@ class SiblingDistance(pl.Callback):
                 f"sibling.reference={self.reference} does not exist (nor does its parent directory): "
                 "give the directory of a numdev-train run"
             )
+        if not self.reference.exists() and not self.made_by_own_sweep():
+            # Nothing is going to create it: waiting sibling.timeout_s (an hour) for it would only delay this error.
+            raise SiblingError(
+                f"sibling.reference={self.reference} does not exist, and no job of this run's sweep makes it: give the "
+                "directory of a numdev-train run (start the reference first, or run both roles in one sweep)"
+            )
         if self.hub is None:
             raise SiblingError("callbacks.sibling compares at the snapshot steps: it needs callbacks.snapshots (do not set it to null)")
         self._trainer = trainer
+
+    def made_by_own_sweep(self) -> bool:
+        """The reference lies in this run's own sweep directory (a study's role beside this one): a job of the
+        sweep makes it, possibly after this one starts (numdev.config.preflight checked that one does)."""
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+                return False
+            sweep = Path(str(HydraConfig.get().sweep.dir)).resolve()
+        except Exception:  # noqa: BLE001 - no Hydra here (a test, a script): a single run
+            return False
+        reference = self.reference.resolve()
+        return reference != sweep and reference.is_relative_to(sweep)
 
     def attach_to(self, hub) -> None:
         """Listen to the run's snapshot hub (numdev.train.callbacks.connect); an inactive comparison does not."""
@@ -283,6 +306,7 @@ class SiblingDistance(pl.Callback):
             # A sibling still starting up has a run.json before its first snapshot: wait for it.
             if self._status() in FINISHED:
                 raise SiblingError(f"sibling {self.reference} is a run without snapshots ({RunDir(self.reference).index} missing)")
+            self._check_is_a_run()
             return None
         steps = list_snapshots(self.reference)
         if step in steps:
@@ -299,6 +323,23 @@ class SiblingDistance(pl.Callback):
                 f"{_steps_text(steps)}: the runs must share trainer.max_steps, snapshot.every_n_steps and snapshot.schedule"
             )
         return None
+
+    def _check_is_a_run(self) -> None:
+        """A reference directory with no run record whose run lock no process holds, for STARTUP_GRACE_S (a run
+        starting up takes its lock within seconds), outside this run's sweep: not a run, and none is coming
+        (an empty directory, a sweep's directory instead of one of its runs)."""
+        if RunDir(self.reference).record.is_file() or is_held(self.reference) or self.made_by_own_sweep():
+            self._no_run_since = None
+            return
+        now = time.monotonic()
+        if self._no_run_since is None:
+            self._no_run_since = now
+        elif now - self._no_run_since >= STARTUP_GRACE_S:
+            raise SiblingError(
+                f"sibling.reference={self.reference} is not a numdev-train run: it has no run.json and no process has held "
+                f"its run lock for {STARTUP_GRACE_S:g} s, so no snapshot will come; give the directory of a run "
+                "(not of a sweep: one of its runs, e.g. .../r0/reference)"
+            )
 
     def _check_alive(self, step: int) -> None:
         """A sibling whose run.json says "running" while no process holds its run lock was killed
