@@ -118,7 +118,13 @@ KERNEL_SHAPES = {
     "d128": (1, 2, 200, 1030, 128, False),
     "one-tile": (1, 1, 20, 600, 64, False),  # one query tile: the kernel's loop runs inline, not in parallel
 }
-KERNEL_SHARE = 0.9999  # the share of outputs bit-identical to the kernel the model must reach
+# What the model must reach on any CPU: every output within one ulp of the kernel's, and at least 99.9%
+# bit-identical. A model that gets the kernel's algorithm wrong (a tile, an order, a rounding) misses
+# both by far; the rare one-ulp outputs differ by CPU and BLAS build (measured >= 99.996% on an AMD EPYC
+# with AVX-512, docs/microbenchmark.md; >= 99.989% on an Intel Xeon with AMX), so the bar sits an order
+# of magnitude below either rather than at one machine's number.
+KERNEL_SHARE = 0.999
+KERNEL_ULPS = 1
 
 
 def _kernel_and_model(shape, dtype, seed, native=True):
@@ -135,11 +141,24 @@ def _kernel_and_model(shape, dtype, seed, native=True):
 @pytest.mark.parametrize("shape", list(KERNEL_SHAPES))
 def test_cpu_sdpa_models_pytorch_cpu_flash_kernel_bit_for_bit(shape, dtype, seed):
     """numerics=cpu_sdpa with the kernel's tile rule gives PyTorch's CPU flash kernel's bits on
-    at least 99.99% of outputs (tests/test_attention.py runs the fused C path; the next test
-    holds the ATen path to it)."""
+    nearly every output and is never more than one ulp off (this runs the fused C path; the next
+    test holds the ATen path to it)."""
     kernel, emulated, model = _kernel_and_model(KERNEL_SHAPES[shape], dtype, seed)
-    share = float((emulated.view(torch.int16) == kernel.view(torch.int16)).double().mean())
-    assert share >= KERNEL_SHARE, f"{shape} {dtype} seed {seed}: {share:.6%} bit-identical ({model.last_path} path)"
+    share, ulps = _agreement(kernel, emulated)
+    assert share >= KERNEL_SHARE and ulps <= KERNEL_ULPS, (
+        f"{shape} {dtype} seed {seed}: {share:.6%} bit-identical, at most {ulps} ulp(s) apart ({model.last_path} path)")
+
+
+def _agreement(kernel: torch.Tensor, model: torch.Tensor) -> tuple[float, int]:
+    """The share of outputs with the kernel's bits, and the largest distance in ulps (16-bit floats as
+    integers in their order: -0 and +0 are 0, each step one ulp)."""
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        bits = x.view(torch.int16).int()
+        return torch.where(bits < 0, -32768 - bits, bits)
+
+    apart = (ordered(kernel) - ordered(model)).abs()
+    return float((kernel.view(torch.int16) == model.view(torch.int16)).double().mean()), int(apart.max())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -240,7 +259,9 @@ def test_fma_is_rounded_once():
 
 def test_cpu_sdpa_lane_width_follows_the_build_avx2_subprocess():
     """ATEN_CPU_CAPABILITY=avx2 makes torch run its AVX2 kernels: the model takes 8-float vectors
-    and still gives the kernel's bits."""
+    and still gives the kernel's bits. (On a CPU with AMX, torch 2.14's bf16 flash kernel refuses to
+    run under AVX2 - "pack_vnni2 is only supported when avx512 is supported" - so there is nothing to
+    model: skipped, saying so.)"""
     import subprocess
     import sys
 
@@ -253,14 +274,23 @@ def test_cpu_sdpa_lane_width_follows_the_build_avx2_subprocess():
         "from test_attention import _kernel_and_model, KERNEL_SHAPES; from numdev.attention import cpu_kernel; "
         "assert torch.backends.cpu.get_cpu_capability() == 'AVX2', torch.backends.cpu.get_cpu_capability(); "
         "assert cpu_kernel.lanes() == 8; "
-        "kernel, model, _ = _kernel_and_model(KERNEL_SHAPES['cross'], torch.bfloat16, 0); "
-        "print((kernel.view(torch.int16) == model.view(torch.int16)).double().mean().item())"
+        "from test_attention import _agreement\n"
+        "try:\n"
+        "    kernel, model, _ = _kernel_and_model(KERNEL_SHAPES['cross'], torch.bfloat16, 0)\n"
+        "except RuntimeError as error:\n"
+        "    if 'only supported when avx512' not in str(error): raise\n"
+        "    print('unsupported:', error); sys.exit(0)\n"
+        "print(*_agreement(kernel, model))"
     )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0, result.stderr[-2000:]
-    assert float(result.stdout.strip().splitlines()[-1]) >= KERNEL_SHARE
+    last = result.stdout.strip().splitlines()[-1]
+    if last.startswith("unsupported:"):
+        pytest.skip(f"torch's own kernel does not run with ATEN_CPU_CAPABILITY=avx2 on this CPU ({last})")
+    share, ulps = last.split()
+    assert float(share) >= KERNEL_SHARE and int(ulps) <= KERNEL_ULPS, last
 
 
 def test_cpu_sdpa_choices_are_checked_in_one_line():
