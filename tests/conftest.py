@@ -51,7 +51,6 @@ TIERS = {
         "test_gemm.py::test_gemm_formats_figure_end_to_end",
         "test_gemm.py::test_gemm_scaling_figure_end_to_end",
         "test_gemm_figures.py::test_gemm_scaling_orders_formats_of_equal_mantissa_bits_the_same_in_every_process",
-        "test_help.py::test_hydra_apps_list_their_groups_and_only_theirs",
         "test_launchers.py::test_a_sweep_runs_its_jobs_in_parallel_with_the_parallel_launcher_and_leaves_no_process_behind",
         "test_launchers.py::test_a_sweep_runs_with_the_slurm_local_launcher",
         "test_optimizations.py::test_the_smoke_catalogue_writes_the_table_and_the_report_shows_it",
