@@ -31,6 +31,12 @@ def _load(values) -> str:
     return "/".join(f"{v:.1f}" for v in values) if values else "–"
 
 
+def _during(data: dict) -> str:
+    """The mean 1-minute load while it ran, where the JSON sampled it."""
+    samples = data.get("load_1min_every_30s")
+    return f" (mean {sum(samples) / len(samples):.1f} during)" if samples else ""
+
+
 def rows() -> list[str]:
     lines = ["| what | command | budget | wall time | CPU s (its processes) | load before → after | within budget | machine | JSON |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -38,13 +44,15 @@ def rows() -> list[str]:
         data = json.loads(path.read_text(encoding="utf-8"))
         repeat = data["repeats"][0] if "repeats" in data else data
         wall = data.get("median_wall_s", data.get("wall_s"))
-        extra = f" ({data['pytest']['summary']}; tests alone {_minutes(data['pytest']['tests_s'])})" if data.get("pytest") else ""
+        tests_budget = f", budget {_minutes(data['tests_budget_s'])}" if data.get("tests_budget_s") else ""
+        extra = (f" ({data['pytest']['summary']}; tests alone {_minutes(data['pytest']['tests_s'])}{tests_budget})"
+                 if data.get("pytest") else "")
         failed = f"; exit {data['returncode']}" if data.get("returncode") else ""
         what = f"study: {data['which']}" if path.name.startswith("bench_study_") else f"fresh clone: {data['which']}"
         lines.append(
             f"| {what}{extra}{failed} | `{data['command']}` | {_minutes(data.get('budget_s'))} | {_minutes(wall)} | "
             f"{repeat.get('cpu_s') and round(repeat['cpu_s']) or '–'} | "
-            f"{_load(repeat.get('load_average_before'))} → {_load(repeat.get('load_average_after'))} | "
+            f"{_load(repeat.get('load_average_before'))} → {_load(repeat.get('load_average_after'))}{_during(repeat)} | "
             f"{'yes' if data.get('within_budget') else 'no'} | {machine_line(data['provenance'])} | [{path.name}](results/{path.name}) |"
         )
     return lines

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from helpers import free_port
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue")
 
@@ -24,12 +25,6 @@ def missing_programs() -> list[str]:
 
 def _program(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node_line() -> str:
@@ -63,8 +58,8 @@ class Cluster:
             "CredType=cred/munge",
             # cred_expire: a requeued job waits this long before it starts again (default 120 s)
             f"AuthInfo=socket={self.munge_socket},cred_expire=5",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             f"StateSaveLocation={root / 'state'}",
             f"SlurmdSpoolDir={root / 'spool'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
@@ -104,7 +99,8 @@ class Cluster:
 
     def _spawn(self, command: list[str]) -> None:
         log = open(self.root / (Path(command[0]).name + ".out"), "wb")  # noqa: SIM115 (closed with the process)
-        self.processes.append(subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        # Working in the cluster's own folder: whatever a daemon writes beside it stays there.
+        self.processes.append(subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
                                                start_new_session=True))
 
     def _node_idle(self) -> bool:

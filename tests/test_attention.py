@@ -118,7 +118,13 @@ KERNEL_SHAPES = {
     "d128": (1, 2, 200, 1030, 128, False),
     "one-tile": (1, 1, 20, 600, 64, False),  # one query tile: the kernel's loop runs inline, not in parallel
 }
-KERNEL_SHARE = 0.9999  # the share of outputs bit-identical to the kernel the model must reach
+# What the model must reach on any CPU: every output within one ulp of the kernel's, and at least 99.9%
+# bit-identical. A model that gets the kernel's algorithm wrong (a tile, an order, a rounding) misses
+# both by far; the rare one-ulp outputs differ by CPU and BLAS build (measured >= 99.996% on an AMD EPYC
+# with AVX-512, docs/microbenchmark.md; >= 99.989% on an Intel Xeon with AMX), so the bar sits an order
+# of magnitude below either rather than at one machine's number.
+KERNEL_SHARE = 0.999
+KERNEL_ULPS = 1
 
 
 def _kernel_and_model(shape, dtype, seed, native=True):
@@ -135,20 +141,33 @@ def _kernel_and_model(shape, dtype, seed, native=True):
 @pytest.mark.parametrize("shape", list(KERNEL_SHAPES))
 def test_cpu_sdpa_models_pytorch_cpu_flash_kernel_bit_for_bit(shape, dtype, seed):
     """numerics=cpu_sdpa with the kernel's tile rule gives PyTorch's CPU flash kernel's bits on
-    at least 99.99% of outputs (tests/test_attention.py runs the fused C path; the next test
-    holds the ATen path to it), calling the GEMM the kernel calls on this CPU: MKL's cblas, or
+    at least 99.9% of outputs and is never more than one ulp off (this runs the fused C path; the
+    next test holds the ATen path to it), calling the GEMM the kernel calls on this CPU: MKL's cblas, or
     cpublas::brgemm where the kernel packs (AMX; on an AMX Xeon all bf16 shapes here but
     one-tile pack, and there the model's bf16 outputs were all identical to the kernel's)."""
     from numdev.attention import cpu_kernel
 
     kernel, emulated, model = _kernel_and_model(KERNEL_SHAPES[shape], dtype, seed)
-    share = float((emulated.view(torch.int16) == kernel.view(torch.int16)).double().mean())
+    share, ulps = _agreement(kernel, emulated)
     *dims, causal = KERNEL_SHAPES[shape]
     batch, heads, n_q, n_k, dim = dims
     packs = cpu_kernel.kernel_packs(dtype, batch, heads, n_q, n_k, dim, model.last_tiles.block_r, causal)
     assert model.describe()["matmul.entry"] == ("brgemm" if packs else "cblas")
-    assert share >= KERNEL_SHARE, (f"{shape} {dtype} seed {seed}: {share:.6%} bit-identical ({model.last_path} path, "
-                                   f"{model.last_gemm} GEMM)")
+    assert share >= KERNEL_SHARE and ulps <= KERNEL_ULPS, (
+        f"{shape} {dtype} seed {seed}: {share:.6%} bit-identical, at most {ulps} ulp(s) apart "
+        f"({model.last_path} path, {model.last_gemm} GEMM)")
+
+
+def _agreement(kernel: torch.Tensor, model: torch.Tensor) -> tuple[float, int]:
+    """The share of outputs with the kernel's bits, and the largest distance in ulps (16-bit floats as
+    integers in their order: -0 and +0 are 0, each step one ulp)."""
+
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        bits = x.view(torch.int16).int()
+        return torch.where(bits < 0, -32768 - bits, bits)
+
+    apart = (ordered(kernel) - ordered(model)).abs()
+    return float((kernel.view(torch.int16) == model.view(torch.int16)).double().mean()), int(apart.max())
 
 
 # (batch, heads, n_q, n_k, dim, causal, dtype): the kernel's need_pack heuristic on either side of its
@@ -340,8 +359,9 @@ def test_cpu_sdpa_lane_width_follows_the_build_avx2_subprocess(dtype):
         "except RuntimeError as error:\n"
         f"    print({_KERNEL_CANNOT_RUN!r}, str(error).strip().splitlines()[0])\n"
         "    sys.exit(0)\n"
+        "from test_attention import _agreement\n"
         "kernel, model, _ = _kernel_and_model(KERNEL_SHAPES['cross'], dtype, 0)\n"
-        "print((kernel.view(torch.int16) == model.view(torch.int16)).double().mean().item())\n"
+        "print(*_agreement(kernel, model))\n"
     )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
@@ -351,7 +371,8 @@ def test_cpu_sdpa_lane_width_follows_the_build_avx2_subprocess(dtype):
     if last.startswith(_KERNEL_CANNOT_RUN):
         pytest.skip(f"PyTorch's CPU flash kernel itself fails for {dtype} under ATEN_CPU_CAPABILITY=avx2 on this CPU: "
                     f"{last.removeprefix(_KERNEL_CANNOT_RUN).strip()}")
-    assert float(last) >= KERNEL_SHARE
+    share, ulps = last.split()
+    assert float(share) >= KERNEL_SHARE and int(ulps) <= KERNEL_ULPS, last
 
 
 def test_cpu_sdpa_choices_are_checked_in_one_line():

@@ -15,9 +15,11 @@ unchanged. Every entry is checked for:
 - no temporary file left anywhere, the `intact` files unchanged, and no run output (weights,
   checkpoints, run records) from a run refused before it started.
 
-Commands run in-process (main() with its argv) to keep this fast; the real console scripts are
-exercised in test_cli.py, test_distributed.py, test_launchers.py and test_kill_resume.py. To add a
-mistake, append a Case; `CATALOGUE_SIZE` in README.md's Reliability section counts them.
+Commands run in-process (main() with its argv) to keep this fast; one mistake of each kind runs
+through the real console script too (test_a_mistake_is_one_line_from_the_real_command). This file is
+the one home of bad input: the catalogue, the real commands, and the checks behind the messages
+(numdev.config.groups, numdev.config.preflight, the file readers). To add a mistake, append a Case;
+`CATALOGUE_SIZE` in README.md's Reliability section counts them.
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
-from helpers import compose_train
+from helpers import REPO, compose_train, png_bytes, run_numdev, tar_bytes, train_run
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 
@@ -84,13 +85,7 @@ def _manifest(text: str, name: str = "m.jsonl") -> Callable[[Path], None]:
 
 
 def _trained_run(tmp: Path) -> None:
-    threads = torch.get_num_threads()
-    from numdev.train.run import train
-
-    try:
-        train(compose_train("trainer.max_steps=2", run_dir=tmp / "run"))
-    finally:
-        torch.set_num_threads(threads)
+    train_run("trainer.max_steps=2", run_dir=tmp / "run")
 
 
 def _truncate_checkpoint(tmp: Path) -> None:
@@ -419,30 +414,9 @@ CATALOGUE = [
          setup=_edit_index(lambda index: index["snapshots"][0].update(file="../../a/weights/step_00000000.safetensors"))),
 ]
 # -- reliability, round two (issue 23): whole classes, many variants each ------------------------------
-def _png_bytes(image: Image.Image) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def _good_shard(n: int = 6) -> bytes:
-    png = _png_bytes(Image.new("RGB", (16, 16), (200, 30, 30)))
-    return _tar_bytes([m for i in range(n) for m in ((f"{i:03d}.png", png), (f"{i:03d}.txt", f"a red square {i}".encode()))])
+    png = png_bytes((200, 30, 30), size=(16, 16))
+    return tar_bytes([m for i in range(n) for m in ((f"{i:03d}.png", png), (f"{i:03d}.txt", f"a red square {i}".encode()))])
 
 
 def _member_offset(data: bytes, index: int) -> int:
@@ -458,12 +432,12 @@ def _shard(data: bytes) -> Callable[[Path], None]:
 
 
 _GOOD = _good_shard()
-_PNG = _png_bytes(Image.new("RGB", (16, 16), (1, 2, 3)))
+_PNG = png_bytes((1, 2, 3), size=(16, 16))
 SHARD = [*TRAIN, "data=webdataset", "data.shards={tmp}/s.tar", "data.shuffle_buffer=2"]
 # 1. data that cannot be read: refused before the run starts (the shard's tar structure) ...
 SHARDS_REFUSED = {
     "zero-bytes": (b"", "shard {tmp}/s.tar is empty (0 bytes)"),
-    "empty-archive": (_tar_bytes([]), "shard {tmp}/s.tar holds no samples"),
+    "empty-archive": (tar_bytes([]), "shard {tmp}/s.tar holds no samples"),
     "cut-at-a-member": (_GOOD[: _member_offset(_GOOD, 6)], "shard {tmp}/s.tar is truncated"),
     "cut-at-a-sample": (_GOOD[: _member_offset(_GOOD, 4)], "shard {tmp}/s.tar is truncated"),
     "cut-inside-data": (_GOOD[: _member_offset(_GOOD, 6) + 700], "shard {tmp}/s.tar is truncated"),
@@ -474,16 +448,16 @@ SHARDS_REFUSED = {
 }
 # ... or ending the run that started, failed, in one line (what only reading every sample shows)
 SHARDS_FAILED = {
-    "no-sample-names": (_tar_bytes([("README", b"x"), ("LICENSE", b"y")]), "shard {tmp}/s.tar holds no samples"),
-    "all-garbage-images": (_tar_bytes([m for i in range(3) for m in ((f"{i}.png", b"garbage"), (f"{i}.txt", b"c"))]),
+    "no-sample-names": (tar_bytes([("README", b"x"), ("LICENSE", b"y")]), "shard {tmp}/s.tar holds no samples"),
+    "all-garbage-images": (tar_bytes([m for i in range(3) for m in ((f"{i}.png", b"garbage"), (f"{i}.txt", b"c"))]),
                            "shard {tmp}/s.tar: none of its 3 sample(s) has an image that can be decoded"),
-    "all-empty-images": (_tar_bytes([m for i in range(2) for m in ((f"{i}.jpg", b""), (f"{i}.txt", b"c"))]),
+    "all-empty-images": (tar_bytes([m for i in range(2) for m in ((f"{i}.jpg", b""), (f"{i}.txt", b"c"))]),
                          "shard {tmp}/s.tar: none of its 2 sample(s) has an image that can be decoded"),
-    "all-half-images": (_tar_bytes([m for i in range(2) for m in ((f"{i}.png", _PNG[:40]), (f"{i}.txt", b"c"))]),
+    "all-half-images": (tar_bytes([m for i in range(2) for m in ((f"{i}.png", _PNG[:40]), (f"{i}.txt", b"c"))]),
                         "shard {tmp}/s.tar: none of its 2 sample(s)"),
-    "latin1-caption": (_tar_bytes([("a.png", _PNG), ("a.txt", "café".encode("latin-1"))]),
+    "latin1-caption": (tar_bytes([("a.png", _PNG), ("a.txt", "café".encode("latin-1"))]),
                        "shard {tmp}/s.tar, sample 'a', .txt: not UTF-8 text (byte 0xe9"),
-    "utf16-caption": (_tar_bytes([("a.png", _PNG), ("a.txt", "a cat".encode("utf-16"))]),
+    "utf16-caption": (tar_bytes([("a.png", _PNG), ("a.txt", "a cat".encode("utf-16"))]),
                       "shard {tmp}/s.tar, sample 'a', .txt: not UTF-8 text (byte 0xff"),
 }
 
@@ -771,7 +745,7 @@ CATALOGUE += [
            f"{key}={2**bits + 1} must be a non-negative integer below 2^64")
       for key in ("seed.init", "seed.data", "seed.noise", "callbacks.samples.seed") for bits in (64, 100)),
     Case("bench-seeds-beyond-64-bits", "numdev-bench", [*BENCH, f"seeds=[0,{2**64}]"], f"seeds=[0, {2**64}] must be a list of non-negative integers below 2^64"),
-    *(Case(f"{program}-unknown-top-level-{key.strip('+').replace('.', '-')}", program, [*args, f"{key}=0.5"],
+    *(Case(f"{program}-unknown-top-level-{key.replace('+', 'plus').replace('.', '-')}", program, [*args, f"{key}=0.5"],
            f"{key}=0.5: {key.strip('+').split('.')[0]} is not a setting of {program}" + (f", and nothing would read it; did you mean {hint}=0.5?" if hint else ""))
       for program, args, key, hint in (("numdev-train", TRAIN, "+lr", "optim.optimizer.lr"), ("numdev-train", TRAIN, "++lr", "optim.optimizer.lr"),
                                        ("numdev-train", TRAIN, "+batch_size", "data.batch_size"), ("numdev-train", TRAIN, "+foo.bar", None),
@@ -795,6 +769,103 @@ CATALOGUE += [
       for program, args in (("numdev-train", TRAIN), ("numdev-bench", BENCH))
       for kind, code, reason in (("full", errno.ENOSPC, "No space left"), ("read-only", errno.EROFS, "Read-only file system"),
                                  ("no-permission", errno.EACCES, "Permission denied"))),
+    Case("bench-unknown-accum-format", "numdev-bench", [*BENCH, "numerics.accum=fp12"], "unknown float format 'fp12'"),
+]
+
+
+# 6. common mistakes: the same run twice, a sweep for a run, a setting of another option or app, a misspelt
+# added key; a refused command leaves no run or sweep directory (a dated one is removed again, one that
+# existed before is kept)
+def _same_run(link: bool = False) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        _snapshots(tmp, "a")
+        if link:
+            (tmp / "link").symlink_to(tmp / "a")
+
+    return setup
+
+
+def _bit_identical_pair(tmp: Path) -> None:
+    _snapshots(tmp, "a")
+    shutil.copytree(tmp / "a", tmp / "copy")
+
+
+def _said_bit_identical(tmp: Path) -> None:
+    summary = json.loads((tmp / "a" / "compare_copy" / "compare.json").read_text())
+    assert summary["bit_identical"] is True and summary["final"]["step"] == 2
+    assert summary["final"]["max_abs"] == summary["final"]["mean_abs"] == summary["final"]["pooled_wasserstein"] == 0.0
+    assert summary["provenance"]["machine"]["cpu"]
+
+
+def _nothing_under(root: str) -> Callable[[Path], None]:
+    def after(tmp: Path) -> None:
+        made = sorted(str(p.relative_to(tmp)) for p in (tmp / root).rglob("*")) if (tmp / root).exists() else []
+        assert made == [], made  # no run or sweep directory, no job run
+
+    return after
+
+
+def _image_folder_and(kept: str | None = None) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / "images").mkdir()
+        if kept:
+            (tmp / kept).mkdir()
+
+    return setup
+
+
+def _kept_and_nothing_dated(kept: str | None = None) -> Callable[[Path], None]:
+    def after(tmp: Path) -> None:
+        assert not list((tmp / "outputs").glob("train/*/*"))  # no dated run directory
+        if kept:
+            assert (tmp / kept).is_dir()
+
+    return after
+
+
+REFUSED_BENCH = ["shape.seq_q=16", "shape.dim=16", "tiles.block_r=16", "tiles.block_c=16", "output_root={tmp}/outputs"]
+NO_IMAGES = ["experiment=train_smoke", "data=folder", "data.root={tmp}/images", "output_root={tmp}/outputs"]
+
+CATALOGUE += [
+    *(Case(f"compare-the-same-run-{name}", "numdev-compare", ["{tmp}/a", other], "are the same run directory",
+           setup=_same_run(link=name == "through-a-link"), extra={"absent": ("a/compare_a", "a/compare_link")})
+      for name, other in (("twice", "{tmp}/a"), ("with-a-dot", "{tmp}/./a"), ("with-a-slash", "{tmp}/a/"), ("through-a-link", "{tmp}/link"))),
+    Case("compare-a-sweep-for-a-run", "numdev-compare", ["{tmp}/sweep", "{tmp}/sweep/flash"],
+         "{tmp}/sweep is a sweep holding 2 run(s), not one run: compare two runs ({tmp}/sweep/flash, ",
+         setup=lambda tmp: _snapshots(tmp / "sweep", "reference") or _snapshots(tmp / "sweep", "flash")),
+    Case("compare-bit-identical-runs", "numdev-compare", ["{tmp}/a", "{tmp}/copy"], "bit-identical at every compared step (2 steps)",
+         setup=_bit_identical_pair, style="warning", code=0, after=_said_bit_identical),
+    # Hydra would suggest +data.root, which then fails in ShapesDataModule's constructor.
+    Case("train-setting-of-another-data-option", "numdev-train", ["data.root=/tmp/images", "output_root={tmp}/outputs"],
+         "data.root is a setting of data=folder, not of data=shapes (the data in use): choose it too, e.g. ",
+         after=_nothing_under("outputs")),
+    Case("bench-group-of-numdev-train", "numdev-bench", ["trainer=gpu", "output_root={tmp}/outputs"],
+         "trainer is a config group of numdev-train, not of numdev-bench: run ", after=_nothing_under("outputs")),
+    *(Case(f"train-misspelt-added-key-{name}", "numdev-train", ["experiment=train_smoke", added, "output_root={tmp}/outputs"], expect,
+           after=_nothing_under("outputs"))
+      for name, added, expect in (
+          ("optimizer", "+optim.optimizer.epss=1e-8",
+           "optim.optimizer (torch.optim.AdamW) has no setting epss, so nothing would read it: did you mean optim.optimizer.eps?"),
+          ("trainer", "+trainer.max_stepz=3", "did you mean trainer.max_steps or "))),
+    *(Case(f"bench-refused-{name}-no-directory", "numdev-bench", [*args, *REFUSED_BENCH], expect, after=_nothing_under("outputs"))
+      for name, args, expect in (
+          ("format", ["numerics.precision=fp17"], "unknown float format 'fp17'"),  # found when the formats are built
+          ("scale", ["inputs.scale=-1"], "inputs.scale=-1 must be a positive number"),  # the schema
+          ("added-key", ["+shape.seqq=256"], "+shape.seqq=256: shape has no setting seqq, so nothing would read it: did you mean shape.seq_q or shape.seq_k?"),
+          ("group", ["numeric=fa2"], "numeric=fa2: numdev-bench has no group or setting numeric: did you mean numerics=fa2?"),
+          ("added-group", ["+numeric=fa2"], "+numeric=fa2: numeric is not a setting of numdev-bench, and nothing would read it; did you mean numerics=fa2?"),
+          ("sweep-job", ["-m", "numerics.precision=bf16,fp17"], "sweep job 1 (numerics.precision=fp17): unknown float format 'fp17'"),
+          ("experiment-sweep-job", ["-m", "experiment=fig3", "inputs.scale=0"],
+           "sweep job 0 (numerics.precision=bf16): inputs.scale=0 must be a positive number"))),
+    # Refused inside the run (no images under data.root: found when the data is set up), after Hydra created
+    # the run directory: the directory goes again; one that existed before is kept.
+    Case("train-refused-run-leaves-no-dated-directory", "numdev-train", NO_IMAGES, "no images", setup=_image_folder_and(),
+         after=_kept_and_nothing_dated()),
+    Case("train-sweep-lists-a-job-twice", "numdev-train", ["experiment=flash_stability_smoke", "study.replicate=0,0", "hydra.sweep.dir={tmp}/study"],
+         "study.replicate=0,0: lists 0 more than once, so the sweep would run the same job twice (in one directory): list each value "
+         "of study.replicate once", extra={"absent": ("study",)}),
+    Case("train-refused-run-keeps-its-own-directory", "numdev-train", [*NO_IMAGES, "hydra.run.dir={tmp}/mine"], "no images",
+         setup=_image_folder_and("mine"), after=_kept_and_nothing_dated("mine")),
 ]
 
 # 6. the harm study's controls (docs/study.md#ladder, docs/training.md): each bad value names its key
@@ -1161,11 +1232,7 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(logging.Logger, "warning", lambda self, msg, *args, **kwargs: logged.append(str(msg) % args if args else str(msg)))
     capsys.readouterr()
 
-    threads = torch.get_num_threads()
-    try:
-        code = _invoke(case.program, [a.format(tmp=tmp_path) for a in case.args], monkeypatch)
-    finally:
-        torch.set_num_threads(threads)
+    code = _invoke(case.program, [a.format(tmp=tmp_path) for a in case.args], monkeypatch)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     expect = case.expect.format(tmp=tmp_path)
@@ -1203,6 +1270,171 @@ def test_bad_input(case: Case, tmp_path, monkeypatch, capsys):
 def test_the_readme_states_the_catalogue_size():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"{CATALOGUE_SIZE} bad inputs" in readme
+
+
+# -- the same promise from the real console scripts ------------------------------------------------
+# One process per kind of message (ours from each kind of program, Hydra's, a mistake naming the fix as
+# the user types it): the exit code and the stderr a user sees, which the in-process catalogue cannot show
+# (an interpreter of its own, its logging set up by Hydra); the rest of each kind is in-process above. Commands printed in a message are shown as typed in the directory it runs
+# in: {numdev-train} is the console script as numdev prints it from the repository's root.
+REAL_COMMANDS = {
+    "train-cannot-run-here": ("numdev-train", ["experiment=train_smoke", "attention=flash_attn", "output_root={tmp}/outputs"], None, 2,
+                              ("numdev-train: error: attention=flash_attn with precision=fp32 on cpu", "cannot run here",
+                               "Backends that can run on cpu with float32: baseline, eager, flash_emulated, output_noise, sdpa_flash, sdpa_math")),
+    "train-unknown-option": ("numdev-train", ["attention=nope", "output_root={tmp}/outputs"], None, 1, "sdpa_flash"),
+    "bench-group-of-another-app": ("numdev-bench", ["trainer=gpu", "output_root={tmp}/outputs"], REPO, 2,
+                                   "numdev-bench: error: trainer is a config group of numdev-train, not of numdev-bench: run {numdev-train} trainer=gpu"),
+    "compare-the-same-run": ("numdev-compare", ["{tmp}/a", "{tmp}/a/"], None, 2, "are the same run directory"),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_COMMANDS))
+def test_a_mistake_is_one_line_from_the_real_command(name, tmp_path, monkeypatch):
+    from numdev.cli.commands import script
+
+    program, args, cwd, code, expect = REAL_COMMANDS[name]
+    _snapshots(tmp_path, "a")
+    before = _files(tmp_path)
+    result = run_numdev(program, *(a.format(tmp=tmp_path) for a in args), cwd=cwd or tmp_path,
+                    env={**os.environ, "HYDRA_FULL_ERROR": "0"})
+    monkeypatch.chdir(cwd or tmp_path)  # the command as numdev prints it there
+    assert result.returncode == code, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    for part in expect if isinstance(expect, tuple) else (expect,):
+        for shown in ("numdev-train", "numdev-bench"):
+            part = part.replace("{" + shown + "}", script(shown))
+        assert part in result.stderr, result.stderr[-2000:]
+    if code == 2:  # ours: exactly one line
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"{program}: error: "), result.stderr
+    assert _files(tmp_path) == before  # nothing ran, nothing was written (a refused run's dated directory is gone)
+    assert not list(tmp_path.glob("outputs/*/*/*"))
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
+
+
+# -- what the command-line checks decide (numdev.config.groups, numdev.config.preflight) ---------------
+@pytest.mark.parametrize(
+    ("app", "args", "expected"),
+    [
+        ("train", ["+data.root=/tmp/images"], "e.g. {numdev-train} data=folder data.root=/tmp/images"),
+        ("train", ["data.shards=/d/shard-0.tar"], "data.shards is a setting of data=webdataset, not of data=shapes"),
+        ("train", ["experiment=train_gpu_base", "data.manifest=c.csv"], "data.manifest is a setting of data=folder, not of data=shapes"),
+        ("train", ["experiment=fig4"], "experiment=fig4 is a numdev-bench experiment, not a numdev-train one: "
+         "run {numdev-bench} experiment=fig4"),
+        ("bench", ["experiment=flash_stability"], "experiment=flash_stability is a numdev-train experiment"),
+        ("bench", ["-m", "trainer.max_steps=3,4"], "trainer.max_steps is a setting of numdev-train, not of numdev-bench"),
+        ("train", ["numerics=fa2"], "numerics is a config group of numdev-bench, not of numdev-train"),
+        ("bench", ["-m", "numerics.precision=bf16,fp16", "--help"], "--help with a sweep (a,b,c): Hydra's help cannot read sweeps"),
+    ],
+)
+def test_overrides_that_belong_elsewhere_are_named(app, args, expected):
+    from numdev.cli.commands import script
+    from numdev.config.groups import override_mistake
+
+    for name in ("numdev-train", "numdev-bench"):
+        expected = expected.replace("{" + name + "}", script(name))
+    assert expected in (override_mistake(app, args) or "")
+
+
+@pytest.mark.parametrize(
+    ("app", "args"),
+    [
+        ("train", ["data=folder", "data.root=/x"]),  # the fix itself
+        ("train", ["experiment=train_gpu_base", "data.resolution=64", "trainer.devices=2"]),
+        ("train", ["trainer=ddp_cpu", "trainer.strategy=ddp"]),  # a key inherited from the option's defaults
+        ("train", ["-m", "data=folder,shapes", "data.root=/x"]),  # a sweep over options: Hydra decides per job
+        ("train", ["attention@shadow=baseline", "callbacks.shadow.every_n_steps=5"]),
+        ("bench", ["numerics=fa2", "numerics.accum=bf16", "tiles.block_c=32", "shape.seq_q=128"]),
+        ("bench", ["-m", "experiment=fig4", "hydra/launcher=parallel"]),
+        ("bench", ["-m", "seeds=[0,1,2]", "--help"]),  # a list, not a sweep
+        ("train", ["data.nope=1"]),  # a key no option has: Hydra's own error names it
+        ("bench", ["numerics=fastest", "numerics.precision=fp16"]),  # an unknown option: Hydra lists the options
+    ],
+)
+def test_valid_overrides_pass_the_check(app, args):
+    from numdev.config.groups import override_mistake
+
+    assert override_mistake(app, args) is None
+
+
+def test_every_experiment_belongs_to_one_app():
+    """--help and the checks above tell the apps' experiments apart by the folder each is in
+    (conf/<app>/experiment/): a name in both would be ambiguous."""
+    from numdev.config.groups import experiment_app, options
+
+    for name in options("experiment"):
+        assert experiment_app(name) in ("bench", "train"), f"experiment {name} is in both conf/bench/experiment and conf/train/experiment"
+    assert set(options("experiment", "bench")).isdisjoint(options("experiment", "train"))
+
+
+def test_every_job_of_an_experiment_sweep_is_checked_before_the_first_runs():
+    """experiment=flash_stability_smoke sweeps its roles and replicates by itself (hydra.mode=MULTIRUN in
+    the experiment, no -m): a bad value set for all of them is refused naming the first job."""
+    from numdev.config import preflight
+    from numdev.train.run import check_config
+
+    problem = preflight.problem("train", ["experiment=flash_stability_smoke", "optim.optimizer.lr=-1"], check_config)
+    assert problem == ("sweep job 0 (study=truth study.replicate=0): optim.optimizer.lr=-1 must be a positive number; "
+                       "no job was run")
+    assert preflight.problem("train", ["experiment=flash_stability_smoke"], check_config) is None
+
+
+def test_added_keys_a_constructor_takes_still_run():
+    from hydra import compose, initialize_config_module
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from numdev.config.preflight import _added_key_problem
+
+    parsed = OverridesParser.create().parse_overrides(["experiment=train_smoke", "+optim.optimizer.eps=1e-8", "+trainer.max_time=null"])
+    with initialize_config_module(config_module="numdev.conf.train", version_base="1.3"):
+        assert _added_key_problem("train", parsed, compose) is None
+
+
+def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monkeypatch, capsys):
+    """Past the command-line check (e.g. an experiment adds the key): the constructor's TypeError is named."""
+    from numdev.config.groups import unexpected_key
+    from numdev.train import app
+
+    assert unexpected_key("data", "root") == (
+        "data.root is not a setting of the chosen data: it is one of data=folder; "
+        "choose that option too (data=folder data.root=...) instead of +data.root"
+    )
+    assert unexpected_key("data", "nope") == "data.nope is not a setting of data: remove +data.nope (see --help for the keys it has)"
+    # through numdev-train, with the command-line check bypassed (an experiment could add the key)
+    monkeypatch.setattr("numdev.config.groups.override_mistake", lambda app, args: None)
+    monkeypatch.setattr("numdev.config.preflight.problem", lambda app, args, check: None)
+    monkeypatch.setattr(sys, "argv", ["numdev-train", "+data.root=/x", "experiment=train_smoke", f"output_root={tmp_path}",
+                                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
+    with pytest.raises(SystemExit) as exit_:
+        try:
+            app.main()
+        finally:
+            GlobalHydra.instance().clear()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == "numdev-train: error: " + unexpected_key("data", "root")
+
+
+def test_a_shadow_that_is_the_training_backend_warns(tmp_path):
+    """attention@shadow=baseline with attention=baseline: every per-call deviation is 0, said loudly."""
+    import warnings
+    from types import SimpleNamespace
+
+    from numdev.attention import build_backend
+    from numdev.models.attention import Attention
+    from numdev.train.callbacks.shadow import ShadowDeviation
+
+    model = torch.nn.Sequential(Attention(32, 4, build_backend("baseline")))
+    callback = ShadowDeviation(str(tmp_path), backend=build_backend("baseline"))
+    with pytest.warns(UserWarning, match="attention@shadow is the training backend itself"):
+        callback.setup(None, SimpleNamespace(model=model), "fit")
+    callback.teardown(None, None, "fit")
+    other = ShadowDeviation(str(tmp_path), backend=build_backend("sdpa_math"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        other.setup(None, SimpleNamespace(model=model), "fit")  # another backend: no warning
+    other.teardown(None, None, "fit")
 
 
 # -- the readers numdev gives the analysis tools (issue 23, class 3): every kind of damage, every file --

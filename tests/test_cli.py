@@ -1,27 +1,22 @@
-"""numdev-train through the real command line: a multirun sweep and the one-line error format."""
+"""numdev-train through the real command line: a multirun sweep, and training on a GPU with each backend.
+(Its one-line errors: tests/test_bad_input_catalogue.py.)"""
 
 from __future__ import annotations
 
 import json
 import math
-import subprocess
-from pathlib import Path
 
 import pytest
-
-from numdev.cli.commands import argv
+from helpers import run_numdev
 
 SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2"]
 
 
-def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
-    command += args
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_multirun_over_backends_and_init_seeds(tmp_path):
-    result = numdev_train(
+    result = run_numdev(
+        "numdev-train",
         "-m", "attention=baseline,sdpa_flash", "seed.init=0,1", *SMOKE, f"output_root={tmp_path}", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -42,22 +37,6 @@ def test_multirun_over_backends_and_init_seeds(tmp_path):
     assert initial[("baseline", 0)] != initial[("baseline", 1)]
 
 
-def test_a_combination_that_cannot_run_is_one_line_on_stderr(tmp_path):
-    result = numdev_train(*SMOKE, "attention=flash_attn", f"output_root={tmp_path}", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and errors[0].startswith("numdev-train: error: attention=flash_attn with precision=fp32 on cpu")
-    assert "Backends that can run on cpu with float32: baseline, eager, flash_emulated, output_noise, sdpa_flash, sdpa_math" in errors[0]
-
-
-@pytest.mark.parametrize(("override", "expected"), [("attention=nope", "sdpa_flash"), ("trainer.nope=1", "nope")])
-def test_unknown_config_values_are_hydra_errors_naming_them(tmp_path, override, expected):
-    result = numdev_train(override, f"output_root={tmp_path}", cwd=tmp_path)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert expected in result.stderr
-
-
 def _flash_attn_installed() -> bool:
     from numdev.attention import flash_attn_backend
 
@@ -76,7 +55,7 @@ def test_gpu_training_runs_with_each_backend(tmp_path, attention, precision):
         pytest.skip("needs a CUDA GPU")
     if attention == "flash_attn" and not _flash_attn_installed():
         pytest.skip("no FlashAttention kernel installed (docs/gpu.md)")
-    result = numdev_train(*SMOKE, "trainer=gpu", f"attention={attention}", f"precision={precision}",
+    result = run_numdev("numdev-train", *SMOKE, "trainer=gpu", f"attention={attention}", f"precision={precision}",
                           f"output_root={tmp_path}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     [record] = [json.loads(p.read_text()) for p in tmp_path.rglob("run.json")]

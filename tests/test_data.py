@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import png_bytes, tar_bytes
 from PIL import Image
 
 from numdev.data import FolderDataModule, ShapesDataModule, ShapesDataset, StepBatchSampler, WebDataModule
@@ -114,10 +115,7 @@ def test_workers_change_nothing():
 # --- a folder of images --------------------------------------------------------------------
 
 
-def _png(colour, size=(20, 12)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
+_png = png_bytes
 
 
 @pytest.fixture
@@ -370,14 +368,7 @@ def test_a_16_bit_png_trains_as_its_8_bit_equivalent(tmp_path):
     assert float(wide.max()) < 1.0 or float(wide.min()) < 0.0  # not every pixel 1.0
 
 
-def _tar(members: list[tuple[str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+_tar = tar_bytes
 
 
 def _members_end(data: bytes, count: int) -> int:

@@ -4,14 +4,13 @@ the same global batch; and the launches that cannot work are refused before anyt
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import compose_train
+from helpers import compose_train, free_port, run_numdev, snapshot_hashes, train_run
 
-from numdev.cli.commands import argv
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.run import train
 from numdev.weights.store import list_snapshots, load_snapshot
@@ -22,16 +21,14 @@ TOLERANCE = 1e-5
 
 
 def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
-    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    """numdev-train with a port of its own for the ranks' rendezvous (MASTER_PORT): tests beside it may
+    run DDP too."""
+    return run_numdev("numdev-train", *args, cwd=cwd, env={**os.environ, "MASTER_PORT": str(free_port())})
 
 
 def _single_process(run_dir: Path, *overrides: str) -> dict:
-    threads = torch.get_num_threads()
-    try:  # threads=1 as in the DDP ranks: a different thread count may split reductions differently
-        return train(compose_train(*SMOKE[1:], *overrides, run_dir=run_dir))
-    finally:
-        torch.set_num_threads(threads)
+    # threads=1 (SMOKE) as in the DDP ranks: a different thread count may split reductions differently
+    return train_run(*SMOKE[1:], *overrides, run_dir=run_dir)
 
 
 def test_ddp_on_two_cpu_processes_matches_one_process_with_the_same_global_batch(tmp_path):
@@ -56,8 +53,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process_with_the_same_global_batch
         f"step_{s:08d}.safetensors" for s in steps
     ]  # no stray temporary files from a second writer
 
-    hashes = {d: {e["step"]: e["sha256"] for e in json.loads((d / "weights" / "index.json").read_text())["snapshots"]}
-              for d in (ddp_dir, ref_dir)}
+    hashes = {d: snapshot_hashes(d) for d in (ddp_dir, ref_dir)}
     assert hashes[ddp_dir][0] == hashes[ref_dir][0]  # the same initial weights, bit for bit
     worst = 0.0
     for step in steps[1:]:
@@ -91,8 +87,7 @@ def test_a_ddp_run_resumes_from_its_checkpoint_to_the_same_snapshots(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     second = numdev_train(*common, "trainer.max_steps=4", "resume=true", f"hydra.run.dir={split}", cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    hashes = {d: {e["step"]: e["sha256"] for e in json.loads((d / "weights" / "index.json").read_text())["snapshots"]}
-              for d in (whole, split)}
+    hashes = {d: snapshot_hashes(d) for d in (whole, split)}
     assert hashes[split] == hashes[whole] and sorted(hashes[whole]) == [0, 1, 2, 3, 4]
     run = json.loads((split / "run.json").read_text())
     assert run["resumes"][0]["from_step"] == 2 and run["world_size"] == 2

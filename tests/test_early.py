@@ -13,8 +13,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
-from helpers import compose_train
+from helpers import compose_train, run_cli
 from scipy import stats as scipy_stats
 
 from numdev.analysis import early

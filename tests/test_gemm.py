@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 
 from numdev.gemm import emulated_matmul, gemm_formats, golden_matmul
 from numdev.gemm.kernels import ScaledMM

@@ -7,23 +7,18 @@ changed, fails.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
 import pytest
-from conftest import REPO
+from helpers import REPO, load_script
 
 from numdev.report.docblocks import read_block
 
 README, RESULTS_DOC = REPO / "README.md", REPO / "docs" / "results.md"
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_script = load_script
 
 
 def test_every_block_in_readme_and_results_is_filled_and_names_its_script():

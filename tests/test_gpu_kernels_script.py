@@ -1,6 +1,6 @@
 """scripts/gpu_kernels.py (the emulator against real kernels, and the Fig. 4 ratio with real kernels),
 run here on PyTorch's CPU flash kernel, the one real kernel a CPU has: the same code measures the
-GPU kernels on a GPU machine."""
+GPU kernels on a GPU machine. The script runs as a command once; its argument checks in-process."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,13 +42,14 @@ def test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline
 
 
 @pytest.mark.parametrize("bad", [["--n", "0"], ["--dims", "-64"], ["--seeds", "-1"], ["--batch", "x"]])
-def test_bad_grid_values_are_refused_before_anything_runs(bad):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_kernels.py"), "--device", "cpu", *bad],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "Traceback" not in result.stderr and f"argument {bad[0]}" in result.stderr
+def test_bad_grid_values_are_refused_before_anything_runs(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_script("gpu_kernels").main(["--device", "cpu", *bad])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err and f"argument {bad[0]}" in err
 
 
-def test_bad_heads_are_one_line(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_kernels.py"), "--device", "cpu", "--heads", "1",
-                             "--compare-heads", "2"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--compare-heads 2 must be 1..--heads (1)" in result.stderr
+def test_bad_heads_are_one_line(capsys):
+    assert load_script("gpu_kernels").main(["--device", "cpu", "--heads", "1", "--compare-heads", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--compare-heads 2 must be 1..--heads (1)" in err

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import compose_train
+from helpers import compose_train, snapshot_hashes
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from numdev.models.attention import Attention
@@ -23,9 +23,6 @@ LAYER = "blocks.0.cross_attn"
 def _events(run_dir) -> list[dict]:
     return json.loads((run_dir / "instability.json").read_text())["events"]
 
-
-def _hashes(run_dir) -> dict[int, str]:
-    return {e["step"]: e["sha256"] for e in json.loads((run_dir / "weights" / "index.json").read_text())["snapshots"]}
 
 
 def test_spike_detector_on_a_synthetic_loss_sequence():
@@ -125,5 +122,5 @@ def test_a_loss_spike_is_logged_to_json_and_tensorboard(tmp_path, monkeypatch):
 def test_the_monitor_leaves_the_trajectory_of_normal_runs_alone(tmp_path):
     train(compose_train(run_dir=tmp_path / "on"))
     train(compose_train("~callbacks.instability", run_dir=tmp_path / "off"))
-    assert _hashes(tmp_path / "on") == _hashes(tmp_path / "off")
+    assert snapshot_hashes(tmp_path / "on") == snapshot_hashes(tmp_path / "off")
     assert _events(tmp_path / "on") == [] and not (tmp_path / "off" / "instability.json").exists()

@@ -1,5 +1,6 @@
 """Hydra launchers through the real numdev-train command: parallel jobs with numdev's own launcher
-(hydra/launcher=parallel, and submitit's local executor, slow), each job a complete run."""
+(hydra/launcher=parallel: no process left behind; and submitit's local executor, slow), each job a
+complete run."""
 
 from __future__ import annotations
 
@@ -8,16 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import console_noise
+from helpers import console_noise, kill_session, no_process_left, run_numdev
 
 from numdev.cli.commands import argv
 
 SMOKE = ["experiment=train_smoke", "trainer.max_steps=2", "callbacks.samples.num_samples=2", "threads=1"]
-
-
-def numdev_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
-    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True, timeout=500)
 
 
 def _check_sweep(tmp_path: Path, result: subprocess.CompletedProcess) -> list[dict]:
@@ -39,12 +35,23 @@ def _check_sweep(tmp_path: Path, result: subprocess.CompletedProcess) -> list[di
     return runs
 
 
-def test_a_sweep_runs_its_jobs_in_parallel_with_the_parallel_launcher(tmp_path):
-    result = numdev_train(
-        "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "attention=baseline,sdpa_flash", *SMOKE,
-        f"output_root={tmp_path}", cwd=tmp_path,
-    )
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_sweep_runs_its_jobs_in_parallel_with_the_parallel_launcher_and_leaves_no_process_behind(tmp_path):
+    pytest.importorskip("joblib")
+    # Its own session, so that everything it starts (workers, their trackers) can be found afterwards.
+    process = subprocess.Popen([*argv("numdev-train"), "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2",
+                                "attention=baseline,sdpa_flash", *SMOKE, f"output_root={tmp_path}"],
+                               cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=500)
+        # Every worker was joined before the command returned; loky's resource tracker exits when the
+        # command does (its pipe closes): polled, not raced.
+        left = no_process_left(process.pid)
+    finally:
+        kill_session(process)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     runs = _check_sweep(tmp_path, result)
+    assert left == []
     # In parallel: each job started training before the other one finished (one after the other
     # would give max(start) > min(end)).
     assert max(r["span"][0] for r in runs) < min(r["span"][1] for r in runs), [r["span"] for r in runs]
@@ -63,9 +70,10 @@ def test_a_sweep_runs_its_jobs_in_parallel_with_the_parallel_launcher(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_runs_with_the_slurm_local_launcher(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    result = numdev_train(
+    result = run_numdev(
+        "numdev-train",
         "-m", "hydra/launcher=slurm_local", "attention=baseline,sdpa_flash", *SMOKE,
-        f"output_root={tmp_path}", cwd=tmp_path,
+        f"output_root={tmp_path}", cwd=tmp_path, timeout=500,
     )
     _check_sweep(tmp_path, result)
     (sweep,) = (tmp_path / "train" / "train_smoke").glob("multirun_*")

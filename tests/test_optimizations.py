@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import REPO
-from helpers import compose_train
+from helpers import REPO, compose_train, flat_config
 
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.attention.flash_emulated import TIE_BETA, tie_shifted_max
@@ -273,19 +272,7 @@ def test_every_optimization_has_a_role_in_the_catalogue():
 @pytest.mark.parametrize("role", [r for r in SWEEP if r.startswith(("opt_", "attn_"))])
 def test_each_optimization_role_changes_only_what_it_says(role):
     def flat(name):
-        from omegaconf import OmegaConf
-
-        cfg = compose_train("experiment=optimizations", f"study={name}", "study.replicate=1", "run_dir=/tmp/x", smoke=False)
-        out = {}
-
-        def walk(node, prefix=""):
-            for key, value in node.items():
-                if isinstance(value, dict):
-                    walk(value, f"{prefix}{key}.")
-                else:
-                    out[f"{prefix}{key}"] = value
-        walk(OmegaConf.to_container(cfg, resolve=True))
-        return out
+        return flat_config("experiment=optimizations", f"study={name}", "study.replicate=1", smoke=False)
 
     reference, other = flat("reference"), flat(role)
     ignored = ("study.", "sibling.", "callbacks.sibling.", "snapshot.sorted_values", "callbacks.snapshots.sorted_values")
@@ -335,7 +322,7 @@ def test_adding_an_optimization_is_a_config_file_and_a_role(tmp_path, baseline):
 @pytest.mark.slow
 def test_the_smoke_catalogue_writes_the_table_and_the_report_shows_it(tmp_path):
     """experiment=optimizations_smoke through the real command line: every role, 3 replicates, the table."""
-    from conftest import run_cli
+    from helpers import run_cli
 
     from numdev.report.app import build_report
 

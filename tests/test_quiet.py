@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from conftest import run_cli
-from helpers import console_noise
+from helpers import console_noise, run_cli
 
 from numdev.cli import logs
 

@@ -18,7 +18,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from numdev.cli import demo
 from numdev.cli.commands import tensorboard

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 from omegaconf import OmegaConf
 
 from numdev.attention import Baseline, FlashEmulated, golden_attention

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 from PIL import Image
 
 import numdev.report.study

@@ -1,29 +1,22 @@
 """Resuming never drops a record: the sibling CSV keeps the checkpoint step's row (issue 13, 4a), and
 a deleted weights/index.json is rebuilt from the snapshot files, each verified (4b). Fault injection
-in-process (deterministic) and with a real SIGKILL of a training subprocess."""
+in-process (deterministic); the same with a real SIGKILL of a real numdev-train is
+test_faults.py::test_a_killed_run_refuses_a_second_run_then_resumes_to_the_uninterrupted_runs_snapshots_and_rows."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import compose_train, kill_when
+from helpers import compose_train, snapshot_hashes
 
 from numdev.analysis.compare import compare_runs
-from numdev.cli.commands import argv
 from numdev.runs.layout import RunDir
 from numdev.train.run import train
 from numdev.weights.metrics import read_distances_csv
 from numdev.weights.store import SnapshotError, list_snapshots, load_snapshot
 
 SIBLING = ["sibling.label=ref"]
-
-
-def _hashes(run_dir: Path) -> dict[int, str]:
-    return {e["step"]: e["sha256"] for e in json.loads(RunDir(run_dir).index.read_text())["snapshots"]}
 
 
 def _key(row: dict) -> tuple:
@@ -67,13 +60,13 @@ def test_a_lost_or_old_format_sibling_csv_is_recomputed_from_the_snapshots(refer
 def test_a_deleted_index_is_rebuilt_from_the_verified_files(reference, tmp_path):
     run_dir = tmp_path / "run"
     train(compose_train("trainer.max_steps=4", run_dir=run_dir))
-    written = _hashes(run_dir)
+    written = snapshot_hashes(run_dir)
     RunDir(run_dir).index.unlink()
     train(compose_train("trainer.max_steps=8", "resume=auto", run_dir=run_dir))
-    rebuilt = _hashes(run_dir)
+    rebuilt = snapshot_hashes(run_dir)
     assert list(rebuilt) == [0, 2, 4, 6, 8]
     assert {s: rebuilt[s] for s in written} == written  # the earlier files listed again, with their checksums
-    assert rebuilt == _hashes(reference)  # and the whole run is the uninterrupted one's
+    assert rebuilt == snapshot_hashes(reference)  # and the whole run is the uninterrupted one's
     for step in rebuilt:
         load_snapshot(run_dir, step)  # each verifies against the rebuilt index
 
@@ -92,46 +85,3 @@ def test_an_unlisted_file_that_fails_verification_is_refused_by_name(tmp_path, t
     tamper(RunDir(run_dir).snapshot(2))
     with pytest.raises(SnapshotError, match=message):
         train(compose_train("trainer.max_steps=8", "resume=auto", run_dir=run_dir))
-
-
-# -- a real kill ------------------------------------------------------------------------------------
-
-KILL_OVERRIDES = [
-    "trainer.max_steps=10", "snapshot.every_n_steps=1", "callbacks.checkpoint.every_n_steps=4",
-    "callbacks.samples.every_n_steps=1", "callbacks.samples.num_samples=2", "threads=2",
-]
-
-
-def _command(run_dir: Path, reference: Path) -> list[str]:
-    command = argv("numdev-train")  # the console script beside this interpreter, else python -m
-    return [*command, "experiment=train_smoke", *KILL_OVERRIDES, *SIBLING, f"sibling.reference={reference}",
-            f"hydra.run.dir={run_dir}", "resume=auto"]
-
-
-def _csv_steps(run_dir: Path) -> set[int]:
-    try:
-        return {r["step"] for r in read_distances_csv(RunDir(run_dir).sibling_csv("ref"))}
-    except (FileNotFoundError, ValueError):
-        return set()
-
-
-def test_killed_comparing_run_without_its_index_resumes_with_every_row_and_snapshot(tmp_path):
-    reference = tmp_path / "reference"
-    threads = torch.get_num_threads()
-    try:
-        train(compose_train(*KILL_OVERRIDES, run_dir=reference))
-    finally:
-        torch.set_num_threads(threads)
-    run_dir = tmp_path / "killed"
-    process = subprocess.Popen(_command(run_dir, reference), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    kill_when(process, lambda: max(_csv_steps(run_dir), default=-1) >= 5)  # past the checkpoint at step 4
-    assert 5 <= max(_csv_steps(run_dir)) < 10
-    RunDir(run_dir).index.unlink()  # and the index is lost too
-    result = subprocess.run(_command(run_dir, reference), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((run_dir / "run.json").read_text())["resumes"][0]["from_step"] in (4, 8)
-    assert list(_hashes(run_dir)) == list(range(11)) and _hashes(run_dir)[0] == _hashes(reference)[0]
-    rows = read_distances_csv(RunDir(run_dir).sibling_csv("ref"))
-    assert sorted({r["step"] for r in rows}) == list(range(11))
-    assert sorted(rows, key=_key) == sorted(compare_runs(run_dir, reference), key=_key)
-    assert RunDir(run_dir).token_rows.is_file()

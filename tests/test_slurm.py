@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
+from helpers import latest_snapshot, run_numdev, run_record, snapshot_hashes, start_numdev, train_run, wait_until
 from slurm_cluster import Cluster, missing_programs
-
-from numdev.cli.commands import argv
 
 SMOKE = ["experiment=train_smoke", "callbacks.samples.num_samples=2", "threads=1"]
 # Sampling every step slows the steps down so that the requeue lands mid-training.
@@ -35,6 +31,7 @@ def slurm(tmp_path_factory):
             pytest.fail(f"CI must run the SLURM tests: {why}")
         pytest.skip(why)
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    # One cluster per module: its tests share one xdist worker (conftest groups a module-scoped fixture's tests).
     cluster = Cluster(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.start()
@@ -43,23 +40,11 @@ def slurm(tmp_path_factory):
         cluster.stop()
 
 
-def _train(*args: str) -> list[str]:
-    return [*argv("numdev-train"), *args]
-
-
-def _snapshots(run_dir: Path) -> dict[int, str]:
-    try:
-        return {e["step"]: e["sha256"] for e in json.loads((run_dir / "weights" / "index.json").read_text())["snapshots"]}
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def test_a_sweep_runs_through_slurm_on_a_cpu_partition_without_asking_for_a_gpu(slurm, tmp_path):
-    result = subprocess.run(_train("-m", "hydra/launcher=slurm", "attention=baseline,sdpa_flash", *SMOKE,
-                                   "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"),
-                            env=slurm.env, cwd=tmp_path, capture_output=True, text=True, timeout=500)
+    result = run_numdev("numdev-train", "-m", "hydra/launcher=slurm", "attention=baseline,sdpa_flash", *SMOKE, "trainer.max_steps=2",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}", env=slurm.env, cwd=tmp_path, timeout=500)
     assert result.returncode == 0, result.stderr[-3000:] + slurm.logs()
-    runs = [json.loads((tmp_path / "sweep" / job / "run.json").read_text()) for job in ("0", "1")]
+    runs = [run_record(tmp_path / "sweep" / job) for job in ("0", "1")]
     assert [(r["status"], r["final_step"]) for r in runs] == [("finished", 2), ("finished", 2)]
     assert {r["backend"] for r in runs} == {"baseline", "sdpa_flash"}
     scripts = list((tmp_path / "sweep" / ".submitit").rglob("*_submission.sh"))
@@ -71,40 +56,33 @@ def test_a_sweep_runs_through_slurm_on_a_cpu_partition_without_asking_for_a_gpu(
 
 
 def test_a_requeued_job_resumes_and_ends_with_the_snapshots_of_an_uninterrupted_run(slurm, tmp_path):
-    sweep, alone = tmp_path / "sweep", tmp_path / "alone"
-    # The uninterrupted run, beside it (one thread each: two cores).
-    reference = subprocess.Popen(_train(*SLOW, f"hydra.run.dir={alone}"), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
-    launcher = subprocess.Popen(_train("-m", "hydra/launcher=slurm", *SLOW, "resume=auto", f"hydra.sweep.dir={sweep}"),
-                                env=slurm.env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep = tmp_path / "sweep"
+    launcher = start_numdev("numdev-train", "-m", "hydra/launcher=slurm", *SLOW, "resume=auto", f"hydra.sweep.dir={sweep}",
+                     env=slurm.env, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 300
-        while max(_snapshots(sweep / "0"), default=-1) < 6:  # past its first checkpoint (step 4)
-            assert launcher.poll() is None, launcher.stderr.read()[-3000:] + slurm.logs()
-            assert time.monotonic() < deadline, "the job did not reach step 6"
-            time.sleep(0.05)
+        wait_until(lambda: latest_snapshot(sweep / "0") >= 6, "the job past its first checkpoint (step 4)", launcher)
         (job,) = [job for job, state in slurm.jobs() if state == "RUNNING"]
         slurm.run("scontrol", "requeue", job)
         _, stderr = launcher.communicate(timeout=500)
-        assert reference.wait(timeout=500) == 0, reference.stderr.read()[-3000:]
     finally:
-        for process in (launcher, reference):
-            process.kill()
-            process.wait()
+        launcher.kill()
+        launcher.wait()
     assert launcher.returncode == 0, stderr[-3000:] + slurm.logs()
-    run = json.loads((sweep / "0" / "run.json").read_text())
+    run = run_record(sweep / "0")
     assert run["status"] == "finished" and run["final_step"] == 12
     assert len(run["resumes"]) == 1 and run["resumes"][0]["from_step"] in (4, 8)  # it really was requeued
-    expected = _snapshots(alone)
+    # The uninterrupted run of the same config, in this process once the job is done (the cores are not
+    # shared with it): the same weights at every step, bit for bit.
+    train_run(*SLOW, run_dir=tmp_path / "alone")
+    expected = snapshot_hashes(tmp_path / "alone")
     assert sorted(expected) == list(range(13))
-    assert _snapshots(sweep / "0") == expected  # bit for bit: same weights at every step
+    assert snapshot_hashes(sweep / "0") == expected
 
 
 @pytest.mark.slow
 def test_the_smoke_study_runs_through_slurm(slurm, tmp_path):
-    result = subprocess.run(_train("experiment=flash_stability_smoke", "hydra/launcher=slurm",
-                                   f"hydra.sweep.dir={tmp_path / 'study'}"),
-                            env=slurm.env, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    result = run_numdev("numdev-train", "experiment=flash_stability_smoke", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'study'}",
+                    env=slurm.env, cwd=tmp_path, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:] + slurm.logs()
     summary = json.loads((tmp_path / "study" / "summary.json").read_text())
     assert summary["roles"], summary

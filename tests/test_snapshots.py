@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -203,3 +205,20 @@ def test_readers_never_see_a_half_written_sorted_values_file(sorted_run):
         stop.set()
         thread.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_written_files_have_the_mode_the_umask_gives(umask, tmp_path):
+    """What numdev writes others can read: 0666 less the umask (0644 under the usual 022), not mkstemp's 0600."""
+    from numdev.runs.atomic import append_jsonl, write_json
+
+    old = os.umask(umask)
+    try:
+        write_json(tmp_path / "a.json", {"x": 1})
+        append_jsonl(tmp_path / "b.jsonl", [{"x": 1}])
+    finally:
+        os.umask(old)
+    for name in ("a.json", "b.jsonl"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+    if umask == 0o022:
+        assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644

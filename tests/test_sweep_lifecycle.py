@@ -1,7 +1,8 @@
 """The lifecycle of a parallel sweep and of the study (hydra/launcher=parallel, numdev.cli.launcher): a
 failed analysis exits non-zero, SIGTERM / Ctrl-C / a SIGKILLed worker end the sweep with every run.json
-final and no process left behind, a sweep listing a value twice is refused before it starts, and a
-comparing run stops waiting for a dead reference and honours SIGTERM while it waits.
+final and no process left behind, a value listed twice is found (the refusal itself is the bad-input
+catalogue's train-sweep-lists-a-job-twice), and a comparing run stops waiting for a dead reference and
+honours SIGTERM while it waits.
 
 Real signals to the real numdev-train command; every wait is on observable state (a snapshot index,
 a run lock, a record), with a timeout."""
@@ -12,13 +13,12 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+from helpers import error_lines, kill_session, no_process_left, run_numdev, snapshot_hashes, start_numdev, wait_until
 from omegaconf import OmegaConf
 
-from numdev.cli.commands import argv
 from numdev.cli.sweep_jobs import duplicate_values
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -28,68 +28,20 @@ ENDLESS_STUDY = ["experiment=flash_stability_smoke", "study.replicate=0", "train
                  "snapshot.every_n_steps=20", "callbacks.checkpoint.every_n_steps=20"]
 
 
-def _numdev_train() -> list[str]:
-    return argv("numdev-train")
-
-
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    # Its own session: what it starts can be found afterwards, and Ctrl-C can reach its whole group.
-    return subprocess.Popen([*_numdev_train(), *args], cwd=cwd, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
 def _snapshot_steps(run_dir: Path) -> list[int]:
+    return list(snapshot_hashes(run_dir))
+
+
+def _wait_for(process, reached, what: str, timeout_s: float = 300) -> None:
     try:
-        return [e["step"] for e in json.loads((run_dir / "weights" / "index.json").read_text())["snapshots"]]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
-        return []
-
-
-def _wait_for(process: subprocess.Popen, reached, what: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not reached():
-        if process.poll() is not None:
-            raise AssertionError(f"ended before {what}: {process.stderr.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            _kill_session(process)
-            raise AssertionError(f"not {what} within {timeout_s:g} s")
-        time.sleep(0.05)
-
-
-def _session_processes(sid: int) -> list[str]:
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text()
-            if os.getsid(int(entry.name)) == sid and stat[stat.rindex(")") + 2] != "Z":
-                found.append((entry / "cmdline").read_text().replace("\0", " ")[:200])
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def _no_process_left(sid: int, timeout_s: float = 30) -> list[str]:
-    """The session's processes, polled until there are none (loky's resource tracker exits a moment
-    after the command, when its pipe closes) or timeout_s passes."""
-    deadline = time.monotonic() + timeout_s
-    while (left := _session_processes(sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
-def _kill_session(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        wait_until(reached, what, process, timeout_s)
+    except AssertionError:
+        kill_session(process)
+        raise
 
 
 def _statuses(sweep: Path) -> dict[str, str]:
     return {str(p.parent.relative_to(sweep)): json.loads(p.read_text())["status"] for p in sorted(sweep.glob("**/run.json"))}
-
-
-def _errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("numdev-train: error: ")]
 
 
 # ----------------------------------------------------------------------------- refused before it starts
@@ -102,18 +54,6 @@ def test_a_value_listed_twice_is_found_in_the_command_line_and_in_the_config():
     # The command line replaces a key the config's sweeper params set (as Hydra's basic sweeper does).
     assert duplicate_values(["study.replicate=0,0", "study.replicate=0,1"]) is None
     assert duplicate_values(["study.replicate=0,1", "study.replicate=3"]) is None
-
-
-def test_a_sweep_with_a_duplicate_job_is_refused_before_anything_runs(tmp_path):
-    sweep = tmp_path / "study"
-    result = subprocess.run([*_numdev_train(), "experiment=flash_stability_smoke", "study.replicate=0,0",
-                             f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert _errors(result.stderr) == [
-        "numdev-train: error: study.replicate=0,0: lists 0 more than once, so the sweep would run the same job twice "
-        "(in one directory): list each value of study.replicate once"]
-    assert "Traceback" not in result.stderr
-    assert not sweep.exists()
 
 
 # ----------------------------------------------------------------------------- the analysis
@@ -151,7 +91,7 @@ def test_an_analysis_that_breaks_is_not_swallowed_as_a_warning(tmp_path, capsys,
 
 def _start_study(tmp_path: Path, roles: str, *extra: str) -> tuple[subprocess.Popen, Path]:
     sweep = tmp_path / "study"
-    process = _start([*ENDLESS_STUDY, f"study={roles}", f"hydra.sweep.dir={sweep}", *extra], cwd=tmp_path)
+    process = start_numdev("numdev-train", *ENDLESS_STUDY, f"study={roles}", f"hydra.sweep.dir={sweep}", *extra, cwd=tmp_path, new_session=True)
     return process, sweep
 
 
@@ -168,16 +108,16 @@ def test_a_stopped_study_leaves_every_record_final_and_no_process_behind(how, tm
             os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=240)
     finally:
-        _kill_session(process)
+        kill_session(process)
     signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
     assert process.returncode == 128 + signum, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert _errors(stderr)[-1] == (
+    assert error_lines(stderr)[-1] == (
         f"numdev-train: error: the sweep was stopped by {signum.name}; to continue, rerun the same command with hydra.sweep.dir={sweep} resume=auto")
     assert _statuses(sweep) == {"r0/truth": "failed", "r0/reference": "failed"}
     for role in ("truth", "reference"):  # each stopped by the SIGTERM the launcher forwarded, and resumable
         assert json.loads((sweep / "r0" / role / "run.json").read_text())["error"].startswith("interrupted by SIGTERM at step ")
-    assert _no_process_left(process.pid) == []
+    assert no_process_left(process.pid) == []
 
 
 @pytest.mark.slow
@@ -189,16 +129,16 @@ def test_a_killed_worker_is_one_line_naming_its_job_and_every_record_is_final(tm
         os.kill(worker, signal.SIGKILL)
         _, stderr = process.communicate(timeout=240)
     finally:
-        _kill_session(process)
+        kill_session(process)
     assert process.returncode == 1, stderr[-3000:]
     assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr, stderr[-3000:]
-    last = _errors(stderr)[-1]
+    last = error_lines(stderr)[-1]
     assert last.startswith("numdev-train: error: job #1 (study=reference study.replicate=0 ") and "was killed (SIGKILL" in last
     assert last.endswith(f"to continue, rerun the same command with hydra.sweep.dir={sweep} resume=auto")
     assert set(_statuses(sweep).values()) == {"failed"} and len(_statuses(sweep)) == 3
     killed = json.loads((sweep / "r0" / "reference" / "run.json").read_text())
     assert killed["error"].startswith("interrupted: its process ended without recording it")
-    assert _no_process_left(process.pid) == []
+    assert no_process_left(process.pid) == []
 
 
 # ----------------------------------------------------------------------------- a run waiting for its reference
@@ -215,12 +155,9 @@ def test_a_run_stops_waiting_for_a_dead_reference(tmp_path):
     # What a SIGKILLed run leaves: run.json "running", its run lock held by no process.
     (reference / "run.json").write_text(json.dumps({"status": "running"}))
     (reference / ".lock").write_text("12345\n")
-    start = time.monotonic()
-    result = subprocess.run([*_numdev_train(), *_comparing_run(tmp_path, reference)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    result = run_numdev("numdev-train", *_comparing_run(tmp_path, reference), cwd=tmp_path)  # its timeout: half of sibling.timeout_s
     assert result.returncode == 2, result.stderr[-3000:]  # a sibling that cannot be compared with: exit 2
-    assert time.monotonic() - start < 120  # not sibling.timeout_s
-    (line,) = _errors(result.stderr)
+    (line,) = error_lines(result.stderr)  # not "no snapshot at step 0 after waiting 600 s": it did not wait
     assert f"sibling {reference} is dead: its run.json says running but no process holds its run lock" in line
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
 
@@ -232,14 +169,14 @@ def test_a_run_waiting_for_its_reference_honours_sigterm(tmp_path):
     reference.mkdir()
     (reference / "run.json").write_text(json.dumps({"status": "running"}))
     lock = RunLock(reference).acquire()  # (a reference that does not exist is refused at once: test_reliability_3.py)
-    process = _start(_comparing_run(tmp_path, reference), cwd=tmp_path)
+    process = start_numdev("numdev-train", *_comparing_run(tmp_path, reference), cwd=tmp_path, new_session=True)
     run_dir = tmp_path / "run"
     try:
         _wait_for(process, lambda: _snapshot_steps(run_dir) == [0], "waiting at step 0")
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
     finally:
-        _kill_session(process)
+        kill_session(process)
         lock.release()
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import compose_train
+from helpers import compose_train, snapshot_hashes
 from lightning.pytorch.plugins.precision import MixedPrecision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -25,9 +25,6 @@ PRECISIONS = {"fp64": torch.float64, "bf16-mixed": torch.bfloat16, "fp16-mixed":
 def _index(run_dir) -> dict:
     return json.loads((run_dir / "weights" / "index.json").read_text())
 
-
-def _hashes(run_dir) -> dict[int, str]:
-    return {e["step"]: e["sha256"] for e in _index(run_dir)["snapshots"]}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +61,7 @@ def test_every_cpu_backend_trains_and_writes_the_run_layout(backend_runs, name):
 
 
 def test_runs_differing_only_in_backend_start_from_bit_identical_weights(backend_runs):
-    initial = {name: _hashes(run_dir)[0] for name, (run_dir, _) in backend_runs.items()}
+    initial = {name: snapshot_hashes(run_dir)[0] for name, (run_dir, _) in backend_runs.items()}
     assert len(set(initial.values())) == 1, initial
     reference = load_snapshot(backend_runs["baseline"][0], 0)
     other = load_snapshot(backend_runs["sdpa_flash"][0], 0)
@@ -74,18 +71,18 @@ def test_runs_differing_only_in_backend_start_from_bit_identical_weights(backend
 def test_the_same_config_twice_gives_bit_identical_snapshots(backend_runs, tmp_path):
     first, _ = backend_runs["baseline"]
     train(compose_train("attention=baseline", run_dir=tmp_path / "again"))
-    assert _hashes(tmp_path / "again") == _hashes(first)
+    assert snapshot_hashes(tmp_path / "again") == snapshot_hashes(first)
 
 
 def test_loader_workers_leave_the_snapshots_alone(backend_runs, tmp_path):
     train(compose_train("attention=baseline", "data.num_workers=2", run_dir=tmp_path))
-    assert _hashes(tmp_path) == _hashes(backend_runs["baseline"][0])
+    assert snapshot_hashes(tmp_path) == snapshot_hashes(backend_runs["baseline"][0])
 
 
 def test_sampling_during_training_leaves_the_trajectory_alone(backend_runs, tmp_path):
     record = train(compose_train("attention=baseline", "callbacks.samples.every_n_steps=1", run_dir=tmp_path))
     assert record["eval"]["step"] == 4
-    assert _hashes(tmp_path) == _hashes(backend_runs["baseline"][0])
+    assert snapshot_hashes(tmp_path) == snapshot_hashes(backend_runs["baseline"][0])
 
 
 def test_fast_dev_run_works(tmp_path):
@@ -95,7 +92,7 @@ def test_fast_dev_run_works(tmp_path):
 
 def test_a_different_init_seed_changes_the_weights(backend_runs, tmp_path):
     train(compose_train("attention=baseline", "seed.init=1", run_dir=tmp_path / "seed1"))
-    assert _hashes(tmp_path / "seed1")[0] != _hashes(backend_runs["baseline"][0])[0]
+    assert snapshot_hashes(tmp_path / "seed1")[0] != snapshot_hashes(backend_runs["baseline"][0])[0]
 
 
 @pytest.mark.parametrize("precision", sorted(PRECISIONS))
@@ -141,7 +138,7 @@ def test_resume_after_a_crash_equals_the_uninterrupted_run(backend_runs, tmp_pat
     monkeypatch.setattr(DiffusionModule, "training_step", original)
     record = train(compose_train("attention=baseline", "resume=true", run_dir=tmp_path))
     assert record["resumes"][0]["from_step"] == 2 and record["status"] == "finished"
-    assert _hashes(tmp_path) == _hashes(uninterrupted)
+    assert snapshot_hashes(tmp_path) == snapshot_hashes(uninterrupted)
 
 
 def test_a_finished_run_can_be_extended_as_if_it_never_stopped(backend_runs, tmp_path):
@@ -149,7 +146,7 @@ def test_a_finished_run_can_be_extended_as_if_it_never_stopped(backend_runs, tmp
     train(compose_train("attention=baseline", "trainer.max_steps=2", run_dir=tmp_path))
     assert list_snapshots(tmp_path) == [0, 2]
     train(compose_train("attention=baseline", "trainer.max_steps=4", "resume=true", run_dir=tmp_path))
-    assert _hashes(tmp_path) == _hashes(uninterrupted)
+    assert snapshot_hashes(tmp_path) == snapshot_hashes(uninterrupted)
 
 
 def _one_line_error(capsys, *overrides, run_dir):
