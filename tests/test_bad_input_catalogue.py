@@ -1153,6 +1153,30 @@ CATALOGUE += [
     Case("bench-seed-twice", "numdev-bench", [*BENCH, "seeds=[0,1,0]"], "seeds=[0, 1, 0] lists 0 more than once", extra={"absent": ("bench",)}),
 ]
 
+# -- the harm study's pre-registered keys (issue 33): refused before any run, naming the key as typed ----------
+HARM = ["experiment=harm_smoke", "study.replicate=0", "hydra.sweep.dir={tmp}/study"]
+CATALOGUE += [
+    *(Case(f"harm-{name}", "numdev-train", [*HARM, *override.split(), *([] if "study=" in override else ["study=reference"])], message,
+           extra={"absent": ("study",)})
+      for name, override, message in (
+          ("margin-negative", "study.harm.margin=-0.1", "study.harm.margin=-0.1 must be a number in (0, 10]"),
+          ("margin-zero", "study.harm.margin=0", "study.harm.margin=0 must be a number in (0, 10]"),
+          ("margin-string", "study.harm.margin=abc", "study.harm.margin='abc' must be a number"),
+          ("margin-huge", "study.harm.margin=1e9", "study.harm.margin=1000000000.0 must be a number"),
+          ("accuracy-margin-points", "study.harm.accuracy_margin=5", "study.harm.accuracy_margin=5 must be a number in (0, 1]"),
+          ("outcome-unknown", "study.harm.outcome=accuracy", "study.harm.outcome='accuracy' must be one of heldout_loss"),
+          ("lr-zero", "study.lr=0", "study.lr=0 must be a positive number"),
+          ("lr-string", "study.lr=fast", "study.lr='fast' must be a positive number"),
+          ("kv-block-zero", "study.kv_block=0", "study.kv_block=0 must be a positive integer"),
+          ("claim-unknown", "study=ulp study.claim=hurts", "study.claim='hurts' must be one of harms, no_harm, more_harm_than or null"),
+          ("claim-than-without-its-claim", "study=ulp +study.claim_than=delta_1e-1",
+           "+study.claim_than=delta_1e-1: study has no setting claim_than, so nothing would read it: did you mean study.claim?"),
+          ("claim-than-null", "study=biased_1e-1 study.claim_than=null", "study.claim=more_harm_than needs study.claim_than"),
+          ("claim-than-itself", "study=biased_1e-1 study.claim_than=biased_1e-1", "study.claim_than='biased_1e-1' is the role itself"),
+          ("claim-than-empty", "study=biased_1e-1 study.claim_than=''", "study.claim_than='' must be a name or null"),
+      )),
+]
+
 CATALOGUE_SIZE = len(CATALOGUE)
 
 

@@ -119,6 +119,7 @@ def test_the_route_leaves_other_calls_alone():
 
 def test_auto_is_native_only_where_the_cpu_has_the_instructions(monkeypatch):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(route, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # AMD EPYC Zen 3
     assert resolve("auto", torch.bfloat16, "cpu")[0] == "fp32"
     assert resolve("auto", torch.float16, "cpu")[0] == "fp32"
@@ -129,6 +130,15 @@ def test_auto_is_native_only_where_the_cpu_has_the_instructions(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")  # oneDNN capped below its bf16 instructions
     route_, why = resolve("auto", torch.bfloat16, "cpu")
     assert route_ == "fp32" and "ONEDNN_MAX_CPU_ISA=AVX2" in why
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # a cap above them
+    assert resolve("auto", torch.bfloat16, "cpu")[0] == "native"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "NONSENSE")  # a value oneDNN does not know: it ignores it, so no cap
+    assert resolve("auto", torch.bfloat16, "cpu")[0] == "native"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE")  # the older name, read where the new one is unset
+    assert resolve("auto", torch.bfloat16, "cpu")[0] == "fp32"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")  # the new name wins
+    assert resolve("auto", torch.bfloat16, "cpu")[0] == "native"
     assert resolve("auto", torch.bfloat16, "cuda")[0] == "native"
     assert resolve("fp32", torch.float32, "cpu")[0] == "native"  # nothing in bf16/fp16 to reroute
     with pytest.raises(ValueError, match="precision.gemm='fastest': use one of auto, native, fp32"):

@@ -78,7 +78,9 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
             if not multirun:
                 return one_line(error)
             swept = [o for o in overrides if o not in given]
-            return f"sweep job {index} ({' '.join(swept)}): {one_line(error)}; no job was run"
+            if len(jobs) == 1:
+                return f"{one_line(error)}; no job was run"
+            return f"sweep job {index} ({' '.join(swept) or 'its overrides as given'}): {one_line(error)}; no job was run"
     return None
 
 

@@ -21,23 +21,30 @@ from dataclasses import dataclass, field, fields
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from numdev.runs.harm_summary import CLAIMS, PRIMARY_OUTCOME
+
 _ABSENT = object()
 SEED_LIMIT = 2**64  # torch.manual_seed takes 64 bits; a seed beyond is refused naming its key
 
 
 @dataclass(frozen=True)
 class Check:
-    kind: str  # integer | number | boolean | integers | numbers (a list of `count` numbers)
+    kind: str  # integer | number | boolean | integers | numbers (a list of `count` numbers) | choice | string
     min: float | None = None  # inclusive
     above: float | None = None  # exclusive lower bound
     max: float | None = None  # inclusive
     below: float | None = None  # exclusive upper bound
     null: bool = False
     count: int | None = None  # numbers: the list's length
+    choices: tuple[str, ...] = ()  # choice: the allowed strings
 
     def describe(self) -> str:
         if self.kind == "boolean":
             return "true or false"
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices) + (" or null" if self.null else "")
+        if self.kind == "string":
+            return "a name" + (" or null" if self.null else "")
         if self.kind == "numbers":
             item = Check("number", self.min, self.above, self.max, self.below).describe().removeprefix("a number").strip()
             return f"a list of {self.count} numbers, each {item}, e.g. [{', '.join(['0.9'] * (self.count or 1))}]"
@@ -59,6 +66,8 @@ class Check:
                 text = "a positive number" if self.above == 0 else f"a number > {self.above:g}"
             elif self.max is None and self.min == 0:
                 text = "a non-negative number"
+            elif self.above is not None:
+                text = f"a number in ({self.above:g}, {self.max:g}]" if self.max is not None else f"a number > {self.above:g}"
             else:
                 text = "a number" + _range(self.min, self.max)
         return text + (" or null" if self.null else "")
@@ -68,6 +77,10 @@ class Check:
             return self.null
         if self.kind == "boolean":
             return isinstance(value, bool)
+        if self.kind == "choice":
+            return isinstance(value, str) and value in self.choices
+        if self.kind == "string":
+            return isinstance(value, str) and value.strip() != ""
         if self.kind == "integers":
             return isinstance(value, (list, tuple, ListConfig)) and len(value) > 0 and all(
                 Check("integer", self.min, below=self.below).ok(v) for v in value
@@ -110,6 +123,14 @@ def number(min: float | None = None, max: float | None = None, above: float | No
 
 def boolean():
     return field(default=None, metadata={"check": Check("boolean")})
+
+
+def name(null: bool = False):
+    return field(default=None, metadata={"check": Check("string", null=null)})
+
+
+def one_of(*choices: str, null: bool = False):
+    return field(default=None, metadata={"check": Check("choice", choices=choices, null=null)})
 
 
 def integers(min: int | None = None, below: int | None = None):
@@ -294,13 +315,28 @@ class Sibling:
 
 
 @dataclass
+class Study:  # conf/train/study/*.yaml and the study experiments
+    lr: float = number(above=0)  # experiment=harm's learning rate (lr_x10 scales it)
+    kv_block: int = integer(min=1)  # the Flash roles' key/value block
+    claim: str | None = one_of(*CLAIMS, null=True)  # a role's pre-registered claim (docs/harm.md#claims)
+    claim_than: str | None = name(null=True)  # the other role of claim=more_harm_than
+
+
+@dataclass
+class StudyHarm:  # experiment=harm: the pre-registered judgement (numdev.analysis.harm)
+    outcome: str = one_of(PRIMARY_OUTCOME)
+    margin: float = number(above=0, max=10)  # relative held-out loss
+    accuracy_margin: float = number(above=0, max=1)  # caption agreement, a fraction (0.05: 5 points)
+
+
+@dataclass
 class Train:  # top-level keys of conf/train/train.yaml
     threads: int | None = integer(min=1, null=True)
     verbose: bool = boolean()
 
 
-TRAIN = {
-    "": Train, "model": Model, "model.text": TextModel, "data": Data, "trainer": Trainer,
+TRAIN = {  # the study's own keys first: a value the study sets elsewhere (optim.optimizer.lr: ${study.lr}) is named as typed
+    "study": Study, "study.harm": StudyHarm, "": Train, "model": Model, "model.text": TextModel, "data": Data, "trainer": Trainer,
     "optim": Optim, "optim.optimizer": Optimizer, "diffusion": Diffusion, "diffusion.schedule": Schedule,
     "diffusion.sampler": Sampler, "seed": Seeds, "snapshot": Snapshot, "callbacks.checkpoint": Every,
     "callbacks.samples": Samples, "callbacks.instability": Instability, "callbacks.shadow": Shadow,

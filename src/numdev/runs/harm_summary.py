@@ -24,6 +24,9 @@ from pathlib import Path
 
 SCHEMA = "numdev.harm_summary"
 VERSION = 1
+PRIMARY_OUTCOME = "heldout_loss"  # what "harms" is judged on (study.harm.outcome; numdev.analysis.harm.effects)
+HARMS, NO_HARM, MORE_HARM = "harms", "no_harm", "more_harm_than"
+CLAIMS = (HARMS, NO_HARM, MORE_HARM)  # a role file's study.claim (study.claim_than names the other role of more_harm_than)
 
 
 @dataclass

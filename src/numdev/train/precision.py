@@ -64,6 +64,19 @@ _ISA_ALLOWS = {
     torch.float16: ("ALL", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
                     "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2"),
 }
+# Every ONEDNN_MAX_CPU_ISA value oneDNN (x64) recognises; it ignores any other (no cap), and reads
+# DNNL_MAX_CPU_ISA where ONEDNN_MAX_CPU_ISA is not set.
+_ISA_NAMES = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_MIC", "AVX512_MIC_4OPS", "AVX512_CORE",
+              "AVX512_CORE_VNNI", *_ISA_ALLOWS[torch.bfloat16])
+
+
+def onednn_cap() -> str | None:
+    """The ISA oneDNN is capped at by the environment (None: no cap, or a value oneDNN ignores)."""
+    for variable in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(variable, "").strip()
+        if value:
+            return value.upper() if value.upper() in _ISA_NAMES and value.upper() != "ALL" else None
+    return None
 
 
 def cpu_flags() -> frozenset[str]:
@@ -92,7 +105,7 @@ def resolve(setting: str, dtype: torch.dtype | None, device: str) -> tuple[str, 
     found = sorted(set(wanted) & cpu_flags())
     if not found:
         return "fp32", f"the CPU has none of {', '.join(wanted)}: {_name(dtype)} GEMMs in FP32 on {_name(dtype)}-rounded operands"
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    cap = onednn_cap()
     if cap and cap not in _ISA_ALLOWS[dtype]:
         return "fp32", f"ONEDNN_MAX_CPU_ISA={cap} rules out {', '.join(found)}: {_name(dtype)} GEMMs in FP32"
     return "native", f"the CPU has {', '.join(found)}"

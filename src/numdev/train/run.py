@@ -24,6 +24,7 @@ from numdev.models.perturb import apply_init_perturbation, parse_perturbation
 from numdev.optimizations import Optimization
 from numdev.runs import record
 from numdev.runs.atomic import remove_temporaries
+from numdev.runs.harm_summary import MORE_HARM
 from numdev.runs.layout import CHECKPOINT, RUN_RECORD, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
@@ -99,8 +100,22 @@ def check_config(cfg: DictConfig) -> None:
     gemm = cfg.precision.get("gemm", "auto")
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
+    _check_claim(cfg)
     _check_optimizer(cfg)
     _check_optimization(cfg)
+
+
+def _check_claim(cfg: DictConfig) -> None:
+    """A role's claim=more_harm_than names another role in study.claim_than; no other claim takes one."""
+    study = cfg.get("study") or {}
+    claim, than = study.get("claim"), study.get("claim_than")
+    if claim == MORE_HARM and than is None:
+        raise ValueError(f"study.claim={MORE_HARM} needs study.claim_than: the role it harms more than, e.g. study.claim_than=delta_1e-1")
+    if claim != MORE_HARM and than is not None:
+        raise ValueError(f"study.claim_than={than!r} goes with study.claim={MORE_HARM}, not study.claim={claim!r}: "
+                         "set study.claim_than=null or the claim")
+    if than is not None and than == study.get("role"):
+        raise ValueError(f"study.claim_than={than!r} is the role itself: name the role it harms more than")
 
 
 def check_sweep(jobs) -> str | None:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 
 from numdev.analysis.harm.outcomes import OUTCOMES, relative_effect
+from numdev.runs.harm_summary import CLAIMS, HARMS, MORE_HARM, NO_HARM
+from numdev.runs.harm_summary import PRIMARY_OUTCOME as PRIMARY
 from numdev.stats import equivalence, verdicts
 from numdev.stats import intervals as stats
 
-PRIMARY = "heldout_loss"
-HARMS, NO_HARM, MORE_HARM = "harms", "no_harm", "more_harm_than"
-CLAIMS = (HARMS, NO_HARM, MORE_HARM)
+__all__ = ["CLAIMS", "HARMS", "MORE_HARM", "NO_HARM", "PRIMARY"]
 EFFECT_RULE = (
     "per replicate against the reference of the same replicate: held-out loss (L_role - L_ref) / L_ref, caption agreement "
     "(ref - role) in points; positive is worse"
