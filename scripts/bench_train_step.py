@@ -223,6 +223,7 @@ def main() -> None:
         "torch": torch.__version__,
         "environment": {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS") if k in os.environ},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "load_average_before": list(os.getloadavg()),  # 1, 5, 15 minutes: what else ran beside the rows
         "cpu": [
             row
             for precision in args.cpu_precision.split(",")
@@ -230,6 +231,7 @@ def main() -> None:
             for row in bench("dit_tiny", args.cpu_backends.split(","), precision, [], args.steps, args.warmup, cpu, gemm)
         ],
     }
+    report["load_average_after"] = list(os.getloadavg())
     report["precision_ratios"] = precision_ratios(report["cpu"])
     report["auto_route"] = {name: dict(zip(("route", "why"), resolve("auto", dtype, "cpu")))
                             for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16))}

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 DOC = ROOT / "docs" / "training.md"
 BLOCK = "precision-speed"
-COMMAND = ("`.venv/bin/python scripts/bench_train_step.py --steps 10 --warmup 2 --cpu-backends baseline,sdpa_flash,eager "
+COMMAND = ("`.venv/bin/python scripts/bench_train_step.py --steps 8 --warmup 2 --cpu-backends baseline,sdpa_flash "
            "--cpu-precision fp32,bf16-mixed,fp16-mixed,bf16-true --cpu-gemm native,fp32 --threads 1 --no-costs "
            "--out docs/results/bench_precision_<kind>.json`")
 
@@ -38,7 +38,10 @@ def kind_line(name: str, report: dict) -> str:
     env = report.get("environment") or {}
     capped = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
     where = machine_line(report["provenance"], commit=True)
-    return f"**{name}**: {where}" + (f"; libraries capped: {capped} (ATen capability {report['cpu_capability']})" if capped else "")
+    load = (f"; 1-minute load average {report['load_average_before'][0]:.1f} before the rows, {report['load_average_after'][0]:.1f} after"
+            if "load_average_before" in report else "")
+    return (f"**{name}**: {where}" + (f"; libraries capped: {capped} (ATen capability {report['cpu_capability']})" if capped else "")
+            + load)
 
 
 def table(name: str, report: dict) -> str:
