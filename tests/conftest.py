@@ -114,15 +114,21 @@ _TIER = pytest.StashKey[str]()
 # -- threads ------------------------------------------------------------------------------------------
 def _test_threads(workers: int) -> int:
     """Torch threads per test process: NUMDEV_TEST_THREADS, else the cores shared among xdist's workers."""
-    if os.environ.get("NUMDEV_TEST_THREADS"):
-        return int(os.environ["NUMDEV_TEST_THREADS"])
+    given = os.environ.get("NUMDEV_TEST_THREADS", "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise pytest.UsageError(f"NUMDEV_TEST_THREADS={given!r} must be a positive integer (torch threads per test process), "
+                                    "e.g. NUMDEV_TEST_THREADS=1, or unset for the cores shared among the workers")
+        return int(given)
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-THREADS = _test_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))  # set in xdist's workers
+THREADS = 1  # set once the session starts (pytest_configure), from NUMDEV_TEST_THREADS or the workers
 
 
 def pytest_configure(config):
+    global THREADS
+    THREADS = _test_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))  # set in xdist's workers
     # Inherited by every process a test starts (torch's default thread count follows OMP_NUM_THREADS).
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
     torch.set_num_threads(THREADS)
