@@ -11,11 +11,11 @@ machine. tests/test_generated_docs.py rebuilds both from the committed JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
 
+from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
 from numdev.report.harm import calibration_table, controls_table, headline_table
 from numdev.runs.harm_summary import read_harm_summary
@@ -58,11 +58,14 @@ def results_block(summary) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", type=Path, default=RESULT, help="the harm study's summary.json (default: the committed one)")
     parser.add_argument("--write-docs", action="store_true", help="commit the summary and write README.md's and docs/harm.md's blocks")
     args = parser.parse_args()
-    summary = read_harm_summary(args.summary)
+    try:
+        summary = read_harm_summary(args.summary)  # checked whole (schema, version, every field's type) before anything is written
+    except ValueError as error:
+        parser.error(str(error))
     if args.write_docs and args.summary.resolve() != RESULT.resolve():
         shutil.copyfile(args.summary, RESULT)
         json.loads(RESULT.read_text(encoding="utf-8"))

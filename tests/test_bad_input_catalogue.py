@@ -1174,6 +1174,8 @@ CATALOGUE += [
           ("claim-than-null", "study=biased_1e-1 study.claim_than=null", "study.claim=more_harm_than needs study.claim_than"),
           ("claim-than-itself", "study=biased_1e-1 study.claim_than=biased_1e-1", "study.claim_than='biased_1e-1' is the role itself"),
           ("claim-than-empty", "study=biased_1e-1 study.claim_than=''", "study.claim_than='' must be a name or null"),
+          ("delta-above-10", "study=delta_1e0 study.attention.delta=11", "attention.delta=11 must be a number in (0, 10]"),
+          ("noise-mode-unknown", "study=biased_1e-1 study.attention.mode=skewed", "attention.mode='skewed': use unbiased"),
       )),
 ]
 

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
+from numdev.attention.registry import BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.perturb import apply_init_perturbation, parse_perturbation
@@ -101,8 +102,29 @@ def check_config(cfg: DictConfig) -> None:
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
     _check_claim(cfg)
+    _check_attention(cfg)
     _check_optimizer(cfg)
     _check_optimization(cfg)
+
+
+def _check_attention(cfg: DictConfig) -> None:
+    """Build the configured attention backend: a value its constructor refuses (attention.delta=11, an
+    unknown output-noise mode) fails before any job of a sweep runs, not when its own job starts.
+    A backend this machine cannot run is left to the run's own check (numdev.train.checks), which says
+    what to change."""
+    from hydra.errors import InstantiationException
+
+    try:
+        instantiate(cfg.attention)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, BackendUnavailable):
+            return
+        if isinstance(cause, (ValueError, TypeError)):
+            raise ValueError(one_line(cause)) from None
+        raise ValueError(f"attention: {one_line(error)}") from None
+    except BackendUnavailable:
+        return
 
 
 def _check_claim(cfg: DictConfig) -> None:
