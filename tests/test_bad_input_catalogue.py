@@ -1155,6 +1155,14 @@ CATALOGUE += [
 
 # -- the harm study's pre-registered keys (issue 33): refused before any run, naming the key as typed ----------
 HARM = ["experiment=harm_smoke", "study.replicate=0", "hydra.sweep.dir={tmp}/study"]
+
+
+def _finished_reference(tmp: Path) -> None:
+    """A study directory holding a finished reference of replicate 0 (a role added to it later compares with it)."""
+    (tmp / "study" / "r0" / "reference").mkdir(parents=True)
+    (tmp / "study" / "r0" / "reference" / "run.json").write_text(json.dumps({"status": "finished"}))
+
+
 CATALOGUE += [
     *(Case(f"harm-{name}", "numdev-train", [*HARM, *override.split(), *([] if "study=" in override else ["study=reference"])], message,
            extra={"absent": ("study",)})
@@ -1177,6 +1185,9 @@ CATALOGUE += [
           ("delta-above-10", "study=delta_1e0 study.attention.delta=11", "attention.delta=11 must be a number in (0, 10]"),
           ("noise-mode-unknown", "study=biased_1e-1 study.attention.mode=skewed", "attention.mode='skewed': use unbiased"),
       )),
+    Case("harm-claim-than-no-role-of-the-study", "numdev-train", [*HARM, "study=biased_1e-1", "study.claim_than=delta_1e-11"],
+         "role biased_1e-1: study.claim_than='delta_1e-11' is no role of this sweep and has no run in {tmp}/study",
+         setup=_finished_reference, intact=("study/r0/reference/run.json",), extra={"absent": ("study/r0/biased_1e-1",)}),
 ]
 
 CATALOGUE_SIZE = len(CATALOGUE)

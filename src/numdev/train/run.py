@@ -182,6 +182,28 @@ def check_sweep(jobs) -> str | None:
             return (f"{who} compares with {shown}, which the sweep runs after it, one job at a time: it would wait {timeout} s "
                     "(sibling.timeout_s) for it; list the reference's role first (study=truth,reference,...) or run jobs in "
                     "parallel (hydra.launcher.n_jobs=2); no job was run")
+    return _claim_problem(jobs)
+
+
+def _claim_problem(jobs) -> str | None:
+    """A role's study.claim_than names a role of the sweep, or one with a run in the study's directory
+    (a study extended later): otherwise the claim could never be judged, and the study would find
+    that out only at its analysis."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    roles = {OmegaConf.select(job.cfg, "study.role", default=None) for job in jobs}
+    for job in jobs:
+        than = OmegaConf.select(job.cfg, "study.claim_than", default=None)
+        if than is None or than in roles:
+            continue
+        replicate = OmegaConf.select(job.cfg, "study.replicate", default=None)
+        there = job.sweep_dir and os.path.isdir(os.path.join(job.sweep_dir, f"r{replicate}", str(than)))
+        if not there:
+            role = OmegaConf.select(job.cfg, "study.role", default="?")
+            return (f"role {role}: study.claim_than={than!r} is no role of this sweep and has no run in "
+                    f"{job.sweep_dir or 'the study'}: add it to the sweep (study=...,{than}) or name a role that is; no job was run")
     return None
 
 
