@@ -1060,6 +1060,16 @@ CATALOGUE += [
     Case("study-role-copied-in-at-another-resolution", "numdev-study", ["{tmp}/study"],
          "{tmp}/study/r0/noise: data.resolution = 32, but {tmp}/study/r0/reference has 16",
          setup=_then(_study_run("reference", "reference"), _study_run("noise", "control", data__resolution=32))),
+    Case("study-claim-edited-in-one-replicate", "numdev-study", ["{tmp}/study"],
+         "{tmp}/study/r1/lr_x10: role lr_x10 states kind, claim, claim_than = ('positive_control', 'no_harm', None), but its "
+         "replicate 0 states ('positive_control', 'harms', None)",
+         setup=_then(*(_study_run("reference", "reference", replicate=r) for r in (0, 1)),
+                     _study_run("lr_x10", "positive_control", study__claim="harms"),
+                     _study_run("lr_x10", "positive_control", replicate=1, study__claim="no_harm"))),
+    Case("study-harm-study-without-its-reference", "numdev-study", ["{tmp}/study"],
+         "is not a finished study: no run of kind 'reference' under r*/<role>/ (run its reference: numdev-train experiment=harm "
+         "study=reference hydra.sweep.dir={tmp}/study)",
+         setup=_study_run("ulp", "negative_control", study__claim="no_harm", study__analysis="harm")),
     Case("study-role-in-another-replicates-directory", "numdev-study", ["{tmp}/study"],
          "its config says role 'flash', replicate 1, but it sits in r0/flash",
          setup=_then(_study_run("reference", "reference"), _study_run("flash", "under_test", replicate=1, where="r0/flash"))),

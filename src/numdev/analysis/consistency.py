@@ -57,6 +57,13 @@ def check(runs: dict) -> None:
             if value != expected:
                 raise ValueError(f"{run['dir']}: {key} = {value!r}, but {reference['dir']} has {expected!r}: "
                                  "its runs must train the same workload (a run copied in from another study?)")
+    for role, by_rep in runs.items():  # a role's pre-registered claim is one claim, in every replicate
+        stated = {r: (run["kind"], run.get("claim"), run.get("claim_than")) for r, run in by_rep.items()}
+        first = next(iter(stated))
+        for r, value in stated.items():
+            if value != stated[first]:
+                raise ValueError(f"{by_rep[r]['dir']}: role {role} states kind, claim, claim_than = {value}, but its replicate "
+                                 f"{first} states {stated[first]}: a claim is fixed before the study runs (an edited config.yaml?)")
     for run in flat:
         where = (run["dir"].parent.name, run["dir"].name)
         if where != (f"r{run['replicate']}", run["role"]):

@@ -50,9 +50,10 @@ def discover(study_dir: Path) -> dict[str, dict[int, dict]]:
         }
     kinds = {run["kind"] for by_rep in runs.values() for run in by_rep.values()}
     if REFERENCE not in kinds:
+        experiment = "harm" if any(run["analysis"] == "harm" for by_rep in runs.values() for run in by_rep.values()) else "flash_stability"
         raise FileNotFoundError(
             f"{study_dir} is not a finished study: no run of kind 'reference' under r*/<role>/ "
-            "(run numdev-train experiment=flash_stability)"
+            f"(run its reference: numdev-train experiment={experiment} study=reference hydra.sweep.dir={study_dir})"
         )
     return dict(sorted(runs.items(), key=lambda item: (kind_rank(kind_of(item[1])), item[0])))
 
