@@ -246,6 +246,22 @@ def test_the_summary_is_read_back_checked(edit, message, tmp_path):
         harm_summary.read_harm_summary(path)
 
 
+def test_a_runs_own_records_fit_the_summarys_fields(tmp_path):
+    """What run.json records (attention_tiling {"layers": [...]}, precision_gemm {route, setting, why})
+    becomes the summary's typed fields (a list of layers, the route), and the summary reads back."""
+    from numdev.analysis.harm.outcomes import run_outcomes
+
+    layers = [{"layer": "blocks.0.attn", "backend": "flash_emulated", "kv_block": 8, "kv_blocks": 8}]
+    (tmp_path / "run.json").write_text(json.dumps({"status": "finished", "attention_tiling": {"layers": layers},
+                                                   "precision_gemm": {"setting": "auto", "route": "fp32", "why": "no avx512_bf16"}}))
+    record = run_outcomes(tmp_path)
+    assert record["attention_tiling"] == layers and record["precision_gemm"] == "fp32"
+    summary = _summary()
+    summary.roles["flash"].tiling, summary.roles["flash"].gemm_route = record["attention_tiling"], record["precision_gemm"]
+    (tmp_path / "summary.json").write_text(json.dumps(summary.to_json()))
+    assert harm_summary.read_harm_summary(tmp_path / "summary.json").roles["flash"].tiling == layers
+
+
 # -- the experiment itself ---------------------------------------------------------------------------------
 def test_the_learning_rate_control_is_ten_times_the_studys():
     reference = compose_train("experiment=harm", "study=reference", "run_dir=/tmp/x", smoke=False)
@@ -281,3 +297,28 @@ def test_the_smoke_harm_study_runs_end_to_end_and_reads_back(tmp_path):
     assert (summary.headline["text"] if summary.headline["shown"] else summary.headline["why"]) in result.stdout + result.stderr
     again = run_cli("numdev.analysis.study", str(study), cwd=tmp_path)  # numdev-study reproduces the summary
     assert harm_summary.read_harm_summary(study / "summary.json").table == summary.table, again.stdout
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("module, patched, argv", [
+    ("numdev.analysis.study", "analyse", ["{tmp}"]),
+    ("numdev.report.app", "build_report", ["--bench", "{tmp}", "-o", "{tmp}/report"]),
+    ("numdev.analysis.compare", "compare_runs", ["{tmp}/a", "{tmp}/b"]),
+    ("numdev.bench.figure", "make_figure", ["fig3", "{tmp}"]),
+    ("numdev.bench.gather", "write_table", ["{tmp}"]),
+])
+def test_ctrl_c_in_a_command_that_reads_runs_is_one_line_and_exit_130(module, patched, argv, tmp_path, monkeypatch, capsys):
+    """SIGINT while numdev-study, numdev-report, numdev-compare, numdev-figure or numdev-gather works: one
+    line naming the command, exit 130, no traceback (its files are written whole or not at all)."""
+    import importlib
+
+    program = importlib.import_module(module)
+    monkeypatch.setattr(program, patched, _interrupt)
+    with pytest.raises(SystemExit) as exited:
+        program.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert exited.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"numdev-{module.rsplit('.', 1)[-1].replace('app', 'report')}: error: interrupted (SIGINT)"), err

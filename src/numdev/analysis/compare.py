@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from numdev.cli import logs
-from numdev.cli.errors import fail
+from numdev.cli.errors import fail, interrupted
 from numdev.runs.atomic import WriteError, check_regular_target, write_together
 from numdev.runs.layout import (
     COMPARE_JSON,
@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> None:
                             outputs[2]: (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8")})
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-compare", error)
+    except KeyboardInterrupt:
+        interrupted("numdev-compare")
     if warning := identical_warning(args.run_a, args.run_b, rows):
         logger.warning(warning)
     logger.info(

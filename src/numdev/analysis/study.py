@@ -42,7 +42,7 @@ from numdev.analysis.study_runs import (
     study_curves,
 )
 from numdev.cli import logs
-from numdev.cli.errors import fail
+from numdev.cli.errors import fail, interrupted
 from numdev.runs.atomic import WriteError, write_json
 from numdev.runs.layout import (
     EVAL,
@@ -553,6 +553,8 @@ def main(argv: list[str] | None = None) -> None:
         analyse(args.study_dir, log=log_step, against_truth=not args.no_truth, partial=args.partial)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
+    except KeyboardInterrupt:
+        interrupted("numdev-study")
 
 
 if __name__ == "__main__":

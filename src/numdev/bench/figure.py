@@ -18,7 +18,7 @@ from pathlib import Path
 
 from numdev.bench.gather import read_sweep
 from numdev.cli import logs
-from numdev.cli.errors import fail
+from numdev.cli.errors import fail, interrupted
 from numdev.runs.atomic import WriteError, write_together
 from numdev.runs.layout import TABLE
 from numdev.runs.tables import to_csv
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
              f"is it a sweep of the {args.figure} experiment? Nothing was written")
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-figure", error)
+    except KeyboardInterrupt:
+        interrupted("numdev-figure")
     log.info(summary["caption"])
     log.info(f"verdict: {summary['verdict']}")
 

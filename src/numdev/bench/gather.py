@@ -246,6 +246,10 @@ def main(argv: list[str] | None = None) -> None:
         from numdev.cli.errors import fail  # imported here: it pulls in hydra and torch
 
         fail("numdev-gather", error)
+    except KeyboardInterrupt:
+        from numdev.cli.errors import interrupted
+
+        interrupted("numdev-gather")
     log.info(out)
 
 

@@ -136,6 +136,13 @@ def fail(program: str, error: BaseException | str, code: int = 2):
     _exit(program, error, code)
 
 
+def interrupted(program: str):
+    """Ctrl-C (SIGINT) during a command that reads runs and writes results: one line and exit 130, no
+    traceback (each file numdev writes is written whole or not at all: numdev.runs.atomic)."""
+    _exit(program, "interrupted (SIGINT): each file is written whole or not at all, so none is half-written; "
+          "run the same command again to write them all", 130)
+
+
 def one_line(error: BaseException | str) -> str:
     """An error's message on one line. An error re-raised from a DataLoader worker carries the
     worker's whole traceback in its text ("Caught ValueError in DataLoader worker process 0.

@@ -21,7 +21,7 @@ import yaml
 
 from numdev.cli import logs
 from numdev.cli.commands import script
-from numdev.cli.errors import fail
+from numdev.cli.errors import fail, interrupted
 from numdev.figures import BENCH_FIGURES, FIGURES
 from numdev.figures import BENCH_FIGURES as BENCH_ORDER  # noqa: E402  (the one list of figures)
 from numdev.report import provenance as report_provenance
@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         index = build_report(bench, study, Path(args.out) if args.out else root / "report", notes, catalogue, harm)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-report", error)
+    except KeyboardInterrupt:
+        interrupted("numdev-report")
     for note in notes:  # also on the page
         log.info("numdev-report: note: %s", note)
     log.info("report: %s", index.resolve())

@@ -35,7 +35,7 @@ def run_outcomes(run_dir) -> dict:
     out = {key: run.read_outcome(key) for key in OUTCOMES}
     events = run.read_instability()["events"] if run.instability.is_file() else []
     out["skipped_updates"] = sum(1 for e in events if e.get("action") == "skipped")
-    out["attention_tiling"] = record.get("attention_tiling")
+    out["attention_tiling"] = (record.get("attention_tiling") or {}).get("layers")  # each layer's tiling (numdev.train.callbacks.tiling)
     out["precision_gemm"] = (record.get("precision_gemm") or {}).get("route")
     seconds = record.get("step_seconds") or {}
     out["step_seconds"] = seconds.get("median") if isinstance(seconds, dict) else None
