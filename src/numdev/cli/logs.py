@@ -47,7 +47,18 @@ class BelowWarning(logging.Filter):
         return record.levelno < logging.WARNING
 
 
+class NoCudaNotice(logging.Filter):
+    """torch.compile on a CPU-only machine: torch.utils.cpp_extension warns that no CUDA runtime is
+    found (it looks for one to build with), which says nothing about a CPU run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No CUDA runtime is found")
+
+
 def quiet_libraries() -> None:
+    cpp_extension = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, NoCudaNotice) for f in cpp_extension.filters):
+        cpp_extension.addFilter(NoCudaNotice())
     for name in ("lightning.pytorch", "lightning.fabric", "lightning", "pytorch_lightning"):
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
