@@ -252,8 +252,8 @@ def main_with(args: argparse.Namespace, default_command: str) -> None:
         full = read_study_summary(RESULT) if RESULT.is_file() and early_result == EARLY_RESULT else None
         head_block, table_block = args.early_blocks.split(",")
         doc = args.doc.resolve()
-        headline_doc = README if doc == RESULTS_DOC else doc  # a variant study keeps its headline in its own page
-        details = "docs/results.md#phase-2-the-weights" if doc == RESULTS_DOC else ""  # the tables follow in the same doc
+        headline_doc = doc  # beside its tables: README's phase-2 answer is the harm study's (scripts/harm_table.py)
+        details = ""  # the tables follow in the same doc
         replace_block(headline_doc, head_block, headline_text(early, early_result, full, RESULT, command, headline_doc, details))
         replace_block(doc, table_block, early_block(early, early_result, command, doc))
         replace_block(REPO / "docs" / "study.md", ROLES_BLOCK, roles_text())
