@@ -17,7 +17,7 @@ from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
-from numdev.report.harm import calibration_table, controls_table, headline_table
+from numdev.report.harm import calibration_table, controls_table, headline_table, replicates_table
 from numdev.runs.harm_summary import read_harm_summary
 from numdev.runs.provenance import machine_line
 
@@ -51,6 +51,9 @@ def results_block(summary) -> str:
         "**The pre-registered claims** (held-out loss effect relative to the reference, paired by replicate; "
         f"95% t interval from 5 replicates; rules: {summary.rules['claims']['harms']}):",
         controls_table(summary),
+        "**Every run** (held-out loss; the share of final samples whose position matches the caption, chance 11%): "
+        "a paired effect is the difference of two cells in one column.",
+        replicates_table(summary),
         f"**delta_harm** = {summary.harm.get('text', 'not measured')} ({summary.harm.get('rule', '')}).",
         f"**Calibration over steps** ({summary.rules['stability']}):",
         calibration_table(summary),

@@ -52,6 +52,20 @@ def controls_table(summary: HarmSummary) -> str:
     return "\n".join(lines)
 
 
+def replicates_table(summary: HarmSummary) -> str:
+    """Every run's held-out loss and position agreement, role by replicate: what the effects are made of
+    (a paired effect is a difference along a column; a role learns position or not within one)."""
+    reps = [str(r) for r in summary.replicates]
+    lines = ["| role | " + " | ".join(f"r{r}: held-out loss / position" for r in reps) + " |",
+             "| --- | " + " | ".join("---" for _ in reps) + " |"]
+    for name, role in summary.roles.items():
+        loss, position = role.outcomes.get("heldout_loss") or {}, role.outcomes.get("position_accuracy") or {}
+        cells = [(f"{loss[r]:.3g}" if loss.get(r) is not None else "–") + " / "
+                 + (f"{position[r]:.0%}" if position.get(r) is not None else "–") for r in reps]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def calibration_table(summary: HarmSummary) -> str:
     lines = ["| role | delta* over the stable window | stable from step | margin to harm |", "| --- | --- | --- | --- |"]
     for name, role in summary.roles.items():
