@@ -26,7 +26,6 @@ spread by numdev.stats' rule (95% bootstrap from 5 seeds, else the range of the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -42,7 +41,7 @@ from numdev.attention import (
     golden_attention,
 )
 from numdev.bench.metrics import deviation
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, at_least
 from numdev.cli.script_args import seed as seed_type
 from numdev.numerics.stages import stage_formats
 from numdev.runs.atomic import write_text
@@ -160,29 +159,17 @@ def summarise(rows: list[dict]) -> list[dict]:
     return summary
 
 
-def _at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
-        return value
-    return parse
-
-
 def main(argv=None) -> int:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    parser.add_argument("--dims", type=_at_least(1), nargs="+", default=[64, 128])
+    parser.add_argument("--dims", type=at_least(1), nargs="+", default=[64, 128])
     parser.add_argument("--causal", nargs="+", type=int, default=[0, 1], choices=[0, 1])
-    parser.add_argument("--n", type=_at_least(1), nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--n", type=at_least(1), nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--seeds", type=seed_type, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--batch", type=_at_least(1), default=2)
-    parser.add_argument("--heads", type=_at_least(1), default=8)
-    parser.add_argument("--compare-heads", type=_at_least(1), default=1, help="heads of batch 0 compared on the CPU")
+    parser.add_argument("--batch", type=at_least(1), default=2)
+    parser.add_argument("--heads", type=at_least(1), default=8)
+    parser.add_argument("--compare-heads", type=at_least(1), default=1, help="heads of batch 0 compared on the CPU")
     parser.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 SEED_LIMIT = 2**64
@@ -79,8 +78,7 @@ def output_file_problem(path: str | os.PathLike) -> str | None:
 
 class ScriptParser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's usage block and error: one line instead
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")  # argparse's own stderr writer and exit
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
