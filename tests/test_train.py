@@ -149,6 +149,26 @@ def test_a_finished_run_can_be_extended_as_if_it_never_stopped(backend_runs, tmp
     assert snapshot_hashes(tmp_path) == snapshot_hashes(uninterrupted)
 
 
+def test_the_cooldown_decays_the_rate_to_zero_at_max_steps_and_a_run_cannot_be_stretched(tmp_path, capsys):
+    from numdev.train.module import lr_factor
+
+    factors = [lr_factor(s, warmup=2, cooldown=4, max_steps=10) for s in range(10)]
+    assert factors == pytest.approx([0.5, 1, 1, 1, 1, 1, 1.0, 0.75, 0.5, 0.25])  # warmup, constant, linear to 1/4 at the last step
+    assert [lr_factor(s, warmup=2) for s in range(4)] == [0.5, 1, 1, 1]  # no cooldown: max_steps plays no part
+    train(compose_train("attention=baseline", "trainer.max_steps=4", "optim.warmup_steps=0", "optim.cooldown_steps=2", run_dir=tmp_path))
+    lrs = [e.value for e in _scalars(tmp_path, "lr-AdamW")]
+    assert lrs[-1] == pytest.approx(0.5e-3, rel=1e-6)  # the step-3 factor (4 - 3) / 2 of lr 1e-3
+    line = _one_line_error(capsys, "attention=baseline", "trainer.max_steps=6", "optim.warmup_steps=0", "optim.cooldown_steps=2",
+                           "resume=true", run_dir=tmp_path)
+    assert "cannot change with optim.cooldown_steps=2" in line
+
+
+def _scalars(run_dir, tag):
+    events = EventAccumulator(str(next(run_dir.rglob("events.out.tfevents.*"))), size_guidance={"scalars": 0})
+    events.Reload()
+    return events.Scalars(tag)
+
+
 def _one_line_error(capsys, *overrides, run_dir):
     with pytest.raises(SystemExit) as exit_:
         user_facing("numdev-train")(train)(compose_train(*overrides, run_dir=run_dir))
@@ -175,6 +195,8 @@ def _one_line_error(capsys, *overrides, run_dir):
         (["diffusion.sampler.kind=euler"], "unknown sampler 'euler'"),
         (["data=folder"], "data.root is not set"),
         (["resume=true"], "resume=true but"),
+        (["optim.cooldown_steps=-1"], "optim.cooldown_steps=-1 must be a non-negative integer"),
+        (["optim.cooldown_steps=5", "trainer.max_steps=4"], "optim.cooldown_steps=5 with optim.warmup_steps=0 is more than trainer.max_steps=4"),
     ],
 )
 def test_bad_settings_are_one_line_errors(capsys, tmp_path, overrides, message):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from numdev.runs.harm_summary import CLAIMS, PRIMARY_OUTCOME
+from numdev.stats.equivalence import TESTS
 
 _ABSENT = object()
 SEED_LIMIT = 2**64  # torch.manual_seed takes 64 bits; a seed beyond is refused naming its key
@@ -246,6 +247,7 @@ class Optimizer:
 @dataclass
 class Optim:
     warmup_steps: int = integer(min=0)
+    cooldown_steps: int = integer(min=0)
 
 
 @dataclass
@@ -327,6 +329,7 @@ class StudyHarm:  # experiment=harm: the pre-registered judgement (numdev.analys
     outcome: str = one_of(PRIMARY_OUTCOME)
     margin: float = number(above=0, max=10)  # relative held-out loss
     accuracy_margin: float = number(above=0, max=1)  # caption agreement, a fraction (0.05: 5 points)
+    test: str = one_of(*TESTS)  # what the claims are judged by: the exact sign test or the t test
 
 
 @dataclass

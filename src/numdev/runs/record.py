@@ -26,7 +26,7 @@ RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.polic
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
 ADDED_KEYS = {"verbose": False, "trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None,
               "attention.mode": "unbiased", "callbacks.tiling.": None,
-              "seed.rounding": 0}
+              "seed.rounding": 0, "optim.cooldown_steps": 0}
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -50,6 +50,11 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
         if saved.get(k) != now.get(k) and not any(k == c or k.startswith(c) for c in RESUMABLE_CHANGES)
         and not (k not in saved and _added_key(k, now.get(k)))
     )
+    cooldown = now.get("optim.cooldown_steps") or 0
+    if cooldown and saved.get("trainer.max_steps") != now.get("trainer.max_steps"):
+        raise ValueError(f"resume=true: trainer.max_steps ({saved.get('trainer.max_steps')!r} -> {now.get('trainer.max_steps')!r}) "
+                         f"cannot change with optim.cooldown_steps={cooldown}: the learning rate's decay ends at max_steps, so the "
+                         "resumed run would not follow any single schedule; start a new run")
     if differ:
         shown = ", ".join(f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in differ[:3])
         raise ValueError(

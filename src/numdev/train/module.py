@@ -8,6 +8,7 @@ resumed run continues the exact stream. Nothing in a step draws from the global 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import lightning.pytorch as pl
@@ -19,6 +20,17 @@ from numdev.diffusion.parametrization import check_prediction
 CHECKPOINT_KEY = "numdev"
 
 
+
+def lr_factor(step: int, *, warmup: int, cooldown: int = 0, max_steps: int | None = None) -> float:
+    """The learning rate's factor at optimizer step `step` (0-based): linear warmup over `warmup` steps,
+    constant, then with `cooldown` > 0 a linear decay over the last `cooldown` of `max_steps` (the last
+    step's factor is 1 / cooldown, never 0)."""
+    factor = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    if cooldown:
+        factor = min(factor, (max_steps - step) / cooldown)
+    return max(factor, 0.0)
+
+
 class DiffusionModule(pl.LightningModule):
     def __init__(
         self,
@@ -27,6 +39,8 @@ class DiffusionModule(pl.LightningModule):
         sampler: Sampler,
         optimizer: Callable[..., torch.optim.Optimizer],
         warmup_steps: int = 0,
+        cooldown_steps: int = 0,
+        max_steps: int | None = None,
         p_uncond: float = 0.1,
         noise_seed: int = 0,
         prediction: str = "epsilon",
@@ -36,10 +50,14 @@ class DiffusionModule(pl.LightningModule):
             raise ValueError(f"diffusion.p_uncond={p_uncond} must be in [0, 1)")
         if warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0")
+        if cooldown_steps < 0 or (cooldown_steps and (max_steps is None or warmup_steps + cooldown_steps > max_steps)):
+            raise ValueError(f"optim.cooldown_steps={cooldown_steps} must be >= 0 and, with optim.warmup_steps={warmup_steps}, "
+                             f"fit in trainer.max_steps={max_steps}")
         self.model = model
         self.schedule, self.sampler = schedule, sampler
         self.optimizer_factory = optimizer
         self.warmup_steps, self.p_uncond = warmup_steps, p_uncond
+        self.cooldown_steps, self.max_steps = cooldown_steps, max_steps
         self.prediction = check_prediction(prediction)
         self.noise = torch.Generator().manual_seed(int(noise_seed))  # CPU: the same draws on every device
 
@@ -90,10 +108,12 @@ class DiffusionModule(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.model.parameters())
-        warmup = self.warmup_steps
-        # Linear warmup, then constant (as DiT): the schedule does not depend on max_steps, so a
-        # finished run can be resumed with a larger max_steps and continue on the same curve.
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        # Linear warmup, then constant (as DiT), then (optim.cooldown_steps > 0) a linear decay to 0 over
+        # the last cooldown_steps of trainer.max_steps (warmup-stable-decay). Without a cooldown the
+        # schedule does not depend on max_steps, so a finished run can be resumed with a larger
+        # max_steps and continue on the same curve.
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+            lr_factor, warmup=self.warmup_steps, cooldown=self.cooldown_steps, max_steps=self.max_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

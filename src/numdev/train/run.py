@@ -73,6 +73,8 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, optimization: Optimiza
         sampler=instantiate(cfg.diffusion.sampler),
         optimizer=optimization.optimizer(optimizer) if optimization is not None else optimizer,
         warmup_steps=cfg.optim.warmup_steps,
+        cooldown_steps=cfg.optim.get("cooldown_steps", 0),
+        max_steps=cfg.trainer.max_steps,
         p_uncond=cfg.diffusion.p_uncond,
         noise_seed=_seed(cfg, "noise"),
         prediction=cfg.diffusion.prediction,
@@ -98,6 +100,10 @@ def check_config(cfg: DictConfig) -> None:
     if perturbation is not None and perturbation.step >= cfg.trainer.max_steps:
         raise ValueError(f"init_perturbation.step={perturbation.step} is not before trainer.max_steps={cfg.trainer.max_steps}: "
                          "the run would end before training on the perturbed weights; lower the step or raise trainer.max_steps")
+    cooldown, warmup = cfg.optim.get("cooldown_steps", 0) or 0, cfg.optim.get("warmup_steps", 0) or 0
+    if cooldown and warmup + cooldown > cfg.trainer.max_steps:
+        raise ValueError(f"optim.cooldown_steps={cooldown} with optim.warmup_steps={warmup} is more than trainer.max_steps="
+                         f"{cfg.trainer.max_steps}: lower the cooldown or raise trainer.max_steps")
     gemm = cfg.precision.get("gemm", "auto")
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
