@@ -68,6 +68,7 @@ TIERS = {
         "test_sibling.py::test_numdev_compare_cli_writes_csv_and_figure",
         "test_sibling.py::test_the_callback_waits_for_a_snapshot_written_later_by_another_process",
         "test_study.py::test_the_smoke_study_runs_every_role_twice_and_writes_intervals",
+        "test_harm.py::test_the_smoke_harm_study_runs_end_to_end_and_reads_back",
         "test_study.py::test_the_study_says_only_what_numdev_means_and_each_role_logs_its_story",
         "test_study.py::test_the_controls_start_where_they_should",
         "test_study.py::test_the_analysis_falls_back_to_snapshots_and_agrees",

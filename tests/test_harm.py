@@ -138,9 +138,19 @@ def _effect(values, margin=0.03):
     ("no_harm", [0.001, -0.002, 0.0, 0.002, -0.001], verdicts.HOLDS),
     ("no_harm", [0.09, 0.11, 0.10, 0.12, 0.08], verdicts.FAILS),
 ])
-def test_a_claim_holds_or_fails_by_its_rule(claim, values, status):
-    verdict = effects.claim_verdict({"role": "x", "claim": claim}, {"x": {effects.PRIMARY: _effect(values)}}, 0.03)
-    assert verdict["status"] == status and verdict["rule"] == effects.CLAIM_RULES[claim]
+@pytest.mark.parametrize("test", ["sign", "t"])
+def test_a_claim_holds_or_fails_by_its_rule(claim, values, status, test):
+    verdict = effects.claim_verdict({"role": "x", "claim": claim}, {"x": {effects.PRIMARY: _effect(values)}}, 0.03, test)
+    assert verdict["status"] == status and verdict["rule"] == effects.CLAIM_RULES[claim] and verdict["test"] == test
+
+
+def test_the_registered_test_decides_a_heavy_tailed_control():
+    """lr x10's effects in the committed 1500-step study: the sign test calls it, the t test cannot."""
+    values = _effect([1.64, 8701654.5, 5066070.0, 651807.8, 661472.3])
+    role = {"role": "x", "claim": "harms"}
+    assert effects.claim_verdict(role, {"x": {effects.PRIMARY: values}}, 0.03, "sign")["status"] == verdicts.HOLDS
+    assert effects.claim_verdict(role, {"x": {effects.PRIMARY: values}}, 0.03, "t")["status"] == verdicts.NOT_MEASURABLE
+    assert effects.exceeds(values, "sign") and not effects.exceeds(values, "t")
 
 
 def test_more_harm_than_is_paired_against_the_named_role():
@@ -281,14 +291,14 @@ def test_every_claimed_role_states_a_known_claim_and_flash_tiles():
 # -- the whole study through the real command line (slow: 35 micro runs) -----------------------------------
 @pytest.mark.slow
 def test_the_smoke_harm_study_runs_end_to_end_and_reads_back(tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli
 
     result = run_cli("numdev.train.app", "experiment=harm_smoke", f"hydra.sweep.dir={tmp_path / 'study'}", cwd=tmp_path, timeout=1800)
     study = tmp_path / "study"
     summary = harm_summary.read_harm_summary(study / "summary.json")
     assert summary.replicates == [0, 1, 2, 3, 4] and set(summary.roles) >= {"reference", "flash_fa2", "ulp", "lr_x10"}
     flash = summary.roles["flash_fa2"]
-    assert flash.tiling and any(layer["kv_blocks"] >= 8 for layer in flash.tiling["layers"])
+    assert flash.tiling and any(layer["kv_blocks"] >= 8 for layer in flash.tiling)
     assert flash.per_call and flash.per_call["rel_rms"]["estimate"]["value"] > 0  # the shadow's per-call deviation
     assert {"churn", "prediction_disagreement", "loss_barrier"} <= set(flash.function_level)
     assert flash.effects["heldout_loss"]["n"] == 5 and flash.effects["heldout_loss"]["against_seeds"] is not None

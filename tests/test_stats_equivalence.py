@@ -23,6 +23,8 @@ from numdev.stats.equivalence import (
     power_exceeds,
     power_tost,
     power_two_sided,
+    sign_effect,
+    sign_needed,
     unpaired_effect,
 )
 from numdev.stats.intervals import MIN_CI
@@ -223,3 +225,45 @@ def test_the_harm_test_holds_its_size_at_the_margin():
     assert abs(rate - ALPHA) < _tolerance(ALPHA) + 0.01, rate  # Welch's df is an approximation
     null = np.mean([unpaired_effect(r - 0.5, s, 0.5).exceeds for r, s in zip(role, seeds)])
     assert null <= 0.05
+
+
+# -- the sign test ------------------------------------------------------------------------------------
+def test_the_sign_tests_p_values_are_scipys_binomial_tails():
+    d = [0.5, 0.04, 0.2, -0.01, 1e6, 0.031]
+    s = sign_effect(d, 0.03)
+    assert s.counts == {"above": 5, "inside": 1, "below": 0, "positive": 5, "negative": 1}
+    assert s.p["above_upper"] == pytest.approx(scipy_stats.binomtest(5, 6, 0.5, alternative="greater").pvalue)
+    assert s.p["above_upper"] == pytest.approx(7 / 64)  # by hand: P(X >= 5), X ~ B(6, 1/2) = (6 + 1) / 64
+    assert s.p["below_upper"] == pytest.approx(63 / 64)  # one of six below +margin: P(X >= 1)
+    assert sign_needed(5) == 5 and sign_needed(6) == 6 and sign_needed(10) == 9  # 1/32 < 0.05; 7/64 > 0.05; 11/1024
+    assert sign_needed(4) is None  # four coin flips can never reject at 0.05
+
+
+@pytest.mark.parametrize("d, harm, equivalence", [
+    ([0.1, 0.2, 5.0, 1e5, 0.04], HOLDS, FAILS),  # every replicate above: one diverged run does not hide it
+    ([0.01, -0.02, 0.005, 0.02, -0.01], FAILS, HOLDS),  # every replicate inside +-margin
+    ([0.01, -0.02, 0.05, 0.02, -0.01], NOT_MEASURABLE, NOT_MEASURABLE),  # one outside: four of five cannot reject
+    ([-0.1, -0.2, -0.5, -0.1, -0.04], FAILS, FAILS),  # all below -margin: not equivalent, and not harm
+    ([0.1, 0.2, 0.3], NOT_MEASURABLE, NOT_MEASURABLE),  # three replicates: never a verdict
+])
+def test_the_sign_test_reads_the_replicates_not_their_sizes(d, harm, equivalence):
+    s = sign_effect(d, 0.03)
+    assert (s.harm.status, s.equivalence.status) == (harm, equivalence)
+    scaled = sign_effect([x * 1e3 if x > 0.03 else x for x in d], 0.03)  # sizes beyond the bound do not matter
+    assert (scaled.harm.status, scaled.equivalence.status) == (harm, equivalence)
+
+
+def test_where_the_t_test_is_blind_to_a_diverged_control_the_sign_test_is_not():
+    """lr x10 in the committed 1500-step study: every replicate above the margin, effects over six decades."""
+    d = [1.64, 8701654.5, 5066070.0, 651807.8, 661472.3]
+    assert paired_effect(d, 0.03).harm.status == NOT_MEASURABLE
+    assert sign_effect(d, 0.03).harm.status == HOLDS
+
+
+def test_the_sign_test_holds_its_size_at_the_margin():
+    """True median exactly at the margin (a skewed, heavy-tailed distribution): harm fires at most at alpha."""
+    rng = np.random.default_rng(8)
+    data = 0.5 + rng.standard_t(1.5, size=(SIMULATIONS, 5))  # median 0.5, infinite variance
+    rate = np.mean([sign_effect(d, 0.5).harm.status == HOLDS for d in data])
+    assert rate <= 1 / 32 + _tolerance(1 / 32), rate  # exact: P(5 of 5 above) = 1/32 at the margin
+    assert abs(rate - 1 / 32) < _tolerance(1 / 32), rate

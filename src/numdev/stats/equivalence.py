@@ -337,3 +337,87 @@ def unpaired_effect(role_values, seed_values, margin: float, confidence: float =
         df = float((vx + vy) ** 2 / denominator) if denominator > 0 else float(x.size + y.size - 2)
     spread = _range(mean, x - y.mean())
     return _effect(UNPAIRED, n, mean, None, se, df, margin, round(1 - confidence, 12), spread, n >= MIN_CI, groups)
+
+
+# -- the sign test: the same three questions, distribution-free ------------------------------------------
+SIGN, T_TEST = "sign", "t"
+TESTS = (SIGN, T_TEST)  # study.harm.test: which test a pre-registered claim is judged by
+SIGN_RULE = (
+    f"exact sign test (binomial, p = 1/2) on the paired differences, each one-sided at alpha = {ALPHA:g}: harms holds "
+    f"when so many replicates exceed +margin that 'median <= +margin' is rejected, fails when so many lie below it that "
+    f"'median >= +margin' is; no more than a seed holds when both 'median >= +margin' and 'median <= -margin' are "
+    f"rejected (two one-sided sign tests), fails when the median is shown outside; a difference equal to the bound "
+    f"counts on neither side. Distribution-free: one diverged run or a two-valued outcome cannot hide an effect that "
+    f"the replicates show, nor make one. It needs k of n replicates on one side (at n = 5: all five; "
+    f"sign_needed); from fewer than {MIN_CI} replicates not measurable"
+)
+SIGN_DESIGN = "sign test on the paired differences: counts of replicates above, inside and below the bounds; p-values exact (scipy.stats.binomtest)"
+
+
+def _sign_p(successes: int, n: int) -> float:
+    """P(at least `successes` of n fair coin flips): the exact one-sided sign test's p-value."""
+    return float(scipy_stats.binomtest(successes, n, 0.5, alternative="greater").pvalue) if n else 1.0
+
+
+def sign_needed(n: int, alpha: float = ALPHA) -> int | None:
+    """The fewest of n replicates that must lie on one side of a bound for the one-sided sign test to reject."""
+    return next((k for k in range(n + 1) if _sign_p(k, n) < alpha), None)
+
+
+@dataclass(frozen=True)
+class SignTest:
+    """The sign test's verdicts on paired differences against a margin (SIGN_RULE): `harm` (exceeds +margin),
+    `equivalence` (inside +-margin) and `positive` (exceeds 0: a role's effect above another's)."""
+
+    n: int
+    margin: float
+    counts: dict  # {"above": d > +margin, "inside": -margin < d < +margin, "below": d < -margin, "positive": d > 0, "negative": d < 0}
+    p: dict  # one-sided p-values that the median lies on that side: {"above_upper", "below_upper", "above_lower", "below_lower", "positive", "negative"}
+    needed: int | None
+    harm: Verdict
+    equivalence: Verdict
+    positive: Verdict
+    alpha: float = ALPHA
+
+    def as_dict(self) -> dict:
+        return {"test": SIGN, "n": self.n, "margin": self.margin, "alpha": self.alpha, "counts": self.counts, "p": self.p,
+                "needed": self.needed, "harm": self.harm.as_dict(), "equivalence": self.equivalence.as_dict(),
+                "positive": self.positive.as_dict(), "rules": {"test": SIGN_RULE, "design": SIGN_DESIGN}}
+
+    def text(self) -> str:
+        """'sign test: 5 of 5 above +0.03 (p 0.031), 0 below -0.03; harms ✓ holds; no more than a seed ✗ fails (n = 5)'."""
+        c = self.counts
+        return (f"sign test: {c['above']} of {self.n} above +{self.margin:.3g} (p {self.p['above_upper']:.2g}), {c['inside']} inside, "
+                f"{c['below']} below -{self.margin:.3g}; harms: {self.harm.symbol} {self.harm.status}; no more than a seed: "
+                f"{self.equivalence.symbol} {self.equivalence.status} (n = {self.n}, needs {self.needed} on one side)")
+
+
+def sign_effect(differences, margin: float, confidence: float = CONFIDENCE) -> SignTest:
+    """SIGN_RULE on per-replicate paired differences (positive is harm) against a margin stated in advance."""
+    margin, confidence = _check_margin(margin), _check_confidence(confidence)
+    alpha = round(1 - confidence, 12)
+    d = _finite(differences)
+    n = int(d.size)
+    counts = {"above": int((d > margin).sum()), "inside": int(((d > -margin) & (d < margin)).sum()),
+              "below": int((d < -margin).sum()), "positive": int((d > 0).sum()), "negative": int((d < 0).sum())}
+    p = {"above_upper": _sign_p(counts["above"], n), "below_upper": _sign_p(int((d < margin).sum()), n),
+         "above_lower": _sign_p(int((d > -margin).sum()), n), "below_lower": _sign_p(counts["below"], n),
+         "positive": _sign_p(counts["positive"], n), "negative": _sign_p(counts["negative"], n)}
+    shown = f"{counts['above']} above +{margin:.3g}, {counts['inside']} inside, {counts['below']} below -{margin:.3g} (n = {n})"
+    if n < MIN_CI:
+        why = f"n < {MIN_CI}: {shown}"
+        off = Verdict(NOT_MEASURABLE, SIGN_RULE, why)
+        return SignTest(n, margin, counts, p, sign_needed(n, alpha), off, off, off, alpha)
+
+    def verdict(holds_p: float, fails_p: float, what: str) -> Verdict:
+        if holds_p < alpha:
+            return Verdict(HOLDS, SIGN_RULE, f"{shown}: {what} (p {holds_p:.2g})")
+        if fails_p < alpha:
+            return Verdict(FAILS, SIGN_RULE, f"{shown}: shown not to (p {fails_p:.2g})")
+        return Verdict(NOT_MEASURABLE, SIGN_RULE, f"{shown}: neither side reaches alpha {alpha:g}")
+
+    harm = verdict(p["above_upper"], p["below_upper"], f"median above +{margin:.3g}")
+    outside = min(p["above_upper"], p["below_lower"])  # the median shown above +margin or below -margin
+    equivalence = verdict(max(p["below_upper"], p["above_lower"]), outside, f"median inside ±{margin:.3g}")
+    positive = verdict(p["positive"], p["negative"], "median above 0")
+    return SignTest(n, margin, counts, p, sign_needed(n, alpha), harm, equivalence, positive, alpha)

@@ -8,9 +8,12 @@ against the spread of independent seeds (unpaired: the role's replicates against
 whose seeds differ from each other), with the pre-registered margin.
 
 Claims (role files, `study.claim`; CLAIM_RULES): `harms` holds when the paired held-out effect exceeds
-the margin (one-sided test); `no_harm` when it is equivalent to zero within the margin (TOST);
-`more_harm_than` (with `study.claim_than`) when the role's effect minus the other role's, paired by
-replicate, exceeds 0. Fewer than MIN_CI replicates: not measurable, never a symbol.
+the margin (one-sided test); `no_harm` when it is equivalent to zero within the margin (two one-sided
+tests); `more_harm_than` (with `study.claim_than`) when the role's effect minus the other role's, paired
+by replicate, exceeds 0. Which test, pre-registered with the margin (`study.harm.test`): the exact sign
+test (numdev.stats.equivalence.SIGN_RULE: distribution-free, so a diverged run's huge effect or a
+two-valued outcome cannot decide it) or the t test (HARM_RULE / EQUIVALENCE_RULE). Every effect carries
+both; the claim reads the registered one. Fewer than MIN_CI replicates: not measurable, never a symbol.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ EFFECT_RULE = (
     "(ref - role) in points; positive is worse"
 )
 CLAIM_RULES = {
-    HARMS: "holds when the paired held-out effect exceeds the margin: the one-sided test at alpha = 0.05 "
-           "(the 90% t interval's lower bound above the margin)",
-    NO_HARM: "holds when the paired held-out effect is equivalent to 0 within +/- the margin (TOST: the 90% t interval inside)",
-    MORE_HARM: "holds when the role's held-out effect minus the named role's, paired by replicate, exceeds 0 (one-sided, alpha 0.05)",
+    HARMS: "holds when the paired held-out effect exceeds the margin: one-sided at alpha = 0.05 by the registered test "
+           "(sign: enough replicates above the margin; t: the 90% t interval's lower bound above it)",
+    NO_HARM: "holds when the paired held-out effect is equivalent to 0 within +/- the margin: two one-sided tests by the "
+             "registered test (sign: enough replicates inside on each side; t: the 90% t interval inside)",
+    MORE_HARM: "holds when the role's held-out effect minus the named role's, paired by replicate, exceeds 0 (one-sided, "
+               "alpha 0.05, by the registered test)",
 }
 
 
@@ -55,10 +60,19 @@ def effect_values(outcomes: dict, role: str, reference: str, outcome: str) -> di
 
 
 def judged(values: dict[str, float], margin: float) -> dict | None:
+    """The paired effect by both tests: the t test's numbers at the top level, the sign test's under "sign"."""
     if not values:
         return None
     effect = equivalence.paired_effect(list(values.values()), margin)
-    return {"per_replicate": values, **effect.as_dict(), "text": effect.text(".3g")}
+    sign = equivalence.sign_effect(list(values.values()), margin)
+    return {"per_replicate": values, **effect.as_dict(), "text": effect.text(".3g"), "sign": {**sign.as_dict(), "text": sign.text()}}
+
+
+def exceeds(entry: dict | None, test: str) -> bool:
+    """Whether a judged effect exceeds its margin by the registered test."""
+    if not entry:
+        return False
+    return entry["sign"]["harm"]["status"] == verdicts.HOLDS if test == equivalence.SIGN else bool(entry.get("exceeds"))
 
 
 def against_seeds(outcomes: dict, role: str, reference: str, outcome: str, margin: float) -> dict | None:
@@ -73,8 +87,8 @@ def against_seeds(outcomes: dict, role: str, reference: str, outcome: str, margi
     return {**effect.as_dict(), "text": effect.text(".3g")}
 
 
-def claim_verdict(role: dict, effects: dict[str, dict], margin: float) -> dict | None:
-    """The verdict on a role's pre-registered claim (None without one)."""
+def claim_verdict(role: dict, effects: dict[str, dict], margin: float, test: str = equivalence.SIGN) -> dict | None:
+    """The verdict on a role's pre-registered claim (None without one), by the registered test."""
     claim = role.get("claim")
     if claim is None:
         return None
@@ -82,22 +96,25 @@ def claim_verdict(role: dict, effects: dict[str, dict], margin: float) -> dict |
         raise ValueError(f"study.claim={claim!r} of role {role['role']!r}: use one of {', '.join(CLAIMS)} (conf/train/study/{role['role']}.yaml)")
     mine = effects.get(role["role"], {}).get(PRIMARY)
     if mine is None:
-        return _verdict(claim, verdicts.NOT_MEASURABLE, "no held-out loss effect", role)
+        return _verdict(claim, verdicts.NOT_MEASURABLE, "no held-out loss effect", role, test)
     if claim == MORE_HARM:
         other = role.get("claim_than")
         theirs = effects.get(other, {}).get(PRIMARY) if other else None
         if theirs is None:
-            return _verdict(claim, verdicts.NOT_MEASURABLE, f"study.claim_than={other!r} has no held-out effect", role)
+            return _verdict(claim, verdicts.NOT_MEASURABLE, f"study.claim_than={other!r} has no held-out effect", role, test)
         common = sorted(set(mine["per_replicate"]) & set(theirs["per_replicate"]), key=int)
         differences = [mine["per_replicate"][r] - theirs["per_replicate"][r] for r in common]
         if not differences:
-            return _verdict(claim, verdicts.NOT_MEASURABLE, f"no replicate shared with {other}", role)
+            return _verdict(claim, verdicts.NOT_MEASURABLE, f"no replicate shared with {other}", role, test)
         effect = equivalence.paired_effect(differences, margin)
-        test = _exceeds_zero(effect)
-        text = f"effect({role['role']}) - effect({other}) {effect.text('.3g').split(';')[0]}"
-        return {**_verdict(claim, test, text, role), "difference": effect.as_dict()}
-    status = (mine["harm"] if claim == HARMS else mine["equivalence"])["status"]  # the Effect's own verdicts (numdev.stats.equivalence)
-    return _verdict(claim, status, mine["text"], role)
+        sign = equivalence.sign_effect(differences, margin)
+        status = sign.positive.status if test == equivalence.SIGN else _exceeds_zero(effect)
+        text = (f"effect({role['role']}) - effect({other}) {effect.text('.3g').split(';')[0]}; sign test: {sign.counts['positive']} "
+                f"of {sign.n} above 0 (p {sign.p['positive']:.2g})")
+        return {**_verdict(claim, status, text, role, test), "difference": effect.as_dict(), "difference_sign": sign.as_dict()}
+    judged_by = mine["sign"] if test == equivalence.SIGN else mine  # the verdicts of the registered test (numdev.stats.equivalence)
+    status = (judged_by["harm"] if claim == HARMS else judged_by["equivalence"])["status"]
+    return _verdict(claim, status, f"{mine['sign']['text']}; t: {mine['text']}", role, test)
 
 
 def _exceeds_zero(effect) -> str:
@@ -109,9 +126,9 @@ def _exceeds_zero(effect) -> str:
     return verdicts.FAILS if effect.tost_interval.high < 0 else verdicts.NOT_MEASURABLE
 
 
-def _verdict(claim: str, status: str, text: str, role: dict) -> dict:
+def _verdict(claim: str, status: str, text: str, role: dict, test: str) -> dict:
     return {"claim": claim, "status": status, "symbol": verdicts.SYMBOLS[status], "rule": CLAIM_RULES[claim],
-            "than": role.get("claim_than"), "text": text}
+            "test": test, "than": role.get("claim_than"), "text": text}
 
 
 def summarise(values: dict[str, float]) -> dict | None:

@@ -63,6 +63,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
     harm_cfg = first_run(runs[reference])["config"]["study"]["harm"]
     margin = float(harm_cfg["margin"])
     accuracy_margin = float(harm_cfg.get("accuracy_margin", 0.05))
+    test = harm_cfg.get("test", equivalence.T_TEST)  # a study registered before the sign test was judged by t
     log(f"harm study {study_dir}: {len(runs)} roles, margin {margin:g} on {harm_cfg['outcome']}")
 
     curves = study_curves(study_dir, runs, log, against_truth=False)["reference"]
@@ -84,7 +85,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
         if function_level_measures:
             function[role] = _function_level(runs, role, reference, log)
     for role in runs:
-        verdict = effects.claim_verdict({"role": role, **info[role]}, role_effects, margin)
+        verdict = effects.claim_verdict({"role": role, **info[role]}, role_effects, margin, test)
         if verdict is not None:
             controls[role] = verdict
 
@@ -92,7 +93,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
     rungs = [(r["role"], r["size"]) for r in noise.get("rungs", [])]
     harm = threshold.delta_harm(rungs, {role: (role_effects.get(role, {}).get(effects.PRIMARY) or {}).get("per_replicate", {})
                                         for role, _ in rungs}, margin,
-                                {role: bool((role_effects.get(role, {}).get(effects.PRIMARY) or {}).get("exceeds")) for role, _ in rungs})
+                                {role: effects.exceeds(role_effects.get(role, {}).get(effects.PRIMARY), test) for role, _ in rungs})
 
     roles = {}
     for role, by_rep in runs.items():
@@ -132,8 +133,9 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
                               threads=first_run(runs[reference])["record"].get("threads")),
         workload=_workload(first_run(runs[reference])),
         margin={"outcome": harm_cfg["outcome"], "margin": margin, "relative": True, "accuracy_margin": accuracy_margin,
+                "test": test,
                 "rules": {"effect": effects.EFFECT_RULE, "equivalence": equivalence.EQUIVALENCE_RULE,
-                          "harm": equivalence.HARM_RULE, "mde": equivalence.MDE_RULE}},
+                          "harm": equivalence.HARM_RULE, "mde": equivalence.MDE_RULE, "sign": equivalence.SIGN_RULE}},
         replicates=sorted({r for by_rep in runs.values() for r in by_rep}),
         roles=roles,
         calibration={name: {k: v for k, v in c.items() if k != "roles"} for name, c in calib.items()},
