@@ -174,6 +174,12 @@ def test_the_headline_is_withheld_naming_the_control_that_failed():
     withheld = headline.sentence({"flash": flash}, ["flash"], harm, closed)
     assert not withheld["shown"] and "lr_x10: claim 'harms' fails" in withheld["why"]
     assert not headline.sentence({"flash": flash}, ["flash"], harm, headline.gate({"flash": flash}))["shown"]
+    # the committed 1500-step study's reference: replicate 3 had not learned position (31%): withheld, whatever the claims
+    reference = {str(r): {"colour_accuracy": 1.0, "position_accuracy": p} for r, p in enumerate([0.96, 0.75, 0.97, 0.31, 1.0])}
+    unlearned = headline.gate({"lr_x10": {"control": holds}, "ulp": {"control": holds}, "flash": flash}, headline.learned(reference))
+    assert not unlearned["open"] and "replicate 1 position 75%, replicate 3 position 31%" in unlearned["why"]
+    reference = {r: {**run, "position_accuracy": 0.95} for r, run in reference.items()}
+    assert headline.gate({"lr_x10": {"control": holds}, "ulp": {"control": holds}}, headline.learned(reference))["open"]
 
 
 def test_the_table_judges_each_ratio_against_the_papers_range_only_from_five_replicates():
@@ -332,3 +338,20 @@ def test_ctrl_c_in_a_command_that_reads_runs_is_one_line_and_exit_130(module, pa
     assert exited.value.code == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"numdev-{module.rsplit('.', 1)[-1].replace('app', 'report')}: error: interrupted (SIGINT)"), err
+
+
+def test_the_per_call_deviation_is_read_from_the_shadows_per_layer_rows(tmp_path):
+    """numdev.train.callbacks.shadow writes one row per attention layer and step (no "all" row): the per-call
+    deviation is their mean over layers and steps, the backward rows left out."""
+    from numdev.analysis.harm.outcomes import per_call
+    from numdev.runs.layout import RunDir
+
+    header = "step,layer,quantity,max_abs,mean_abs,ref_max_abs,bias,rel_rms,diff_rms,shadow_rms,count\n"
+    rows = ["0,blocks.0.attn,out,0.01,0.001,1.0,0.0002,0.002,0.001,0.5,64",
+            "0,blocks.1.attn,out,0.03,0.003,1.0,-0.0001,0.004,0.002,0.5,64",
+            "100,blocks.0.attn,out,0.02,0.002,1.0,0.0003,0.003,0.0015,0.5,64",
+            "100,blocks.0.attn,dq,9.0,9.0,1.0,9.0,9.0,9.0,9.0,64"]  # a gradient row: not the forward output
+    (tmp_path / "shadow.csv").write_text(header + "\n".join(rows) + "\n")
+    got = per_call(RunDir(tmp_path))
+    assert got["rel_rms"] == pytest.approx(0.003) and got["bias"] == pytest.approx(0.0004 / 3)
+    assert got["max_abs"] == pytest.approx(0.02) and got["mean_abs"] == pytest.approx(0.002)

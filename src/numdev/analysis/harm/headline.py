@@ -22,19 +22,40 @@ from numdev.stats import intervals as stats
 from numdev.stats import verdicts
 
 PAPER_RANGE = (2.0, 5.0)
-HEADLINE_RULE = ("shown only when every pre-registered claim holds (positive controls harm, negative controls do not); "
+LEARNED = 0.9  # the reference's colour and position agreement the answer needs in every replicate (LEARNED_RULE)
+HEADLINE_RULE = ("shown only when the reference learned what the samples are judged on in every replicate (LEARNED_RULE) "
+                 "and every pre-registered claim holds (positive controls harm, negative controls do not); "
                  "M = delta_harm / delta* (numdev.analysis.harm.threshold.MARGIN_RULE)")
+LEARNED_RULE = (f"the workload is judged only where learning finished: the reference's colour and position agreement at the end, "
+                f"in every replicate, at least {LEARNED:.0%}; a study that ends mid-learning compares runs on either side of a "
+                f"transition, and its answer is withheld")
 TABLE_RULE = ("each measure per replicate; the ratio proxy / Flash paired by replicate (geometric mean, LOG_RULE; the inverse "
               "for the margin to harm, where larger is further from harm), judged against the paper's 2-5x")
 
 
-def gate(roles: dict) -> dict:
-    """Every claimed role's verdict; `open` when all hold."""
+def learned(reference_outcomes: dict, threshold: float = LEARNED) -> dict:
+    """LEARNED_RULE over the reference's runs {replicate: outcomes}: `ok`, and which replicate fell short."""
+    short = []
+    for r, run in sorted(reference_outcomes.items(), key=lambda item: int(item[0])):
+        for key, label in (("colour_accuracy", "colour"), ("position_accuracy", "position")):
+            value = run.get(key)
+            if value is None or not value >= threshold:
+                short.append(f"replicate {r} {label} {'missing' if value is None else f'{value:.0%}'}")
+    return {"ok": not short, "threshold": threshold, "rule": LEARNED_RULE,
+            "why": ("" if not short else f"learning did not finish: the reference's {', '.join(short)} "
+                                         f"(needs {threshold:.0%}: LEARNED_RULE)")}
+
+
+def gate(roles: dict, workload: dict | None = None) -> dict:
+    """Every claimed role's verdict; `open` when all hold and the workload learned (LEARNED_RULE)."""
     claims = {name: role["control"] for name, role in roles.items() if role.get("control")}
     failing = {name: c for name, c in claims.items() if c["status"] != verdicts.HOLDS}
-    return {"open": bool(claims) and not failing, "claims": claims,
-            "why": ("no pre-registered claim in this study" if not claims else
-                    "; ".join(f"{name}: claim '{c['claim']}' {c['status']} ({c['text']})" for name, c in failing.items()))}
+    unlearned = workload is not None and not workload["ok"]
+    why = ("no pre-registered claim in this study" if not claims else
+           "; ".join(f"{name}: claim '{c['claim']}' {c['status']} ({c['text']})" for name, c in failing.items()))
+    if unlearned:
+        why = workload["why"] + (f"; {why}" if why else "")
+    return {"open": bool(claims) and not failing and not unlearned, "claims": claims, "learned": workload, "why": why}
 
 
 def sentence(roles: dict, under_test: list[str], harm: dict, gates: dict) -> dict:

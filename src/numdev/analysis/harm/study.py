@@ -123,7 +123,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
         )
     role_dicts = {name: _as_table_input(r, curves.get(name, {})) for name, r in roles.items()}
     under_test = [role for role, by_rep in runs.items() if kind_of(by_rep) == UNDER_TEST]
-    gates = headline.gate(role_dicts)
+    gates = headline.gate(role_dicts, headline.learned(outcomes[reference]))
     flash = next((r for r in under_test if r == "flash_fa2"), under_test[0] if under_test else None)
     columns = [*under_test, *([PROXY] if PROXY in runs else [])]
     summary = HarmSummary(
@@ -143,7 +143,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
         headline={**headline.sentence(role_dicts, under_test, harm, gates), "gate": gates},
         table=headline.table(role_dicts, columns, flash, PROXY if PROXY in runs else None),
         rules={"status": calibration.STATUS_RULE, "stability": calibration.STABILITY_RULE, "harm": threshold.HARM_RULE,
-               "margin_to_harm": threshold.MARGIN_RULE, "headline": headline.HEADLINE_RULE, "table": headline.TABLE_RULE,
+               "margin_to_harm": threshold.MARGIN_RULE, "headline": headline.HEADLINE_RULE, "learned": headline.LEARNED_RULE, "table": headline.TABLE_RULE,
                "claims": effects.CLAIM_RULES, "consistency": consistency.__doc__.strip().splitlines()[0],
                "interval": stats.LOG_RULE},
         problems=[f"missing job {job}" for job in missing],
@@ -214,7 +214,8 @@ def _workload(run: dict) -> dict:
     return {"model": record.get("model"), "resolution": (config.get("data") or {}).get("resolution"),
             "steps": record.get("final_step"), "precision": record.get("precision"),
             "learning_rate": ((config.get("optim") or {}).get("optimizer") or {}).get("lr"),
-            "warmup_steps": (config.get("optim") or {}).get("warmup_steps"), "batch_size": (config.get("data") or {}).get("batch_size")}
+            "warmup_steps": (config.get("optim") or {}).get("warmup_steps"), "cooldown_steps": (config.get("optim") or {}).get("cooldown_steps"),
+            "batch_size": (config.get("data") or {}).get("batch_size")}
 
 
 def _command(config: dict) -> str:
