@@ -17,7 +17,7 @@ from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser
 from numdev.report.docblocks import replace_block
-from numdev.report.harm import calibration_table, controls_table, headline_table, replicates_table
+from numdev.report.harm import calibration_table, controls_table, gate_list, headline_table, replicates_table
 from numdev.runs.harm_summary import read_harm_summary
 from numdev.runs.provenance import machine_line
 
@@ -37,10 +37,10 @@ def answer_block(summary) -> str:
     if summary.headline.get("shown"):
         answer = f"**{summary.headline['text']}**"
     else:
-        answer = f"**No answer: {summary.headline.get('why', 'withheld')}.**"
+        answer = "**No answer: the study withholds it, because not everything it needs holds.**"
     setting = (f"{w.get('model')} at {w.get('resolution')}x{w.get('resolution')}, {w.get('steps')} steps, {w.get('precision')}; "
                f"harm: held-out loss worse than the reference's by more than {summary.margin['margin']:.0%} (stated before the runs)")
-    return "\n\n".join([answer + f" ({setting}.)", _origin(summary) + ".",
+    return "\n\n".join([answer + f" ({setting}.)", "What the answer needs:\n\n" + gate_list(summary), _origin(summary) + ".",
                         "Every measure side by side (ratio judged against the paper's 2-5x only from 5 replicates; a range carries no symbol):",
                         headline_table(summary)])
 
@@ -48,8 +48,8 @@ def answer_block(summary) -> str:
 def results_block(summary) -> str:
     return "\n\n".join([
         _origin(summary).replace("docs/results/", "results/") + ".",
-        "**The pre-registered claims** (held-out loss effect relative to the reference, paired by replicate; "
-        f"95% t interval from 5 replicates; rules: {summary.rules['claims']['harms']}):",
+        "**The pre-registered claims** (held-out loss effect relative to the reference, paired by replicate; both tests shown, "
+        f"the verdict by the registered one, the {summary.margin.get('test', 't')} test; harms {summary.rules['claims']['harms']}):",
         controls_table(summary),
         "**Every run** (held-out loss; the share of final samples whose position matches the caption, chance 11%): "
         "a paired effect is the difference of two cells in one column.",

@@ -220,6 +220,12 @@ def test_runs_that_did_not_train_the_same_workload_are_refused(tmp_path):
     margin = {**good, "flash": {0: _run(tmp_path, "flash", 0, **{"study.harm.margin": 0.05})}}
     with pytest.raises(ValueError, match="study.harm"):
         consistency.check(margin)
+    test = {**good, "flash": {0: _run(tmp_path, "flash", 0, **{"study.harm.test": "t"})}}
+    with pytest.raises(ValueError, match="study.harm"):
+        consistency.check(test)  # the registered test is one test, in every run
+    cooldown = {**good, "flash": {0: _run(tmp_path, "flash", 0, **{"optim.cooldown_steps": 3})}}
+    with pytest.raises(ValueError, match="optim.cooldown_steps"):
+        consistency.check(cooldown)
     moved = {**good, "flash": {0: {**_run(tmp_path, "flash", 0), "dir": tmp_path / "r1" / "flash"}}}
     with pytest.raises(ValueError, match="sits in r1/flash"):
         consistency.check(moved)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 WORKLOAD_KEYS = ("name", "model", "data.resolution", "data.batch_size", "trainer.max_steps", "snapshot.every_n_steps",
-                 "snapshot.schedule", "optim.warmup_steps", "diffusion")
+                 "snapshot.schedule", "optim.warmup_steps", "optim.cooldown_steps", "diffusion")
 LEARNING_RATE = "optim.optimizer.lr"
 
 

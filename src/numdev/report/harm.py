@@ -39,7 +39,10 @@ def headline_table(summary: HarmSummary) -> str:
 
 
 def controls_table(summary: HarmSummary) -> str:
-    lines = ["| role | what it changes | claim | held-out loss effect (relative) | verdict |", "| --- | --- | --- | --- | --- |"]
+    """Every role's held-out effect by both tests (the t interval and the sign test's counts) and the verdict on its
+    claim by the registered test (summary.margin["test"])."""
+    lines = ["| role | what it changes | claim | held-out loss effect (relative): mean, 95% t | sign test: replicates above / "
+             "inside / below the margin | verdict |", "| --- | --- | --- | --- | --- | --- |"]
     for name, role in summary.roles.items():
         effect = role.effects.get("heldout_loss")
         if effect is None:
@@ -47,8 +50,28 @@ def controls_table(summary: HarmSummary) -> str:
         claim = role.claim or "–"
         if role.claim_than:
             claim += f" {role.claim_than}"
-        verdict = f"{role.control['symbol']} {role.control['status']}" if role.control else "–"
-        lines.append(f"| {name} | {role.label} | {claim} | {effect['text'].split(';')[0]} | {verdict} |")
+        verdict = f"{role.control['symbol']} {role.control['status']} ({role.control.get('test', 't')})" if role.control else "–"
+        sign = effect.get("sign")
+        counts = f"{sign['counts']['above']} / {sign['counts']['inside']} / {sign['counts']['below']} of {sign['n']}" if sign else "–"
+        lines.append(f"| {name} | {role.label} | {claim} | {effect['text'].split(';')[0]} | {counts} | {verdict} |")
+    return "\n".join(lines)
+
+
+def gate_list(summary: HarmSummary) -> str:
+    """What the answer needs, one line each with its state: learning finished, then every pre-registered claim."""
+    gate = summary.headline.get("gate") or {}
+    lines = []
+    learned = gate.get("learned")
+    if learned:
+        state = f"{verdicts.SYMBOLS[verdicts.HOLDS]} yes" if learned["ok"] else f"{verdicts.SYMBOLS[verdicts.FAILS]} {learned['why']}"
+        lines.append(f"- the reference learned colour and position (>= {learned['threshold']:.0%} in every replicate): {state}")
+    for name, claim in (gate.get("claims") or {}).items():
+        role = summary.roles[name]
+        what = claim["claim"] + (f" {claim['than']}" if claim.get("than") else "")
+        sign = (role.effects.get("heldout_loss") or {}).get("sign")
+        counts = (f"; {sign['counts']['above']} of {sign['n']} replicates above +{sign['margin']:.0%}, {sign['counts']['inside']} "
+                  f"inside ±{sign['margin']:.0%}") if sign and claim["claim"] != "more_harm_than" else ""
+        lines.append(f"- {name} ({role.label}) {what}: {claim['symbol']} {claim['status']} by the {claim.get('test', 't')} test{counts}")
     return "\n".join(lines)
 
 
@@ -91,14 +114,14 @@ def harm_sections(study_dir: Path) -> list[Section]:
     setting = (f"{w.get('model')} at {w.get('resolution')}x{w.get('resolution')}, {w.get('steps')} steps, {w.get('precision')}, "
                f"lr {w.get('learning_rate')}, {len(summary.replicates)} replicate(s); margin: held-out loss worse by more than "
                f"{summary.margin['margin']:.0%}, stated before the runs")
-    answer = summary.headline.get("text") if summary.headline.get("shown") else summary.headline.get("why", "")
+    answer = summary.headline.get("text") if summary.headline.get("shown") else "No answer: the study withholds it (below: what did not hold)"
     sections = [
         Section(
             title="Does it matter? The answer",
             claim="How far each optimization's per-call deviation is from the smallest that measurably harms this training, "
                   "shown only when the positive controls harm and the negative controls do not.",
             measured=f"{answer} ({setting}).",
-            table_markdown="Every measure, side by side:\n\n" + headline_table(summary),
+            table_markdown="What the answer needs:\n\n" + gate_list(summary) + "\n\nEvery measure, side by side:\n\n" + headline_table(summary),
             status=verdicts.HOLDS if gate.get("open") else verdicts.NOT_MEASURABLE,
             rule=summary.headline.get("rule", ""), command=command, provenance=origin, files=files, anchor="answer",
         ),
