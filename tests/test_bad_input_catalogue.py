@@ -740,6 +740,11 @@ CATALOGUE += [
                                  ("string", "abc", "'abc'"), ("strings", "[a,b]", "['a', 'b']"))),
     Case("train-optimizer-unknown-key", "numdev-train", [*TRAIN, "+optim.optimizer.foo=1"],
          "+optim.optimizer.foo=1: optim.optimizer (torch.optim.AdamW) has no setting foo, so nothing would read it"),
+    Case("train-misspelled-key", "numdev-train", [*TRAIN, "trainer.max_step=2"],
+         "trainer.max_step=2: trainer has no setting max_step: did you mean trainer.max_steps=2"),
+    Case("train-misspelled-nested-key-in-sweep", "numdev-train", ["-m", *TRAIN, "optim.optimizer.llr=1e-3,2e-3"],
+         "optim.optimizer has no setting llr: did you mean optim.optimizer.lr=1e-3"),
+    Case("bench-misspelled-key", "numdev-bench", [*BENCH, "shape.seqq_q=64"], "shape has no setting seqq_q: did you mean shape.seq_q=64"),
     Case("train-optimizer-eps-negative", "numdev-train", [*TRAIN, "+optim.optimizer.eps=-1"], "optim.optimizer.eps=-1 must be a positive number"),
     *(Case(f"train-seed-{key}-{bits}bits", "numdev-train", [*TRAIN, f"{key}={2**bits + 1}"],
            f"{key}={2**bits + 1} must be a non-negative integer below 2^64")

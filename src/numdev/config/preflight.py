@@ -109,6 +109,37 @@ def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str |
     return check_sweep(sweep) if sweep else None
 
 
+def misspelled_key(app: str, overrides: list[str], compose, error: Exception, typed: list[str] | None = None) -> str | None:
+    """`trainer.max_step=2`: Hydra says "Could not override ... To append to your config use +trainer.max_step=2",
+    which would add a key nothing reads. The one line names the keys the node does have, nearest first."""
+    import re
+
+    from numdev.config.groups import nearest
+
+    found = re.search(r"Could not override '([^']+)'", str(error))
+    if not found or "." not in found.group(1):
+        return None
+    key = found.group(1)
+    parent, leaf = key.rsplit(".", 1)
+    def of_key(lines):
+        return next((o for o in lines if o.split("=", 1)[0].lstrip("~+") == key), None)
+
+    given, shown = of_key(overrides), of_key(typed or []) or of_key(overrides)  # shown: as typed (a sweep's whole list)
+    try:
+        node = OmegaConf.select(compose(config_name=app, overrides=[o for o in overrides if o is not given]), parent)
+    except Exception:  # noqa: BLE001 - another override is wrong too: Hydra's own message
+        return None
+    if not isinstance(node, DictConfig):
+        return None
+    keys = sorted(str(k) for k in node.keys())
+    value = shown.split("=", 1)[1] if shown else "..."
+    near = nearest(leaf, keys)
+    hint = (f"did you mean {' or '.join(f'{parent}.{k}={value}' for k in near)}?" if near
+            else f"its settings are {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
+    return (f"{shown or key}: {parent} has no setting {leaf}: {hint} (numdev-{app} --cfg job shows every key; "
+            f"+{key}=... would add a key nothing reads)")
+
+
 def _jobs(app: str, parsed, multirun: bool, compose, every: bool = False):
     """The override list of every job the command would run (None: a sweep this cannot expand), and
     whether it is a sweep (-m, or hydra.mode=MULTIRUN set by an experiment such as flash_stability).
@@ -119,7 +150,8 @@ def _jobs(app: str, parsed, multirun: bool, compose, every: bool = False):
     try:
         hydra_cfg = compose(config_name=app, overrides=[*plain, *first], return_hydra_config=True).hydra
     except Exception as error:  # noqa: BLE001 - composition errors: Hydra's own message when it runs
-        yaml_problem = config_file_problem(error)
+        yaml_problem = config_file_problem(error) or misspelled_key(app, [*plain, *first], compose, error,
+                                                                  [o.input_line for o in parsed])
         if yaml_problem:  # Hydra's would be a traceback, after the run directory exists
             raise ConfigFileError(yaml_problem) from None
         return None, multirun
