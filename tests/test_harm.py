@@ -144,6 +144,18 @@ def test_a_claim_holds_or_fails_by_its_rule(claim, values, status, test):
     assert verdict["status"] == status and verdict["rule"] == effects.CLAIM_RULES[claim] and verdict["test"] == test
 
 
+def test_a_no_harm_claim_states_the_smallest_margin_the_design_could_certify():
+    """The one-ulp control in the dit_tiny pilot study moved held-out loss by -6.8%, +5.3%, +3.0%: at n = 5 the sign test
+    needs all five inside the margin, so 3% could not hold whatever the other two did."""
+    values = _effect([-0.068, 0.053, 0.030, 0.01, -0.02])
+    verdict = effects.claim_verdict({"role": "ulp", "claim": "no_harm"}, {"ulp": {effects.PRIMARY: values}}, 0.03, "sign")
+    assert verdict["status"] == verdicts.NOT_MEASURABLE
+    assert verdict["resolution"]["largest_abs_effect"] == pytest.approx(0.068)
+    assert verdict["resolution"]["mde_equivalence"] == pytest.approx(values["mde_equivalence"])
+    wide = effects.claim_verdict({"role": "ulp", "claim": "no_harm"}, {"ulp": {effects.PRIMARY: _effect([-0.068, 0.053, 0.030, 0.01, -0.02], 0.07)}}, 0.07, "sign")
+    assert wide["status"] == verdicts.HOLDS  # a margin above the largest |effect|: all five inside
+
+
 def test_the_registered_test_decides_a_heavy_tailed_control():
     """lr x10's effects in the committed 1500-step study: the sign test calls it, the t test cannot."""
     values = _effect([1.64, 8701654.5, 5066070.0, 651807.8, 661472.3])

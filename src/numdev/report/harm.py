@@ -71,7 +71,10 @@ def gate_list(summary: HarmSummary) -> str:
         sign = (role.effects.get("heldout_loss") or {}).get("sign")
         counts = (f"; {sign['counts']['above']} of {sign['n']} replicates above +{sign['margin']:.0%}, {sign['counts']['inside']} "
                   f"inside ±{sign['margin']:.0%}") if sign and claim["claim"] != "more_harm_than" else ""
-        lines.append(f"- {name} ({role.label}) {what}: {claim['symbol']} {claim['status']} by the {claim.get('test', 't')} test{counts}")
+        shown = f"- {name} ({role.label}) {what}: {claim['symbol']} {claim['status']} by the {claim.get('test', 't')} test{counts}"
+        if claim.get("resolution"):
+            shown += f" ({claim['resolution']['text']})"
+        lines.append(shown)
     return "\n".join(lines)
 
 

@@ -114,7 +114,22 @@ def claim_verdict(role: dict, effects: dict[str, dict], margin: float, test: str
         return {**_verdict(claim, status, text, role, test), "difference": effect.as_dict(), "difference_sign": sign.as_dict()}
     judged_by = mine["sign"] if test == equivalence.SIGN else mine  # the verdicts of the registered test (numdev.stats.equivalence)
     status = (judged_by["harm"] if claim == HARMS else judged_by["equivalence"])["status"]
-    return _verdict(claim, status, f"{mine['sign']['text']}; t: {mine['text']}", role, test)
+    verdict = _verdict(claim, status, f"{mine['sign']['text']}; t: {mine['text']}", role, test)
+    if claim == NO_HARM:
+        verdict["resolution"] = resolution(mine)
+    return verdict
+
+
+def resolution(effect: dict) -> dict:
+    """The smallest equivalence margin this design could have certified for a role with these effects: the sign
+    test needs every replicate inside +-margin (at n = 5), so no margin at or below the largest |effect| could hold;
+    the t test's equivalence MDE (power 0.8 at a true 0) beside it. Read on a negative control, it is the
+    study's resolution: what 'no harm' can mean for this training at this n."""
+    largest = max(abs(v) for v in effect["per_replicate"].values())
+    mde = effect.get("mde_equivalence")
+    return {"largest_abs_effect": largest, "mde_equivalence": mde,
+            "text": f"largest |effect| over the replicates {largest:.3g} (the sign test cannot certify a margin at or below it)"
+                    + (f"; t equivalence MDE {mde:.3g}" if mde is not None else "")}
 
 
 def _exceeds_zero(effect) -> str:
