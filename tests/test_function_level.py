@@ -105,6 +105,19 @@ def test_runs_of_other_seeds_differ_in_function(runs):
     assert barrier["barrier"] == barrier["losses"][worst] - barrier["chord"][worst]
 
 
+def test_the_evaluation_error_is_the_paired_per_image_difference_standard_error(runs):
+    """Recomputed from the predictions, the per-image losses reproduce both runs' recorded losses; the effect is the
+    recorded relative difference, and its se is the per-image differences' standard error (by hand with numpy)."""
+    from numdev.analysis.function_level import EVALUATION_ERROR_RULE, evaluation_error
+
+    got = evaluation_error(runs["other"], runs["a"])
+    la, lb = RunDir(runs["other"]).read_heldout()["heldout_loss"], RunDir(runs["a"]).read_heldout()["heldout_loss"]
+    assert got["effect"] == pytest.approx((la - lb) / lb, rel=1e-4) and got["images"] == IMAGES
+    assert 0 < got["se"] < abs(got["effect"]) * 10 and got["rule"] == EVALUATION_ERROR_RULE
+    same = evaluation_error(runs["a"], runs["b"])
+    assert same["effect"] == 0.0 and same["se"] == 0.0
+
+
 def test_the_barriers_ends_are_the_runs_own_held_out_losses(runs):
     """Evaluated the same way (one model, precision and attention), L(0) and L(1) repeat heldout.json exactly."""
     barrier = loss_barrier(runs["a"], runs["other"])

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 from numdev.attention import Eager
 from numdev.runs import schemas
 from numdev.runs.layout import RunDir
-from numdev.train.callbacks.heldout import HELDOUT_BATCH_SIZE, HELDOUT_IMAGES, HELDOUT_SEED, heldout_evaluation
+from numdev.train.callbacks.heldout import HELDOUT_BATCH_SIZE, HELDOUT_IMAGES, HELDOUT_SEED, heldout_evaluation, heldout_targets
 from numdev.train.distributed import precision_plugin
 from numdev.train.run import build_model, build_optimization
 from numdev.weights.store import list_snapshots, load_snapshot
@@ -124,6 +124,41 @@ def prediction_disagreement(run_a: str | Path, run_b: str | Path) -> dict:
         **{k: v for k, v in _held_out_set(rb).items() if k != "inputs_sha256"},
         "runs": [str(a.path), str(b.path)], "rule": DISAGREEMENT_RULE,
     }
+
+
+EVALUATION_ERROR_RULE = (
+    "the held-out set's own sampling error of a paired effect: per image i the two runs' losses on the same input, "
+    "d_i = L_a,i - L_b,i; the standard error of mean(d) over the images, relative to L_b; the per-image losses are "
+    "recomputed from the saved predictions and the set's targets, and used only when their means reproduce both "
+    "runs' recorded held-out losses (relative 1e-4)"
+)
+
+
+def evaluation_error(run_a: str | Path, run_b: str | Path) -> dict:
+    """How much of a paired held-out effect (L_a - L_b) / L_b the evaluation set alone could make (EVALUATION_ERROR_RULE):
+    an effect several of these wide is the weights', not the 256 images' sampling. One line naming the file on damage."""
+    a, b = RunDir(run_a), RunDir(run_b)
+    pa, ra = a.read_heldout_predictions()
+    pb, rb = b.read_heldout_predictions()
+    _refuse_other_sets(a, b, ra, rb, "the held-out predictions were")
+    cfg = _config(b)
+    make = getattr(instantiate(cfg.data), "heldout_dataset", None)
+    if make is None:
+        raise ValueError(f"{b.config}: its data has no held-out split")
+    node = cfg.get("callbacks", {}).get("heldout") or {}
+    targets = heldout_targets(make(rb["images"]), instantiate(cfg.diffusion.schedule), cfg.diffusion.prediction,
+                              seed=rb["seed"], batch_size=int(node.get("batch_size", HELDOUT_BATCH_SIZE))).double().numpy()
+    if targets.shape != pa.shape or targets.shape != pb.shape:
+        raise ValueError(f"{b.heldout_predictions}: predictions of shape {list(pb.shape)}, targets {list(targets.shape)}")
+    la = ((pa.astype(np.float64) - targets) ** 2).reshape(len(pa), -1).mean(axis=1)
+    lb = ((pb.astype(np.float64) - targets) ** 2).reshape(len(pb), -1).mean(axis=1)
+    for losses, record, run in ((la, ra, a), (lb, rb, b)):
+        if not math.isclose(losses.mean(), record["heldout_loss"], rel_tol=1e-4):
+            raise ValueError(f"{run.heldout}: the saved predictions give a held-out loss of {losses.mean():.6g}, the record "
+                             f"{record['heldout_loss']:.6g}: not reproduced, so not used")
+    d = la - lb
+    return {"effect": float(d.mean() / lb.mean()), "se": float(d.std(ddof=1) / math.sqrt(d.size) / lb.mean()),
+            "images": int(d.size), "runs": [str(a.path), str(b.path)], "rule": EVALUATION_ERROR_RULE}
 
 
 CLASSES = ("colour", "shape", "position")

@@ -42,7 +42,8 @@ def controls_table(summary: HarmSummary) -> str:
     """Every role's held-out effect by both tests (the t interval and the sign test's counts) and the verdict on its
     claim by the registered test (summary.margin["test"])."""
     lines = ["| role | what it changes | claim | held-out loss effect (relative): mean, 95% t | sign test: replicates above / "
-             "inside / below the margin | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+             "inside / below the margin | the held-out set's own error of each paired effect (se, range over replicates) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, role in summary.roles.items():
         effect = role.effects.get("heldout_loss")
         if effect is None:
@@ -53,7 +54,9 @@ def controls_table(summary: HarmSummary) -> str:
         verdict = f"{role.control['symbol']} {role.control['status']} ({role.control.get('test', 't')})" if role.control else "–"
         sign = effect.get("sign")
         counts = f"{sign['counts']['above']} / {sign['counts']['inside']} / {sign['counts']['below']} of {sign['n']}" if sign else "–"
-        lines.append(f"| {name} | {role.label} | {claim} | {effect['text'].split(';')[0]} | {counts} | {verdict} |")
+        own = sorted(((role.function_level.get("evaluation_error") or {}).get("per_replicate") or {}).values())
+        own_text = f"{own[0]:.2g}-{own[-1]:.2g}" if own else "–"
+        lines.append(f"| {name} | {role.label} | {claim} | {effect['text'].split(';')[0]} | {counts} | {own_text} | {verdict} |")
     return "\n".join(lines)
 
 

@@ -145,7 +145,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
         rules={"status": calibration.STATUS_RULE, "stability": calibration.STABILITY_RULE, "harm": threshold.HARM_RULE,
                "margin_to_harm": threshold.MARGIN_RULE, "headline": headline.HEADLINE_RULE, "learned": headline.LEARNED_RULE, "table": headline.TABLE_RULE,
                "claims": effects.CLAIM_RULES, "consistency": consistency.__doc__.strip().splitlines()[0],
-               "interval": stats.LOG_RULE},
+               "interval": stats.LOG_RULE, "evaluation_error": function_level.EVALUATION_ERROR_RULE},
         problems=[f"missing job {job}" for job in missing],
     )
     from numdev.figures import harm as harm_figures
@@ -163,8 +163,9 @@ def _last_status(role_calib: dict) -> str | None:
 
 
 def _function_level(runs: dict, role: str, reference: str, log) -> dict:
-    """Per replicate against the reference of the same replicate: churn, prediction disagreement, loss barrier."""
-    per: dict[str, dict[str, float]] = {"churn": {}, "prediction_disagreement": {}, "loss_barrier": {}}
+    """Per replicate against the reference of the same replicate: churn, prediction disagreement, the held-out set's
+    own error of the paired effect (function_level.EVALUATION_ERROR_RULE), loss barrier."""
+    per: dict[str, dict[str, float]] = {"churn": {}, "prediction_disagreement": {}, "loss_barrier": {}, "evaluation_error": {}}
     for r, run in sorted(runs[role].items()):
         ref = runs[reference].get(r)
         if ref is None:
@@ -178,6 +179,10 @@ def _function_level(runs: dict, role: str, reference: str, log) -> dict:
             per["prediction_disagreement"][str(r)] = function_level.prediction_disagreement(run["dir"], ref["dir"])["relative_rms"]
         except (ValueError, FileNotFoundError) as error:
             log(f"warning: {run['dir']}: no prediction disagreement ({error})")
+        try:
+            per["evaluation_error"][str(r)] = function_level.evaluation_error(run["dir"], ref["dir"])["se"]
+        except (ValueError, FileNotFoundError) as error:
+            log(f"warning: {run['dir']}: no evaluation error ({error})")
         try:
             per["loss_barrier"][str(r)] = function_level.loss_barrier(run["dir"], ref["dir"])["barrier"]
         except (ValueError, FileNotFoundError) as error:

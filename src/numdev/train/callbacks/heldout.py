@@ -47,31 +47,44 @@ def heldout_evaluation(model: torch.nn.Module, schedule, prediction: str, datase
     the dtype the model's parameters are in (images are cast to it). The model is put in eval mode
     and back. The loss is the mean over images of the per-batch MSE weighted by the batch's size.
     """
-    generator = torch.Generator().manual_seed(seed)
-    steps = torch.linspace(0, schedule.num_steps - 1, len(dataset)).round().long()  # every noise level
     was_training = model.training
     model.eval()
     total, digest, kept = 0.0, hashlib.sha256(), []
     try:
-        for start in range(0, len(dataset), batch_size):
-            items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-            pixels = torch.stack([item["image"] for item in items])
+        for pixels, t, noise, captions in heldout_batches(dataset, schedule, seed=seed, batch_size=batch_size):
             images = pixels.to(device, dtype)
-            t = steps[start : start + len(items)]
-            noise = torch.randn(images.shape, generator=generator)
             for part in (pixels.float(), t, noise):
                 digest.update(part.contiguous().numpy().tobytes())
             t, noise = t.to(device), noise.to(device, images.dtype)
             with forward_context():
-                tokens = model.tokenize([item["caption"] for item in items]).to(device)
+                tokens = model.tokenize(captions).to(device)
                 predicted = model(schedule.add_noise(images, noise, t), t, model.encode_text(tokens))
                 target = training_target(schedule, prediction, images, noise, t)
-            total += float(diffusion_loss(predicted, target)) * len(items)
+            total += float(diffusion_loss(predicted, target)) * len(captions)
             if keep_predictions:
                 kept.append(predicted.detach().to("cpu", torch.float32))
     finally:
         model.train(was_training)
     return HeldOutResult(total / len(dataset), digest.hexdigest(), torch.cat(kept) if keep_predictions else None)
+
+
+def heldout_batches(dataset, schedule, *, seed: int, batch_size: int):
+    """The held-out inputs every run is evaluated on, batch by batch: (pixels, timesteps, noise, captions), the
+    timesteps evenly spaced over the schedule across the images, the noise drawn from `seed` in batch order."""
+    generator = torch.Generator().manual_seed(seed)
+    steps = torch.linspace(0, schedule.num_steps - 1, len(dataset)).round().long()  # every noise level
+    for start in range(0, len(dataset), batch_size):
+        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        pixels = torch.stack([item["image"] for item in items])
+        noise = torch.randn(pixels.shape, generator=generator)
+        yield pixels, steps[start : start + len(items)], noise, [item["caption"] for item in items]
+
+
+def heldout_targets(dataset, schedule, prediction: str, *, seed: int, batch_size: int) -> torch.Tensor:
+    """The training targets of the held-out inputs (float32, (images, C, H, W)): with a run's saved predictions,
+    its loss image by image."""
+    return torch.cat([training_target(schedule, prediction, pixels.float(), noise, t).float()
+                      for pixels, t, noise, _ in heldout_batches(dataset, schedule, seed=seed, batch_size=batch_size)])
 
 
 class HeldOutLoss(pl.Callback):
