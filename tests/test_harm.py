@@ -373,3 +373,17 @@ def test_the_per_call_deviation_is_read_from_the_shadows_per_layer_rows(tmp_path
     got = per_call(RunDir(tmp_path))
     assert got["rel_rms"] == pytest.approx(0.003) and got["bias"] == pytest.approx(0.0004 / 3)
     assert got["max_abs"] == pytest.approx(0.02) and got["mean_abs"] == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("file, key, value, message", [
+    ("eval.json", "position_accuracy", 2.0, "is not a share in \\[0, 1\\]"),
+    ("eval.json", "colour_accuracy", -0.1, "is not a share in \\[0, 1\\]"),
+    ("heldout.json", "heldout_loss", -1.0, "is negative"),
+])
+def test_a_forged_outcome_is_refused_naming_the_file(tmp_path, file, key, value, message):
+    from numdev.runs.layout import RunDir
+
+    (tmp_path / file).write_text(json.dumps({key: value}))
+    with pytest.raises(ValueError, match=message) as error:
+        RunDir(tmp_path).read_outcome(key)
+    assert str(tmp_path / file) in str(error.value)

@@ -275,6 +275,10 @@ def read_outcome(path: str | os.PathLike, key: str) -> float | None:
     value = read_json_file(path, OUTCOME).get(key)
     if value is not None:
         _check_type(path, key, value, FINITE, OUTCOME.what)
+        if key.endswith("_accuracy") and not 0 <= value <= 1:
+            raise ValueError(f"{path}: {key} = {value!r} is not a share in [0, 1]: the record was edited or forged")
+        if key == "heldout_loss" and value < 0:
+            raise ValueError(f"{path}: {key} = {value!r} is negative, which a mean squared error cannot be: the record was edited or forged")
     return value
 
 

@@ -64,6 +64,9 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
     margin = float(harm_cfg["margin"])
     accuracy_margin = float(harm_cfg.get("accuracy_margin", 0.05))
     test = harm_cfg.get("test", equivalence.T_TEST)  # a study registered before the sign test was judged by t
+    if test not in equivalence.TESTS:
+        raise ValueError(f"{first_run(runs[reference])['dir']}/config.yaml: study.harm.test={test!r}: numdev judges claims by "
+                         f"{' or '.join(equivalence.TESTS)} (an edited config?)")
     log(f"harm study {study_dir}: {len(runs)} roles, margin {margin:g} on {harm_cfg['outcome']}")
 
     curves = study_curves(study_dir, runs, log, against_truth=False)["reference"]
