@@ -216,7 +216,7 @@ KEPT = ("run/run.json", "run/config.yaml", "run/weights/index.json", "run/checkp
 CATALOGUE = [
     # numdev-train: unknown config values
     Case("train-unknown-option", "numdev-train", [*TRAIN, "attention=nope"], "attention/nope", style="hydra"),
-    Case("train-unknown-key", "numdev-train", [*TRAIN, "trainer.nope=1"], "nope", style="hydra"),
+    Case("train-unknown-key", "numdev-train", [*TRAIN, "trainer.nope=1"], "trainer.nope=1: trainer has no setting nope: its settings are"),
     Case("train-unknown-format", "numdev-train", [*TRAIN, "precision.compute=fp12"], "unknown float format 'fp12'"),
     Case("train-unknown-policy", "numdev-train", [*TRAIN, "callbacks.instability.policy=explode"],
          "callbacks.instability.policy='explode': use one of record, skip, stop"),
