@@ -7,6 +7,7 @@
     python scripts/bench_study.py --which optimizations --keep outputs/optimizations   # the optimizations catalogue
     python scripts/bench_study.py --which full --keep outputs/study-full   # keep the study's directory
     python scripts/bench_study.py --which harm --keep outputs/harm         # the harm study (docs/harm.md)
+    python scripts/bench_study.py --which harm_confirm --keep outputs/harm_confirm   # its confirmation on fresh replicates
 
 Each repeat runs the real command line (numdev-train ...) into a fresh temporary directory and
 times it end to end: process start, every run, the analysis. The JSON gives every repeat, their
@@ -41,9 +42,10 @@ COMMANDS = {
     "smoke": ["experiment=flash_stability_smoke"],
     "optimizations": ["experiment=optimizations"],
     "harm": ["experiment=harm"],
+    "harm_confirm": ["experiment=harm_confirm"],
     "harm_smoke": ["experiment=harm_smoke"],
 }
-BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180, "optimizations": 1200, "harm": 6000,
+BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 180, "optimizations": 1200, "harm": 6000, "harm_confirm": 6000,
             "harm_smoke": 300}
 
 
