@@ -126,6 +126,19 @@ def test_delta_harm_over_replicates_and_the_margin_to_it():
     assert threshold.margin_to_harm(censored, equivalent, 1e-3)["status"] == "not measured"
 
 
+def test_the_per_call_margin_is_delta_harm_over_the_shadows_deviation_paired_by_replicate():
+    harm = {"status": "measured", "per_replicate": {"0": 0.4, "1": 0.5, "2": 0.6, "3": 0.3, "4": 0.45}}
+    rms = {"0": 0.004, "1": 0.005, "2": 0.003, "3": 0.003, "4": 0.0045, "9": 0.001}  # 9: no delta_harm, left out
+    margin = threshold.margin_per_call(harm, rms)
+    ratios = [100.0, 100.0, 200.0, 100.0, 100.0]
+    assert margin["status"] == "measured" and sorted(margin["per_replicate"]) == ["0", "1", "2", "3", "4"]
+    assert margin["estimate"]["value"] == pytest.approx(float(np.exp(np.mean(np.log(ratios)))), rel=1e-12)
+    assert margin["estimate"]["low"] < margin["estimate"]["value"] < margin["estimate"]["high"]
+    assert threshold.margin_per_call(harm, {"0": None, "1": float("nan"), "2": 0.0}) is None  # nothing measured: no entry
+    assert threshold.margin_per_call({"status": "not measured", "text": "not measured: x"}, rms)["status"] == "not measured"
+    assert threshold.margin_per_call(harm, {"7": 0.01})["status"] == "not measured"
+
+
 # -- the claims and the gate -------------------------------------------------------------------------------
 def _effect(values, margin=0.03):
     return effects.judged({str(r): v for r, v in enumerate(values)}, margin)
@@ -182,6 +195,9 @@ def test_the_headline_is_withheld_naming_the_control_that_failed():
     open_gate = headline.gate({"lr_x10": {"control": holds}, "ulp": {"control": {**holds, "claim": "no_harm"}}, "flash": flash})
     shown = headline.sentence({"flash": flash}, ["flash"], harm, open_gate)
     assert shown["shown"] and "1/20 of it [1/40, 1/10]" in shown["text"]
+    per_call = {"status": "measured", "estimate": {"value": 370.0, "low": 300.0, "high": 450.0, "n": 5, "method": "t"}}
+    both = headline.sentence({"flash": {**flash, "margin_per_call": per_call}}, ["flash"], harm, open_gate)["text"]
+    assert "1/20 of it [1/40, 1/10] by its weights; per call 1/3.7e+02 of it [1/4.5e+02, 1/3e+02]" in both
     closed = headline.gate({"lr_x10": {"control": failed}, "ulp": {"control": holds}, "flash": flash})
     withheld = headline.sentence({"flash": flash}, ["flash"], harm, closed)
     assert not withheld["shown"] and "lr_x10: claim 'harms' fails" in withheld["why"]
@@ -261,6 +277,8 @@ def _summary() -> harm_summary.HarmSummary:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.update(version=99), "version 99"),
+    (lambda d: d.update(version=True), "version True"),
+    (lambda d: d["roles"]["flash"].update(margin_per_call=[1]), "field 'margin_per_call' is a list"),
     (lambda d: d.update(schema="numdev.study"), "not a harm study summary"),
     (lambda d: d["roles"]["flash"].update(replicates="0,1"), "field 'replicates' is a str"),
     (lambda d: d.pop("headline"), "field 'headline' is missing"),
@@ -278,6 +296,13 @@ def test_the_summary_is_read_back_checked(edit, message, tmp_path):
     path.write_text(json.dumps(_summary().to_json())[:50])
     with pytest.raises(ValueError, match="not valid JSON"):
         harm_summary.read_harm_summary(path)
+
+
+def test_a_version_1_summary_reads_without_the_per_call_margin():
+    data = json.loads(json.dumps(_summary().to_json()))
+    data["version"] = 1
+    del data["roles"]["flash"]["margin_per_call"]
+    assert harm_summary.from_json(data).roles["flash"].margin_per_call is None
 
 
 def test_a_runs_own_records_fit_the_summarys_fields(tmp_path):

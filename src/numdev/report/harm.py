@@ -96,7 +96,8 @@ def replicates_table(summary: HarmSummary) -> str:
 
 
 def calibration_table(summary: HarmSummary) -> str:
-    lines = ["| role | delta* over the stable window | stable from step | margin to harm |", "| --- | --- | --- | --- |"]
+    lines = ["| role | delta* over the stable window | stable from step | margin to harm (delta_harm / delta*) "
+             "| per-call deviation (the shadow) | margin to harm per call |", "| --- | --- | --- | --- | --- | --- |"]
     for name, role in summary.roles.items():
         entry = role.calibration.get(NOISE)
         if not entry or role.kind in ("ladder", "reference", "truth"):
@@ -105,7 +106,9 @@ def calibration_table(summary: HarmSummary) -> str:
         value = (entry.get("value") or {}).get("text") or "not stable"
         since = str(window.get("from_step")) if window.get("stable") else window.get("why", "–")
         margin = (role.margin_to_harm or {}).get("text", "–")
-        lines.append(f"| {name} | {value} | {since} | {margin} |")
+        per_call = ((role.per_call or {}).get("rel_rms") or {}).get("text", "–")
+        margin_per_call = (role.margin_per_call or {}).get("text", "–")
+        lines.append(f"| {name} | {value} | {since} | {margin} | {per_call} | {margin_per_call} |")
     return "\n".join(lines)
 
 

@@ -23,7 +23,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 SCHEMA = "numdev.harm_summary"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1 lacks RoleSummary.margin_per_call (read as None)
 PRIMARY_OUTCOME = "heldout_loss"  # what "harms" is judged on (study.harm.outcome; numdev.analysis.harm.effects)
 HARMS, NO_HARM, MORE_HARM = "harms", "no_harm", "more_harm_than"
 CLAIMS = (HARMS, NO_HARM, MORE_HARM)  # a role file's study.claim (study.claim_than names the other role of more_harm_than)
@@ -46,6 +47,7 @@ class RoleSummary:
     margin_to_harm: dict | None = None
     control: dict | None = None  # the verdict on its pre-registered claim
     per_call: dict | None = None  # the shadow's per-call deviation (relative RMS, signed bias)
+    margin_per_call: dict | None = None  # delta_harm / that relative RMS (numdev.analysis.harm.threshold.PER_CALL_RULE; version 2)
 
 
 @dataclass
@@ -110,8 +112,9 @@ def from_json(data, where: str = "summary.json") -> HarmSummary:
         raise ValueError(f"{where}: holds a {type(data).__name__}, not a mapping")
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{where}: not a harm study summary (schema {data.get('schema')!r}, expected {SCHEMA!r})")
-    if data.get("version") != VERSION:
-        raise ValueError(f"{where}: version {data.get('version')!r}; this numdev reads version {VERSION}: re-run numdev-study on the study")
+    if data.get("version") not in READS or isinstance(data.get("version"), bool):
+        raise ValueError(f"{where}: version {data.get('version')!r}; this numdev reads versions "
+                         f"{', '.join(map(str, READS))}: re-run numdev-study on the study")
     top = _check(HarmSummary, data, where)
     roles = {}
     for name, block in top["roles"].items():

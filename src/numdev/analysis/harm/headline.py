@@ -25,7 +25,8 @@ PAPER_RANGE = (2.0, 5.0)
 LEARNED = 0.9  # the reference's colour and position agreement the answer needs in every replicate (LEARNED_RULE)
 HEADLINE_RULE = ("shown only when the reference learned what the samples are judged on in every replicate (LEARNED_RULE) "
                  "and every pre-registered claim holds (positive controls harm, negative controls do not); "
-                 "M = delta_harm / delta* (numdev.analysis.harm.threshold.MARGIN_RULE)")
+                 "M = delta_harm / delta* (numdev.analysis.harm.threshold.MARGIN_RULE), beside it delta_harm / the "
+                 "per-call deviation the shadow measured (PER_CALL_RULE)")
 LEARNED_RULE = (f"the workload is judged only where learning finished: the reference's colour and position agreement at the end, "
                 f"in every replicate, at least {LEARNED:.0%}; a study that ends mid-learning compares runs on either side of a "
                 f"transition, and its answer is withheld")
@@ -74,6 +75,11 @@ def sentence(roles: dict, under_test: list[str], harm: dict, gates: dict) -> dic
             parts.append(f"{label}: less than 1/{margin['bound']:.2g} of it (below the ladder)")
         else:
             parts.append(f"{label}: {margin.get('text', 'not measured')}")
+        per_call = roles[name].get("margin_per_call") or {}
+        if per_call.get("status") == "measured":
+            e = stats.Estimate(**per_call["estimate"])
+            parts[-1] += (f" by its weights; per call 1/{e.value:.2g} of it [1/{e.high:.2g}, 1/{e.low:.2g}]" if e.has_interval
+                          else f" by its weights; per call 1/{e.value:.2g} of it [no interval]")
     text = (f"The per-call deviation that measurably harms this training (held-out loss worse by more than "
             f"{harm['margin']:.0%}) is delta_harm = {harm.get('text', 'not measured')}; " + "; ".join(parts) + ".")
     return {"shown": True, "rule": HEADLINE_RULE, "text": text}
@@ -91,6 +97,8 @@ def _per_replicate(role: dict, measure: str) -> dict[str, float]:
         "loss_barrier": lambda: (role["function_level"].get("loss_barrier") or {}).get("per_replicate", {}),
         "heldout_effect": lambda: (role["effects"].get("heldout_loss") or {}).get("per_replicate", {}),
         "margin_to_harm": lambda: (role.get("margin_to_harm") or {}).get("per_replicate", {}),
+        "per_call_rel_rms": lambda: role.get("outcomes", {}).get("per_call_rel_rms", {}),
+        "margin_per_call": lambda: (role.get("margin_per_call") or {}).get("per_replicate", {}),
     }
     return {str(r): float(v) for r, v in getters[measure]().items() if v is not None and math.isfinite(float(v))}
 
@@ -105,6 +113,8 @@ MEASURES = {  # measure -> (label, the side that is "more deviation")
     "loss_barrier": ("loss barrier on the line between the two runs", +1),
     "heldout_effect": ("held-out loss effect (relative)", +1),
     "margin_to_harm": ("margin to harm (delta_harm / delta*)", -1),
+    "per_call_rel_rms": ("per-call deviation of the attention output (the shadow's relative RMS)", +1),
+    "margin_per_call": ("margin to harm per call (delta_harm / that relative RMS)", -1),
 }
 
 

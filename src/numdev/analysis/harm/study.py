@@ -115,14 +115,17 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
             else:
                 margin_entry = {"status": "not measured", "text": f"not measured: delta* {noise['roles'][role]['stability'].get('why', '')}"}
         reps = sorted(by_rep)
+        per_call_rms = {str(r): (outcomes[role][r].get("per_call") or {}).get("rel_rms") for r in reps}
         roles[role] = RoleSummary(
             role=role, kind=kind_of(by_rep), label=first["label"], replicates=reps,
             claim=first.get("claim"), claim_than=first.get("claim_than"),
             tiling=outcomes[role][reps[0]].get("attention_tiling"), gemm_route=outcomes[role][reps[0]].get("precision_gemm"),
-            outcomes={key: {str(r): outcomes[role][r].get(key) for r in reps}
-                      for key in (*OUTCOMES, "skipped_updates", "step_seconds")},
+            outcomes={**{key: {str(r): outcomes[role][r].get(key) for r in reps}
+                         for key in (*OUTCOMES, "skipped_updates", "step_seconds")},
+                      "per_call_rel_rms": per_call_rms},
             effects=role_effects.get(role, {}), function_level=function.get(role, {}), calibration=role_calib,
             margin_to_harm=margin_entry, control=controls.get(role), per_call=_per_call(outcomes[role]),
+            margin_per_call=None if role == reference else threshold.margin_per_call(harm, per_call_rms),
         )
     role_dicts = {name: _as_table_input(r, curves.get(name, {})) for name, r in roles.items()}
     under_test = [role for role, by_rep in runs.items() if kind_of(by_rep) == UNDER_TEST]
@@ -146,7 +149,8 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
         headline={**headline.sentence(role_dicts, under_test, harm, gates), "gate": gates},
         table=headline.table(role_dicts, columns, flash, PROXY if PROXY in runs else None),
         rules={"status": calibration.STATUS_RULE, "stability": calibration.STABILITY_RULE, "harm": threshold.HARM_RULE,
-               "margin_to_harm": threshold.MARGIN_RULE, "headline": headline.HEADLINE_RULE, "learned": headline.LEARNED_RULE, "table": headline.TABLE_RULE,
+               "margin_to_harm": threshold.MARGIN_RULE, "margin_per_call": threshold.PER_CALL_RULE,
+               "headline": headline.HEADLINE_RULE, "learned": headline.LEARNED_RULE, "table": headline.TABLE_RULE,
                "claims": effects.CLAIM_RULES, "consistency": consistency.__doc__.strip().splitlines()[0],
                "interval": stats.LOG_RULE, "evaluation_error": function_level.EVALUATION_ERROR_RULE},
         problems=[f"missing job {job}" for job in missing],

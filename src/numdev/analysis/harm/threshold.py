@@ -18,6 +18,13 @@ A role's margin to harm (MARGIN_RULE) is delta_harm_r / delta*_r per replicate (
 calibration's stable window), summarised the same way: "its per-call deviation is 1/M of the
 smallest that measurably harms this training". When the role's delta* is below the ladder or
 the floor, M is a lower bound (delta_harm over the smallest rung).
+
+Beside it, where the role's per-call deviation is measured directly (the shadow: its attention
+output against eager attention's on the same inputs, relative RMS, in the ladder's own units since
+a rung multiplies the output by 1 + delta z), the per-call margin (PER_CALL_RULE) is
+delta_harm_r / rel_rms_r per replicate: no calibration through the weights, which one ulp's chaos
+can hide, but the assumption that the role's error harms no more than i.i.d. noise of its size
+(a biased error may: experiment=harm's biased_1e-1 role tests it).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ HARM_RULE = (
     "interval when every replicate crosses inside the ladder"
 )
 MARGIN_RULE = "delta_harm_r / delta*_r per replicate (delta* over the calibration's stable window), then over replicates"
+PER_CALL_RULE = ("delta_harm_r / the role's per-call relative RMS deviation measured by the shadow (mean over layers and steps) "
+                 "per replicate, then over replicates (geometric mean, LOG_RULE); read as if the role's error were i.i.d. noise")
 
 
 def crossing(sizes: list[float], effects: list[float], margin: float) -> tuple[str, float | None]:
@@ -99,3 +108,19 @@ def margin_bound(harm: dict, smallest_rung: float, why: str) -> dict:
     low = harm["estimate"]["low"] if harm["estimate"].get("low") is not None else harm["estimate"]["value"]
     bound = low / smallest_rung
     return {"status": "lower bound", "bound": bound, "text": f"> {bound:.2g}x ({why}: delta* < {smallest_rung:g})"}
+
+
+def margin_per_call(harm: dict, rel_rms: dict[str, float]) -> dict | None:
+    """PER_CALL_RULE for one role from delta_harm and its per-replicate per-call relative RMS {replicate: value}."""
+    measured = {str(r): float(v) for r, v in rel_rms.items() if v is not None and math.isfinite(float(v)) and float(v) > 0}
+    if not measured:
+        return None
+    if harm.get("status") != "measured":
+        return {"status": "not measured", "rule": PER_CALL_RULE, "text": f"not measured: delta_harm is {harm.get('text', 'missing')}"}
+    common = sorted(set(harm["per_replicate"]) & set(measured), key=int)
+    if not common:
+        return {"status": "not measured", "rule": PER_CALL_RULE, "text": "not measured: no replicate with both delta_harm and a per-call deviation"}
+    ratios = [harm["per_replicate"][r] / measured[r] for r in common]
+    estimate = stats.log_mean_interval(ratios)
+    return {"status": "measured", "rule": PER_CALL_RULE, "per_replicate": dict(zip(common, ratios)),
+            "estimate": estimate.as_dict(), "text": estimate.text(".2g", "x")}
