@@ -55,3 +55,28 @@ def test_hydra_apps_list_their_groups_and_only_theirs(command, tmp_path, monkeyp
     for name in FOREIGN[command]:
         assert name not in groups, name
     assert not any(tmp_path.iterdir())  # --help runs nothing
+
+
+@pytest.mark.parametrize("command", sorted(HYDRA_APPS))
+def test_hydra_apps_answer_help_and_config_mistakes_without_torch(command, tmp_path):
+    """--help, a misspelled key and a missing sibling.reference need no torch or Lightning (deferred until a
+    run starts): they answer in about a second (scripts/bench_startup.py times them)."""
+    import subprocess
+
+    module = SCRIPTS[command].split(":")[0]
+    mistakes = {"numdev-train": ["trainer.max_step=2", "sibling.reference=/nonexistent/run"], "numdev-bench": ["seed=1"]}
+    probe = ("import sys, runpy\n"
+             f"sys.argv = [{command!r}] + sys.argv[1:]\n"
+             "try:\n"
+             f"    runpy.run_module({module!r}, run_name='__main__')\n"
+             "except SystemExit as e:\n"
+             "    code = e.code\n"
+             "else:\n"
+             "    code = 0\n"
+             "heavy = sorted(m for m in ('torch', 'lightning', 'scipy.stats') if m in sys.modules)\n"
+             "print('IMPORTED', heavy, 'EXIT', code)\n")
+    for args in (["--help"], *([m] for m in mistakes[command])):
+        done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        last = done.stdout.strip().splitlines()[-1]
+        assert last.startswith("IMPORTED [] EXIT"), (args, last, done.stderr[-500:])
+        assert last.endswith("EXIT 0") == (args == ["--help"]), (args, last, done.stderr[-300:])

@@ -16,7 +16,6 @@ import threading
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -24,13 +23,11 @@ from omegaconf import DictConfig, open_dict
 
 from numdev.bench.echo import settings_line
 from numdev.bench.gather import record_key
-from numdev.bench.runner import check_config, run_bench
 from numdev.cli import logs
 from numdev.cli.errors import RunFailed, user_facing
 from numdev.cli.workers import console_script
 from numdev.config.groups import unexpected_key
 from numdev.config.preflight import checked_overrides
-from numdev.config.schema import BENCH, validate
 from numdev.runs.atomic import append_jsonl, read_jsonl, write_json
 from numdev.runs.layout import INTERRUPTED, RESULTS
 from numdev.runs.provenance import provenance
@@ -38,10 +35,24 @@ from numdev.runs.provenance import provenance
 log = logging.getLogger("numdev.bench.app")  # by name: also when run as python -m numdev.bench.app
 
 
+# torch is imported when a run needs it, not before: `--help`, a misspelled key or an unknown option
+# come back in about a second (scripts/bench_startup.py).
+def check_config(cfg: DictConfig) -> None:
+    """numdev.bench.runner.check_config, imported when a composed config is checked."""
+    from numdev.bench.runner import check_config as check
+
+    check(cfg)
+
+
 @checked_overrides("numdev-bench", "bench", check_config)
 @hydra.main(config_path="pkg://numdev.conf.bench", config_name="bench", version_base="1.3")
 @user_facing("numdev-bench", unexpected_key)
 def run(cfg: DictConfig) -> None:
+    import torch
+
+    from numdev.bench.runner import run_bench
+    from numdev.config.schema import BENCH, validate
+
     logs.setup(cfg.get("verbose"))
     validate(cfg, BENCH)  # every declared key's type and range (numdev.config.schema)
     hydra_cfg = HydraConfig.get()

@@ -387,10 +387,10 @@ def checked_overrides(program: str, app: str, check=None, check_sweep=None):
             if not args and not kwargs and not HYDRA_TOOL_FLAGS & set(sys.argv[1:]):  # a run's command line (not a test
                 given = sys.argv[1:]  # passing a config, not Hydra's shell completion)
                 mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
+                if not mistake and check_sweep is not None:  # before `check`, which may import torch: answers in a second
+                    mistake = sweep_problem(app, given, check_sweep)
                 if not mistake and check is not None:
                     mistake = problem(app, given, check)
-                if not mistake and check_sweep is not None:
-                    mistake = sweep_problem(app, given, check_sweep)
                 if mistake:
                     fail(program, mistake)
                 note_existing_run_dir(given)

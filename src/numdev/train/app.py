@@ -20,16 +20,27 @@ from numdev.cli.errors import RunFailed, user_facing
 from numdev.cli.workers import console_script
 from numdev.config.groups import unexpected_key
 from numdev.config.preflight import checked_overrides
-from numdev.train.evaluation import agreement_text
-from numdev.train.run import check_config, check_sweep, train
+from numdev.train.sweep_checks import check_sweep
 
 log = logging.getLogger("numdev.train.app")  # by name: also when run as python -m numdev.train.app
+
+
+# torch and Lightning are imported when a run needs them, not before: `--help`, a misspelled key, an
+# unknown option or a missing sibling.reference come back in about a second (scripts/bench_startup.py).
+def check_config(cfg: DictConfig) -> None:
+    """numdev.train.run.check_config, imported when a composed config is checked."""
+    from numdev.train.run import check_config as check
+
+    check(cfg)
 
 
 @checked_overrides("numdev-train", "train", check_config, check_sweep)
 @hydra.main(config_path="pkg://numdev.conf.train", config_name="train", version_base="1.3")
 @user_facing("numdev-train", unexpected_key)
 def run(cfg: DictConfig) -> None:
+    from numdev.train.evaluation import agreement_text
+    from numdev.train.run import train
+
     logs.setup(cfg.get("verbose"))
     run = train(cfg)
     if run.get("global_rank", 0) != 0:  # DDP: rank 0 reports
