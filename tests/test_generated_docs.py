@@ -98,11 +98,14 @@ def test_the_precision_speed_table_is_the_scripts_from_the_committed_benchmarks(
     assert read_block(table.DOC, table.BLOCK) == table.block_text().strip()
 
 
-def test_the_harm_blocks_are_the_scripts_from_the_committed_summary():
+def test_the_harm_blocks_are_the_scripts_from_the_committed_summaries():
     table = _script("harm_table")
-    summary = table.read_harm_summary(table.RESULT)
-    assert read_block(README, "harm-answer") == table.answer_block(summary).strip()
-    assert read_block(table.DOC, "harm-results") == table.results_block(summary).strip()
+    for which, (result, doc_block, readme_block) in table.STUDIES.items():
+        summary = table.read_harm_summary(result)
+        assert summary.command == f"numdev-train experiment={which}", result
+        assert read_block(table.DOC, doc_block) == table.results_block(summary, which).strip(), which
+        if readme_block is not None:
+            assert read_block(README, readme_block) == table.answer_block(summary, which).strip(), which
 
 
 def test_no_committed_verdict_rests_on_a_range_of_fewer_than_5_replicates():

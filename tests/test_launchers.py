@@ -113,3 +113,12 @@ def test_the_slurm_launcher_asks_for_gpus_only_for_a_gpu_trainer(trainer, overri
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["gpus_per_node"] == gpus
     assert launcher["cpus_per_task"] == 3  # threads=
+
+
+def test_the_progress_line_counts_jobs_and_estimates_the_time_left():
+    from numdev.cli.launcher import progress_line
+
+    # 3 of 10 done in 2 at a time, 100 s each: 7 left x 100 s / 2 = 350 s
+    assert progress_line(3, 10, 150.0, 2, [100.0, 100.0, 100.0]) == "[3/10 jobs done, 2:30 elapsed, about 5:50 left]"
+    assert progress_line(10, 10, 3725.0, 2, [100.0] * 10) == "[10/10 jobs done, 1:02:05 elapsed]"  # nothing left: no estimate
+    assert progress_line(39, 40, 60.0, 2, [250.0, 500.0]) == "[39/40 jobs done, 1:00 elapsed, about 6:15 left]"  # one left runs alone

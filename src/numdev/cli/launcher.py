@@ -191,6 +191,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     n_jobs = launcher.n_jobs if launcher.n_jobs and launcher.n_jobs > 0 else (os.cpu_count() or 1)
     n_jobs = min(n_jobs, len(job_overrides)) or 1
     log.info("%d job(s), %d at a time -> %s", len(job_overrides), n_jobs, sweep_dir)
+    started, job_seconds = time.monotonic(), []  # the progress line after each job (progress_line)
     for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
         log.debug("  #%d: %s", idx, " ".join(filter_overrides(overrides)))
     singleton_state = Singleton.get_state()
@@ -203,7 +204,7 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     with _Stop() as stop:
         try:
             while todo or running:
-                busy = {slot for slot, _, _ in running.values()}
+                busy = {slot for slot, _, _, _ in running.values()}
                 for slot in range(n_jobs):
                     if not todo or stop.signum is not None or failure is not None:
                         break
@@ -214,14 +215,14 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                     idx, overrides = todo.pop()
                     future = pools[slot].submit(_execute_job, idx, overrides, launcher.hydra_context, config,
                                                 launcher.task_function, singleton_state)
-                    running[future] = (slot, idx, overrides)
+                    running[future] = (slot, idx, overrides, time.monotonic())
                 if not running:
                     break
                 done, _ = wait(list(running), timeout=FORWARD_EVERY_S, return_when=FIRST_COMPLETED)
                 if stop.signum is not None or failure is not None:
                     _tell_workers_to_stop()  # again every second: a job between its handlers ignores it
                 for future in done:
-                    slot, idx, overrides = running.pop(future)
+                    slot, idx, overrides, since = running.pop(future)
                     name = f"job #{idx} ({' '.join(filter_overrides(overrides))})"
                     try:
                         kind, value = future.result()
@@ -249,6 +250,9 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
                             except Exception as error:
                                 failure = (f"{name} failed ({type(error).__name__}: {error}; its traceback is above and "
                                            "in its app.log)", 1)
+                    job_seconds.append(time.monotonic() - since)
+                    if failure is None and stop.signum is None:
+                        log.info(progress_line(len(results), len(job_overrides), time.monotonic() - started, n_jobs, job_seconds))
         finally:
             for pool in pools:
                 if pool is not None:
@@ -272,6 +276,21 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
 
         fail(f"numdev-{app}", text, 128 + signum if signum is not None else failure[1])
     return [results[i] for i in sorted(results)]
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
+
+
+def progress_line(done: int, total: int, elapsed: float, n_jobs: int, job_seconds: list[float]) -> str:
+    """After each job: how many are done, the time since the sweep started and an estimate of the time
+    left (the jobs not done x the mean time of those done, shared by the jobs that run at once)."""
+    line = f"[{done}/{total} jobs done, {_clock(elapsed)} elapsed"
+    left = total - done
+    if left and job_seconds:
+        line += f", about {_clock(left * (sum(job_seconds) / len(job_seconds)) / max(1, min(n_jobs, left)))} left"
+    return line + "]"
 
 
 def _exited(code) -> JobReturn:
