@@ -204,12 +204,16 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     return unknown_group(app, overrides)
 
 
+MULTI_OPTION_GROUPS = {"logger"}  # each option sits under its own name (logger.<name>): a list combines them (numdev.train.trackers)
+
+
 def merged_options(app: str, overrides) -> str | None:
     """`optimization=[fp8_linear,fused_adamw]`: a list of options for a group. Hydra merges them into
     one node, the later option's values over the earlier's (one _target_, one name), so only one of
-    them is applied and the record names that one. Every numdev group takes one option: refused in
-    one line (an empty list, `logger=[]`, still means none, and a list of one is that option)."""
-    groups = set(app_defaults(app))
+    them is applied and the record names that one. Every numdev group but MULTI_OPTION_GROUPS takes one
+    option: refused in one line (an empty list, `logger=[]`, still means none, and a list of one is that
+    option)."""
+    groups = set(app_defaults(app)) - MULTI_OPTION_GROUPS
     for o in overrides:
         name = o.key_or_group
         if "." in name or "/" in name or name.startswith("hydra") or o.is_delete() or name not in groups:

@@ -131,11 +131,13 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
     """Every section is built (every file read and checked) before anything is written. `catalogue`: an
     optimizations catalogue study (experiment=optimizations) whose table joins the study's sections;
     `harm`: a harm study (experiment=harm), whose answer comes first."""
-    sections, sources = [], {}
+    sections, sources, lead = [], {}, ""
     if harm is not None:
-        from numdev.report.harm import harm_sections
+        from numdev.report.harm import answer_lead, harm_sections
+        from numdev.runs.harm_summary import read_harm_summary
 
         sections += harm_sections(harm)
+        lead = answer_lead(read_harm_summary(Path(harm) / SUMMARY))  # the first screen
         sources[f"the harm study ({harm})"] = sections[0].provenance
     bench = [bench_section(sweep) for sweep in bench_sweeps]
     sections += bench
@@ -175,6 +177,7 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
         "neighbours, beside the paper's claim." + "".join(f" Note: {note}." for note in notes or []),
         header=report_provenance.header_html(sources, provenance(), out_dir),
         out_dir=out_dir,
+        lead=lead,
     )
     index = out_dir / "index.html"
     write_together({**figures, index: page.encode("utf-8")})  # the page and its figures together, or none of them

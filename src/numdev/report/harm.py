@@ -60,6 +60,65 @@ def controls_table(summary: HarmSummary) -> str:
     return "\n".join(lines)
 
 
+def _in_words(effect: dict | None, test: str) -> str:
+    """A role's held-out effect said in words, by the registered test (no symbol below 5 replicates)."""
+    if not effect:
+        return "no held-out loss"
+    block = effect.get("sign") if test == "sign" else effect
+    margin = effect.get("margin", 0.0)
+    if block is None:
+        return "not judged"
+    harm, same = block["harm"]["status"], block["equivalence"]["status"]
+    if harm == verdicts.HOLDS:
+        return f"harms: held-out loss worse by more than {margin:.0%}"
+    if same == verdicts.HOLDS:
+        return f"no harm beyond ±{margin:.0%} (shown by the {test} test)"
+    if block.get("n", effect.get("n", 0)) < 5:
+        return "a range from fewer than 5 replicates: not judged"
+    counts = block.get("counts")
+    outside = f": {counts['above'] + counts['below']} of {block['n']} replicates outside ±{margin:.0%}" if counts else ""
+    return f"undecided{outside}"
+
+
+def answer_lead(summary: HarmSummary) -> str:
+    """The report's first screen (numdev.report.html.ANSWER): the answer in one sentence, or why it is withheld,
+    and one small table: each role under test and the low-precision proxy, its per-call deviation, its margins to
+    harm, its held-out effect in words and what it costs (its median step time over the reference's)."""
+    import html
+
+    from numdev.report.html import _markdown_tables
+
+    gate = summary.headline.get("gate") or {}
+    short = [f"{n}: claim '{c['claim']}' {c['status']}" for n, c in (gate.get("claims") or {}).items() if c["status"] != verdicts.HOLDS]
+    if gate.get("learned") and not gate["learned"]["ok"]:
+        short.insert(0, "learning did not finish")
+    said = (summary.headline["text"] if summary.headline.get("shown")
+            else f"No answer: the study withholds it ({'; '.join(short) or 'no pre-registered claim'}: why, below).")
+    reference = next((r for r in summary.roles.values() if r.kind == "reference"), None)
+    rows = ["| role | per-call deviation (relative RMS) | margin to harm: by the weights | per call | held-out loss effect "
+            "(mean, 95% t) | in words | step time vs the reference |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for role in summary.roles.values():
+        if role.kind not in ("under_test", "proxy"):
+            continue
+        effect = role.effects.get("heldout_loss")
+        per_call = ((role.per_call or {}).get("rel_rms") or {}).get("text", "–")
+        cost = "–"
+        mine, theirs = role.outcomes.get("step_seconds") or {}, (reference.outcomes.get("step_seconds") or {}) if reference else {}
+        ratios = sorted(mine[r] / theirs[r] for r in mine if mine.get(r) and theirs.get(r))
+        if ratios:
+            cost = f"{ratios[len(ratios) // 2]:.2g}x (median of {len(ratios)}; an emulation's cost is not the kernel's)"
+        rows.append(f"| {role.label} | {per_call} | {(role.margin_to_harm or {}).get('text', '–')} | "
+                    f"{(role.margin_per_call or {}).get('text', '–')} | {effect['text'].split(';')[0] if effect else '–'} | "
+                    f"{_in_words(effect, summary.margin.get('test', 't'))} | {cost} |")
+    w = summary.workload
+    setting = (f"{w.get('model')} at {w.get('resolution')}x{w.get('resolution')}, {w.get('steps')} steps, {w.get('precision')}, "
+               f"{len(summary.replicates)} replicates; harm: held-out loss worse by more than {summary.margin['margin']:.0%}, "
+               f"stated before the runs")
+    return (f"<h2>Does the numeric deviation matter? The answer</h2><p class='said'><b>{html.escape(said)}</b></p>"
+            f"<p class='machine'>{html.escape(setting)}; what the answer needs and every measure: "
+            f"<a href='#answer'>below</a>.</p>" + _markdown_tables("\n".join(rows), [], None))
+
+
 def gate_list(summary: HarmSummary) -> str:
     """What the answer needs, one line each with its state: learning finished, then every pre-registered claim."""
     gate = summary.headline.get("gate") or {}

@@ -1,7 +1,8 @@
 """Render report sections into one self-contained HTML page (figures embedded as data URIs).
 
-What a reader meets, top to bottom: the provenance header, a table of contents (each section with
-its verdict), then one section per claim: its title with the verdict (symbol and status, once), the
+What a reader meets, top to bottom: the answer (when the report has a harm study: its sentence and a
+small table, numdev.report.harm.answer_lead), what the symbols mean, the provenance header (folded),
+a table of contents (each section with its verdict), then one section per claim: its title with the verdict (symbol and status, once), the
 paper's claim beside our measurement, how the verdict was reached (folded), the tables (long ones
 folded, the rows that decide shown), the figure, the command that reruns it and links to the files.
 Figures are embedded downscaled for the page (PAGE_PX wide) and link to the full-size PNG beside it.
@@ -24,6 +25,8 @@ from numdev.runs.provenance import machine_line_or_unknown
 LOSS_CURVES = "loss-curves"  # the study's training loss curves, side by side
 SAMPLES = "samples"  # the study's sample grids with their captions
 CONTENTS = "contents"  # the table of contents
+ANSWER = "the-answer"  # the first screen: the study's answer in a sentence and a small table
+LEGEND = "legend"  # what the verdict symbols mean
 
 FOLD_ROWS = 15  # a table with more body rows than this is folded (<details>), its deciding rows shown
 PAGE_PX = 1400  # figures are embedded at most this wide (the page is 1100 CSS px; a little more for zoom)
@@ -76,6 +79,9 @@ nav#contents ol { columns: 2; margin: 0.3em 0; } nav#contents li { margin: 0.15e
 nav#contents .badge { font-size: 0.8em; padding: 0 0.4em; border-radius: 1em; }
 .machine, .files { color: #666; font-size: 0.85em; }
 table { border-collapse: collapse; margin-top: 0.6em; font-size: 0.92em; } td, th { border: 1px solid #ccc; padding: 0.2em 0.6em; }
+#the-answer { background: #fffbe8; border: 1px solid #e6d9a8; border-radius: 6px; padding: 0.7em 1em; margin: 0.8em 0; }
+#the-answer h2 { font-size: 1.2em; margin: 0 0 0.4em; } #the-answer .said { font-size: 1.05em; }
+.legend ul { margin: 0.3em 0; } .legend li { margin: 0.1em 0; }
 """
 
 
@@ -214,12 +220,26 @@ def _contents(sections: list[Section], ids: list[str]) -> str:
     return f"<nav id='{CONTENTS}'><h2>Contents</h2><ol>{''.join(items)}</ol></nav>"
 
 
+def legend() -> str:
+    """What every verdict symbol means, and that a range carries none (numdev.stats.verdicts.MEANINGS)."""
+    from numdev.stats.verdicts import MEANINGS, RANGE_NO_VERDICT, SYMBOLS
+
+    items = "".join(f"<li><b>{SYMBOLS[status]} {html.escape(status)}</b>: {html.escape(meaning)}</li>"
+                    for status, meaning in MEANINGS.items())
+    return (f"<details id='{LEGEND}' class='legend'><summary>What the symbols mean</summary><ul>{items}"
+            f"<li>no symbol: {html.escape(RANGE_NO_VERDICT)} (it is shown as a range)</li></ul></details>")
+
+
 def render(title: str, subtitle: str, sections: list[Section], intro: str = "", header: str = "",
-           out_dir: Path | None = None) -> str:
-    """The page; `header` is trusted HTML placed before the sections (the provenance header).
+           out_dir: Path | None = None, lead: str = "") -> str:
+    """The page; `lead` is trusted HTML shown first (the answer, ANSWER), then the symbols' legend, the
+    intro, `header` (trusted HTML: the provenance, folded) and the contents before the sections.
     `out_dir`: where the page is written, so that file links are relative to it (None: no file links)."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1><p class='sub'>{html.escape(subtitle)}</p>"]
+    if lead:
+        parts.append(f"<div id='{ANSWER}' class='answer'>{lead}</div>")
+    parts.append(legend())
     if intro:
         parts.append(f"<p>{_text(intro, out_dir)}</p>")
     parts.append(header)

@@ -53,7 +53,13 @@ def header_html(sources: dict[str, dict | None], generated_by: dict, out_dir=Non
     groups: dict[tuple | None, list[str]] = {}
     for label, block in sources.items():
         groups.setdefault(origin(block), []).append(label)
-    parts = [f"<header id='{ANCHOR}'><h2>Provenance: where these numbers come from</h2>"]
+    if len(groups) == 1:
+        line = f"measured on {machine_line_or_unknown(sources[next(iter(sources))])}"
+    else:
+        line = f"{len(groups)} different origins: compare across them with care"
+    # folded under its one-line summary: the answer and the sections come first (a reader opens it to check)
+    parts = [f"<header id='{ANCHOR}'><details{' open' if len(groups) > 1 else ''}><summary><b>Provenance: where these "
+             f"numbers come from</b> — {html.escape(line)}</summary>"]
     if len(groups) == 1:
         (key, labels), = groups.items()
         block = sources[labels[0]]
@@ -82,7 +88,7 @@ def header_html(sources: dict[str, dict | None], generated_by: dict, out_dir=Non
                 + "</li>"
             )
         parts.append("</ul>")
-    parts.append(f"<p class='machine'>Report written by: {html.escape(machine_line_or_unknown(generated_by))}</p></header>")
+    parts.append(f"<p class='machine'>Report written by: {html.escape(machine_line_or_unknown(generated_by))}</p></details></header>")
     return "".join(parts)
 
 

@@ -33,6 +33,13 @@ BY_CONSTRUCTION = "by construction"
 STATUSES = (HOLDS, FAILS, PARTLY, NOT_MEASURABLE, BY_CONSTRUCTION)
 RANGE_NO_VERDICT = f"a range from fewer than {MIN_CI} replicates carries no verdict"
 SYMBOLS = {HOLDS: "✓", FAILS: "✗", PARTLY: "◐", NOT_MEASURABLE: "–", BY_CONSTRUCTION: "□"}
+MEANINGS = {  # what each symbol says, for a reader (the report's legend)
+    HOLDS: "the claim holds here: the measured interval lies where the claim (the paper's, or a role's stated before the runs) says",
+    FAILS: "the claim does not hold here: the interval lies on the other side",
+    PARTLY: "some parts of the claim hold and others do not, or it holds in direction but not in size",
+    NOT_MEASURABLE: "the data cannot decide: the interval crosses the line, or too few replicates",
+    BY_CONSTRUCTION: "true by how the emulator is built (a check of the code, not a finding)",
+}
 JUDGED = (HOLDS, FAILS, PARTLY)  # the statuses a range from fewer than MIN_CI replicates may not give
 # How a verdict's detail quotes the spread it rests on when that is a range: "[range of n: low, high]"
 # (Estimate.text for a ratio, a mean, ...; the per-seed slopes of trend_verdict, the taus of monotone_verdict).

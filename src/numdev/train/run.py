@@ -38,6 +38,8 @@ from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.memory import check_training_memory
 from numdev.train.module import DiffusionModule
 from numdev.train.precision import SETTINGS as GEMM_SETTINGS
+from numdev.train.tensorboard import TensorBoardLogger, metric_tags
+from numdev.train.trackers import build_loggers, choices
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +226,11 @@ def build_trainer(cfg: DictConfig):
         hub = next((i for i, c in enumerate(callbacks) if isinstance(c, WeightSnapshots)), len(callbacks))
         callbacks.insert(hub, PerturbAtStep(perturbation, cfg.seed.get("perturbation", 0)))
     connect(callbacks)  # the snapshot hub and its listeners (numdev.train.callbacks)
-    logger = instantiate(cfg.logger) if cfg.get("logger") else None
-    if logger is None:  # nothing to log learning rates to
+    loggers = build_loggers(cfg.get("logger"))  # numdev.train.trackers: TensorBoard, CSV, MLflow, W&B, any combination
+    for logger in loggers:
+        if isinstance(logger, TensorBoardLogger):  # its HParams view: the run's choices beside these tags' last values
+            logger.metric_tags = metric_tags(cfg)
+    if not loggers:  # nothing to log learning rates to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     # Without numdev's checkpoint callback (callbacks.checkpoint=null: the studies' short runs),
     # Lightning would add its own ModelCheckpoint and write checkpoints/epoch=...ckpt into every run.
@@ -235,10 +240,10 @@ def build_trainer(cfg: DictConfig):
         cfg.trainer,
         plugins=[precision_plugin(cfg), SafeCheckpointIO()],  # atomic writes, weights_only reads
         callbacks=callbacks,
-        logger=logger or False,
+        logger=loggers or False,
         **checkpointing,
     )
-    return trainer, logger
+    return trainer, loggers
 
 
 @contextlib.contextmanager
@@ -274,15 +279,15 @@ def train(cfg: DictConfig) -> dict:
         model = optimization.model(build_model(cfg, backend))  # after the initial weights are drawn
         datamodule = instantiate(cfg.data)
         module = build_module(cfg, model, optimization)
-        trainer, logger = build_trainer(cfg)
+        trainer, loggers = build_trainer(cfg)
         check_launch(trainer)
         rank_zero = trainer.is_global_zero  # under DDP the other ranks train and leave the records to rank 0
         # One live run per directory (rank 0 holds it for the job); released by the kernel if killed.
         with RunLock(run_dir) if rank_zero else contextlib.nullcontext(), _hangup_ends_the_run():
-            return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, logger, rank_zero, optimization)
+            return _train_locked(cfg, run_dir, backend, module, datamodule, trainer, loggers, rank_zero, optimization)
 
 
-def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logger, rank_zero: bool,
+def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, loggers: list, rank_zero: bool,
                   optimization: Optimization | None = None) -> dict:
     ckpt_path, resumed_from = None, None
     resume = _resume_mode(cfg, run_dir)
@@ -325,8 +330,8 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
         run = record.start_record(run_dir, cfg, backend, resumed_from, gemm=_gemm_route(trainer))
     else:
         run = {"status": "running", "global_rank": trainer.global_rank}
-    if logger is not None:
-        logger.log_hyperparams(record.resolved(cfg))
+    for logger in loggers:  # the run's defining choices (the whole config is its config.yaml)
+        logger.log_hyperparams(choices(cfg))
     log.debug("%s %s: %s attention, %s, seeds init/data/noise %s/%s/%s, %d steps%s", "resuming" if resumed_from is not None else "training",
               run_dir, backend.name, cfg.precision.name, cfg.seed.init, cfg.seed.data,
               cfg.seed.noise, cfg.trainer.max_steps, f" from step {resumed_from}" if resumed_from is not None else "")

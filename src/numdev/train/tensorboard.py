@@ -10,14 +10,16 @@ Lightning's TensorBoardLogger, with three differences:
   - Lightning's automatic `epoch` scalar is not written: TensorBoard sorts its cards by tag group,
     and numdev's groups are chosen so that `distance/` (weight distances to the sibling) and `loss/`
     come first; an `epoch` card would sit between them and says nothing for step-based training;
-  - log_hyperparams also writes TensorBoard's HParams summary (the resolved config, flattened, with
-    the run's loss and caption-agreement tags as its metrics), so the HParams tab lists every run
-    of a sweep with its settings beside its final loss.
+  - log_hyperparams also writes TensorBoard's HParams summary (the run's defining choices,
+    numdev.train.trackers.choices, with the tags of `metric_tags` as its metrics: losses, caption
+    agreement, the distance to the sibling, the shadow's per-call deviation), so the HParams tab lists
+    every run of a sweep with what it changed beside how far it moved.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -36,10 +38,30 @@ def run_name(default: str = "run") -> str:
     return name or default
 
 
+def metric_tags(cfg) -> tuple[str, ...]:
+    """The scalar tags the HParams view shows beside the choices (their last values): HPARAM_METRICS, and
+    the distance to the sibling (numdev.train.callbacks.sibling's tags) and the shadow's per-call deviation
+    where the run has them."""
+    from omegaconf import OmegaConf
+
+    from numdev.train.callbacks.sibling import default_label
+
+    tags = list(HPARAM_METRICS)
+    reference = OmegaConf.select(cfg, "sibling.reference", default=None)
+    if reference is not None:
+        label = OmegaConf.select(cfg, "sibling.label", default=None) or default_label(Path(str(reference)))
+        tags += [f"distance/{label}/rel_frobenius", f"distance/{label}/w1_over_std"]
+    if OmegaConf.select(cfg, "callbacks.shadow", default=None) is not None:
+        tags += ["shadow/all/out_rel_rms", "shadow/all/out_bias"]
+    return tuple(tags)
+
+
 class TensorBoardLogger(LightningTensorBoardLogger):
-    def __init__(self, save_dir: str, run_name_default: str | None = "run", **kwargs):
+    def __init__(self, save_dir: str, run_name_default: str | None = "run", metric_tags: tuple[str, ...] = HPARAM_METRICS,
+                 **kwargs):
         """run_name_default: the directory name when the run has no overrides; None or "": the event
         files go into save_dir itself."""
+        self.metric_tags = tuple(metric_tags)  # what HParams shows beside the choices (set by the run: metric_tags(cfg))
         version = run_name(run_name_default) if run_name_default else ""
         kwargs.setdefault("name", "")
         kwargs["version"] = version
@@ -57,7 +79,7 @@ class TensorBoardLogger(LightningTensorBoardLogger):
 
         flat = _flatten(params if isinstance(params, dict) else vars(params))
         # The metric values are read by TensorBoard from the run's scalars of these tags (the last value).
-        experiment, start, end = hparams(flat, {tag: 0.0 for tag in HPARAM_METRICS})
+        experiment, start, end = hparams(flat, {tag: 0.0 for tag in self.metric_tags})
         writer = self.experiment.file_writer  # SummaryWriter's public attribute, opened at its construction
         if writer is None:
             raise RuntimeError(f"{self.log_dir}: the TensorBoard writer was closed before the hyperparameters were logged")

@@ -26,6 +26,7 @@ import torch
 from numdev.diffusion import diffusion_loss, training_target
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import HELDOUT, write_heldout_predictions
+from numdev.train.trackers import log_metrics
 
 HELDOUT_IMAGES, HELDOUT_SEED = 256, 0  # the callback's defaults (conf/train/callbacks/default.yaml sets the same)
 HELDOUT_BATCH_SIZE = 64  # images per forward pass (the loss sums per-batch means: the same batches give the same number)
@@ -115,5 +116,4 @@ class HeldOutLoss(pl.Callback):
             self.result["predictions"] = write_heldout_predictions(
                 self.run_dir, evaluated.predictions.numpy(), step=step, images=self.num_images, seed=self.seed)
         write_json(self.run_dir / HELDOUT, self.result)
-        if trainer.logger:
-            trainer.logger.log_metrics({"loss/heldout": evaluated.loss}, step=trainer.global_step)
+        log_metrics(trainer, {"loss/heldout": evaluated.loss}, step=trainer.global_step)

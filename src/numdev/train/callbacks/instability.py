@@ -51,6 +51,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from numdev.models.attention import Attention, name_attention_layers
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import RunDir
+from numdev.train.trackers import log_metrics
 
 FORMAT = 1
 POLICIES = ("record", "skip", "stop", "fail")
@@ -265,13 +266,11 @@ class InstabilityMonitor(pl.Callback):
             self._write()
 
     def _log(self, trainer, events: list[dict]) -> None:
-        if not trainer.logger:
-            return
         for e in events:
             if e["kind"] == "loss_spike":
-                trainer.logger.log_metrics({"instability/loss_spike": e["magnitude"]}, step=e["step"])
+                log_metrics(trainer, {"instability/loss_spike": e["magnitude"]}, step=e["step"])
             else:
-                trainer.logger.log_metrics({"instability/nonfinite": 1.0}, step=e["step"])
+                log_metrics(trainer, {"instability/nonfinite": 1.0}, step=e["step"])
 
     def _write(self) -> None:
         settings = {

@@ -15,6 +15,7 @@ from numdev.figures.samples import sample_figure
 from numdev.runs import layout
 from numdev.runs.atomic import write_json
 from numdev.train.evaluation import score_shapes
+from numdev.train.trackers import drawing, log_metrics
 
 
 def _positive(name: str, value) -> int:
@@ -99,12 +100,12 @@ class SampleGrid(pl.Callback):
         self.last = {"step": step, "images": images, "captions": captions, "summary": summary}
         if not trainer.is_global_zero:
             return None
-        experiment = getattr(trainer.logger, "experiment", None) if trainer.logger else None
-        if experiment is not None and hasattr(experiment, "add_figure"):
+        experiment = drawing(trainer)
+        if experiment is not None:
             experiment.add_figure("samples", self.figure(self.last), global_step=step, close=True)
-        if trainer.logger and scores["scored"]:
+        if scores["scored"]:
             metrics = {f"samples/{k}": scores[k] for k in ("colour_accuracy", "shape_accuracy", "position_accuracy")}
-            trainer.logger.log_metrics(metrics, step=step)
+            log_metrics(trainer, metrics, step=step)
         return self.last
 
     def figure(self, evaluation: dict):

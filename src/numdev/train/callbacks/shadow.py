@@ -24,6 +24,7 @@ from numdev.models.shadow import AttentionShadow, pooled
 from numdev.runs import tables
 from numdev.runs.atomic import write_text
 from numdev.runs.layout import SHADOW_COLUMNS, SHADOW_CSV
+from numdev.train.trackers import log_metrics
 
 
 class ShadowDeviation(pl.Callback):
@@ -65,8 +66,7 @@ class ShadowDeviation(pl.Callback):
             return
         self.rows.extend(rows)
         write_text(self.run_dir / SHADOW_CSV, tables.to_csv(self.rows, list(SHADOW_COLUMNS)))
-        if trainer.logger:
-            trainer.logger.log_metrics(tensorboard_metrics(rows), step=step)
+        log_metrics(trainer, tensorboard_metrics(rows), step=step)
 
 
 SCALED = ("max_abs", "mean_abs", "ref_max_abs", "bias", "diff_rms", "shadow_rms")  # in the gradient's units: / loss scale

@@ -54,6 +54,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from numdev.runs.atomic import write_text
 from numdev.runs.layout import RunDir, indexed_rows
 from numdev.runs.lock import is_held
+from numdev.train.trackers import drawing, log_metrics
 from numdev.weights.distances import CompareCache, Prepared, check_same_architecture, compare, distance_rows, prepare
 from numdev.weights.metrics import distances_to_csv, read_distances_csv
 from numdev.weights.store import (
@@ -242,14 +243,14 @@ class SiblingDistance(pl.Callback):
         write_text(self.csv_path, distances_to_csv(self.rows))
 
     def log_distances(self, trainer, step: int, distances: dict, mine: dict, theirs: dict) -> None:
-        if not trainer.logger:
+        if not trainer.loggers:
             return
         label = self.label
         metrics = {f"distance/{label}/{k}": v for k, v in distances["model"].items() if k != "numel"}
         for name, values in distances["per_tensor"].items() if self.per_tensor else ():
             metrics.update({f"per_tensor/{label}/{name}/{k}": v for k, v in values.items() if k not in ("numel", "pooled_wasserstein")})
-        trainer.logger.log_metrics(metrics, step=step)
-        experiment = getattr(trainer.logger, "experiment", None)
+        log_metrics(trainer, metrics, step=step)
+        experiment = drawing(trainer)
         if self.histograms != "none" and hasattr(experiment, "add_histogram"):
             self.log_histograms(experiment, step, mine, theirs)
 

@@ -6,14 +6,22 @@ callback's on_train_batch_start to its on_train_batch_end. It is the first callb
 run in later callbacks' on_train_batch_end, are not in it; data loading happens before the start.
 The median over steps is the run's cost (robust to the compilation of the first steps and to
 other processes on a shared machine); the first step is reported beside it.
+
+Every trainer.log_every_n_steps steps (and at the last) it also writes the step, the training loss and
+the median step time since the last such line to the run's log (app.log, at DEBUG: on the console
+with -v only), so a run's log holds its losses and speed, not only its start and end.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import statistics
 import time
 
 import lightning.pytorch as pl
+
+log = logging.getLogger(__name__)
 
 
 class StepTimes(pl.Callback):
@@ -28,6 +36,14 @@ class StepTimes(pl.Callback):
         if self._start is not None:
             self.seconds.append(time.perf_counter() - self._start)
             self._start = None
+        step = int(trainer.global_step)
+        every = max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        if step % every == 0 or step == trainer.max_steps:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            value = float(loss.detach()) if hasattr(loss, "detach") else math.nan
+            recent = statistics.median(self.seconds[-every:]) if self.seconds else math.nan
+            log.debug("step %d: loss %.5g, %.3f s/step (median of the last %d)", step, value, recent,
+                      min(every, len(self.seconds)))
 
     def results(self) -> dict:
         return {"step_seconds": self.summary()} if self.summary() else {}
