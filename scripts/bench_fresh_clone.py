@@ -39,6 +39,13 @@ PYTEST_MACHINE = re.compile(r"^torch .* thread\(s\) per test process.*$", re.M) 
 LOAD_EVERY_S = 30
 
 
+def _bytes(path: Path) -> int:
+    """Bytes of the files under `path` (0 when it does not exist); links not followed."""
+    if not path.exists():
+        return 0
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def main() -> None:
     parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--which", choices=sorted(COMMANDS), required=True)
@@ -58,6 +65,7 @@ def main() -> None:
         done, load_samples = _run_sampling_load(COMMANDS[args.which], clone, env)
         wall = time.perf_counter() - start
         cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+        disk = {name: _bytes(clone / name) for name in ("outputs", ".venv")}  # what the command left on disk
         if args.keep_outputs is not None and (clone / "outputs").is_dir():
             shutil.move(clone / "outputs", args.keep_outputs)
     summary = PYTEST_SUMMARY.findall(done.stdout)
@@ -70,6 +78,7 @@ def main() -> None:
         "uncommitted_changes_not_measured": bool(state.get("dirty")),
         "returncode": done.returncode,
         "wall_s": wall,
+        "disk_bytes": disk,
         "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

@@ -7,10 +7,13 @@ inductor generates C++ and needs a compiler (cc/g++); the first steps pay the co
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Sequence
 
 from numdev.optimizations.base import Optimization
+
+log = logging.getLogger(__name__)
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -50,6 +53,8 @@ class Compile(Optimization):
             self.compiled.append(name)
         model.compile(mode=self.mode)
         self.compiled.append("")
+        log.info("torch.compile (%s): the first steps compile the model, minutes on a CPU; the run continues after that",
+                 self.mode or "default")
         return model
 
     def describe(self, model=None, optimizer=None) -> dict:
