@@ -31,7 +31,7 @@ WHAT = {  # group -> what it sets (one sentence; the options come from conf/)
     ("train", "data"): "`data.root`, `data.manifest`, `data.shards`, `data.resolution`, `data.batch_size`",
     ("train", "trainer"): "`lightning.Trainer` (`trainer.max_steps` is the length)",
     ("train", "callbacks"): "snapshots, checkpoint, samples, lr_monitor, sibling, shadow, instability (null any of them)",
-    ("train", "logger"): "TensorBoard; also `csv`, `mlflow`, `wandb`, combined as `logger=[tensorboard,csv]` (`logger=null` for none)",
+    ("train", "logger"): "TensorBoard; also `csv`, `mlflow`, `wandb`, combined as `logger=[tensorboard,csv]` (`logger=[]` for none)",
     ("train", "seed"): "`seed.init`, `seed.data`, `seed.noise`, `seed.perturbation`, `seed.rounding`",
     ("train", "optimization"): "a training optimization applied as a user applies it (docs/optimizations.md)",
     ("train", "experiment"): "`# @package _global_` overrides: studies, smoke runs, GPU configs",

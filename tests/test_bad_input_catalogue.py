@@ -7,7 +7,7 @@ up: `fault` names the file whose write fails) and the files that must come out b
 unchanged. Every entry is checked for:
 
 - exit code 2 (a run that started and failed: 1; an input handled with a warning: 0, style
-  "warning" - exactly one `<command>: warning:` or logged line containing `expect` - or "quiet"; Hydra's own composition errors - an unknown config group option or key - keep
+  "warning" - exactly one `<command>: warning:` or logged line containing `expect` - or "quiet"; Hydra's own composition errors that numdev does not catch first keep
   Hydra's exit code 1 and its few-line message, style "hydra"; argparse usage errors print the usage
   first, style "argparse");
 - our errors: stderr is exactly one line, `<command>: error: ...`, containing `expect`;
@@ -215,7 +215,15 @@ KEPT = ("run/run.json", "run/config.yaml", "run/weights/index.json", "run/checkp
 # -- the catalogue ---------------------------------------------------------------------------------
 CATALOGUE = [
     # numdev-train: unknown config values
-    Case("train-unknown-option", "numdev-train", [*TRAIN, "attention=nope"], "attention/nope", style="hydra"),
+    Case("train-unknown-option", "numdev-train", [*TRAIN, "attention=flash_emulate"],
+         "attention has no option 'flash_emulate': did you mean attention=flash_emulated"),
+    Case("train-unknown-option-in-a-sweep", "numdev-train", ["-m", *TRAIN, "precision=fp32,bf16"],
+         "precision has no option 'bf16': did you mean precision=bf16-true"),
+    Case("train-unknown-tracker-in-a-list", "numdev-train", [*TRAIN, "logger=[tensorboard,mlfow]"],
+         "logger has no option 'mlfow': did you mean logger=mlflow"),
+    Case("train-group-set-to-null", "numdev-train", [*TRAIN, "logger=null"],
+         "logger=null: a config group cannot be set to null: to choose none of its options, remove it with ~logger"),
+    Case("train-unknown-experiment", "numdev-train", ["experiment=harm_confrm"], "did you mean experiment=harm_confirm"),
     Case("train-unknown-key", "numdev-train", [*TRAIN, "trainer.nope=1"], "trainer.nope=1: trainer has no setting nope: its settings are"),
     Case("train-unknown-format", "numdev-train", [*TRAIN, "precision.compute=fp12"], "unknown float format 'fp12'"),
     Case("train-unknown-policy", "numdev-train", [*TRAIN, "callbacks.instability.policy=explode"],
@@ -271,7 +279,7 @@ CATALOGUE = [
     Case("train-disk-full-checkpoint", "numdev-train", TRAIN, "could not write {tmp}/run/checkpoints/last.ckpt",  # (its checksum first)
          fault="last.ckpt", refused_before_start=False, extra={"absent": ("run/checkpoints/last.ckpt",)}),
     # numdev-bench
-    Case("bench-unknown-option", "numdev-bench", [*BENCH, "numerics=fastest"], "fa2", style="hydra"),
+    Case("bench-unknown-option", "numdev-bench", [*BENCH, "numerics=fastest"], "numerics has no option 'fastest': (its options: "),
     Case("bench-unknown-preset", "numdev-bench", [*BENCH, "numerics.preset=fastest"], "unknown numerics preset 'fastest'"),
     Case("bench-unknown-variant", "numdev-bench", [*BENCH, "variant=fa9"], "unknown flash variant 'fa9'"),
     Case("bench-tile-zero", "numdev-bench", [*BENCH, "tiles.block_c=0"], "block_c=0 must be a positive integer"),
@@ -1178,9 +1186,21 @@ def _finished_reference(tmp: Path) -> None:
     (tmp / "study" / "r0" / "reference" / "run.json").write_text(json.dumps({"status": "finished"}))
 
 
-CATALOGUE += [
-    *(Case(f"harm-{name}", "numdev-train", [*HARM, *override.split(), *([] if "study=" in override else ["study=reference"])], message,
-           extra={"absent": ("study",)})
+def _finished_reference_and_rung(tmp: Path) -> None:
+    """A study holding finished runs of the reference and of delta_1e-1 (the role biased_1e-1 claims to harm more than)."""
+    _finished_reference(tmp)
+    (tmp / "study" / "r0" / "delta_1e-1").mkdir(parents=True)
+    (tmp / "study" / "r0" / "delta_1e-1" / "run.json").write_text(json.dumps({"status": "finished"}))
+
+
+def _role_of(override: str) -> str | None:
+    return override.split("study=", 1)[1].split()[0] if "study=" in override else None
+
+
+CATALOGUE += [  # a role is added to a study whose reference has finished (without it, its missing reference is said first)
+    *(Case(f"harm-{name}", "numdev-train", [*HARM, *override.split(), *([] if _role_of(override) else ["study=reference"])], message,
+           **({"setup": _finished_reference_and_rung, "intact": ("study/r0/reference/run.json",),
+               "extra": {"absent": (f"study/r0/{_role_of(override)}",)}} if _role_of(override) else {"extra": {"absent": ("study",)}}))
       for name, override, message in (
           ("margin-negative", "study.harm.margin=-0.1", "study.harm.margin=-0.1 must be a number in (0, 10]"),
           ("margin-zero", "study.harm.margin=0", "study.harm.margin=0 must be a number in (0, 10]"),
@@ -1333,7 +1353,7 @@ REAL_COMMANDS = {
     "train-cannot-run-here": ("numdev-train", ["experiment=train_smoke", "attention=flash_attn", "output_root={tmp}/outputs"], None, 2,
                               ("numdev-train: error: attention=flash_attn with precision=fp32 on cpu", "cannot run here",
                                "Backends that can run on cpu with float32: baseline, eager, flash_emulated, output_noise, sdpa_flash, sdpa_math")),
-    "train-unknown-option": ("numdev-train", ["attention=nope", "output_root={tmp}/outputs"], None, 1, "sdpa_flash"),
+    "train-unknown-option": ("numdev-train", ["attention=sdpa_flsh", "output_root={tmp}/outputs"], None, 2, "did you mean attention=sdpa_flash"),
     "bench-group-of-another-app": ("numdev-bench", ["trainer=gpu", "output_root={tmp}/outputs"], REPO, 2,
                                    "numdev-bench: error: trainer is a config group of numdev-train, not of numdev-bench: run {numdev-train} trainer=gpu"),
     "compare-the-same-run": ("numdev-compare", ["{tmp}/a", "{tmp}/a/"], None, 2, "are the same run directory"),

@@ -156,6 +156,10 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     unknown = unknown_top_level_key(app, overrides)
     if unknown:
         return unknown
+    if not any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
+        unknown = unknown_option(app, overrides)  # a user's own config folder may hold options numdev does not know
+        if unknown:
+            return unknown
     mine = app_defaults(app)
     merged = merged_options(app, overrides)
     if merged:
@@ -290,6 +294,32 @@ def nearest(name: str, known: list[str]) -> list[str]:
     import difflib
 
     return difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+
+
+def unknown_option(app: str, overrides) -> str | None:
+    """`attention=flash_emulate`: an option its group does not have. Hydra's message is several lines
+    listing every option and the search path; this is one line with the nearest options (a sweep's or a
+    list's every value is checked; a group set to null is one line too: Hydra fails on it with a traceback)."""
+    groups = set(app_defaults(app))
+    for o in overrides:
+        name = o.key_or_group
+        if "." in name or name.startswith("hydra") or o.is_delete() or name not in groups or not group_dir(name, app).is_dir():
+            continue
+        known = options(name, app)
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        for value in values:
+            if value is None:  # Hydra itself fails on it with a traceback
+                return (f"{o.input_line}: a config group cannot be set to null: to choose none of its options, remove it "
+                        f"with ~{name} (or {name}=[])")
+            for one in value if isinstance(value, (list, tuple)) else [value]:
+                if one is None or not isinstance(one, str) or one in known or "${" in one or "/" in one:
+                    continue
+                near = nearest(one, known)
+                hint = f"did you mean {' or '.join(f'{name}={n}' for n in near)}? " if near else ""
+                where = f"{name}@{o.package}" if o.package else name
+                return (f"{o.input_line}: {where} has no option {one!r}: {hint}(its options: {', '.join(known)}; "
+                        f"conf/{group_dir(name, app).relative_to(conf_dir())}/)")
+    return None
 
 
 def unknown_group(app: str, overrides) -> str | None:

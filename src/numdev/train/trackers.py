@@ -5,7 +5,7 @@ Biases, alone or together.
     numdev-train logger=mlflow                    a local MLflow store, outputs/mlflow.db (pip install -e '.[mlflow]')
     numdev-train logger=wandb                     Weights & Biases offline, <run_dir>/wandb (pip install -e '.[wandb]')
     numdev-train 'logger=[tensorboard,csv,mlflow]'  any combination
-    numdev-train logger=null                      none
+    numdev-train 'logger=[]'                      none (or ~logger)
 
 Each option of conf/train/logger/ sits under its own name (`logger.<name>._target_`), so options
 combine; a node with its own `_target_` at `logger` (a run configured before trackers combined) is one
@@ -45,7 +45,7 @@ def build_loggers(node) -> list:
         return []
     if not isinstance(node, DictConfig):
         raise UserError(f"logger: holds {type(node).__name__} {node!r}, not a tracker's settings: choose logger=tensorboard, "
-                        "csv, mlflow, wandb, a list of them (logger=[tensorboard,csv]) or logger=null")
+                        "csv, mlflow, wandb, a list of them (logger=[tensorboard,csv]) or none (logger=[])")
     named = {"logger": node} if "_target_" in node else dict(node.items())
     loggers = []
     for name, settings in named.items():
