@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,6 +236,10 @@ def test_the_study_says_only_what_numdev_means_and_each_role_logs_its_story(stud
     assert console_noise(result.stdout, result.stderr) == [], result.stdout + result.stderr
     assert result.stderr == ""
     assert result.stdout.count("finished at step 6 -> ") == len(ROLES) * 2
+    named = [line.split("-> ", 1)[1] for line in result.stdout.splitlines() if line.startswith("-> ") and "summary.json" in line]
+    assert named, result.stdout
+    files = named[-1].split(", ")
+    assert all((study_dir / Path(name).name).is_file() for name in files), files  # the console names only files that exist
     story = (study_dir / "r0" / "reference" / "app.log").read_text()
     assert f"[numdev.train.run][DEBUG] - training {study_dir / 'r0' / 'reference'}: " in story
     assert "[numdev.train.app][INFO] - finished at step 6" in story and "`Trainer.fit` stopped" in story

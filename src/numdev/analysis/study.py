@@ -276,11 +276,11 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
     summary["captions"] = captions(summary)
     from numdev.figures import study as study_figures
 
-    study_figures.draw_all(summary, study_dir, early.INIT_LADDER)
+    drawn = study_figures.draw_all(summary, study_dir, early.INIT_LADDER)
     write_json(study_dir / SUMMARY, summary)
     for caption in summary["captions"].values():
         log(caption)
-    log(f"-> {study_dir / SUMMARY}, fig7.png, fig8.png, loss_curves.png, downstream.png")
+    log(f"-> {', '.join([str(study_dir / SUMMARY), *drawn])}")
     return summary
 
 

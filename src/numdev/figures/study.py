@@ -45,12 +45,20 @@ STUDY_FIGURES = (
 )
 
 
-def draw_all(summary: dict, study_dir: Path, ladder: str) -> None:
-    """Every study figure into study_dir; `ladder`: the calibration ladder's name (numdev.analysis.early.INIT_LADDER)."""
-    fig7(summary, study_dir / FIG7)
-    fig8(summary, study_dir / FIG8, ladder)
-    loss_curves(summary, study_dir / LOSS_CURVES)
-    downstream(summary, study_dir / DOWNSTREAM)
+def draw_all(summary: dict, study_dir: Path, ladder: str) -> list[str]:
+    """Every study figure into study_dir; `ladder`: the calibration ladder's name (numdev.analysis.early.INIT_LADDER).
+    Returns the names of the figures drawn: a figure with nothing to show (no loss curves, no held-out
+    outcomes) is not drawn, and an earlier analysis's file of that name is removed, so no console line or
+    report names a picture of other data."""
+    drawn = []
+    for name, draw in ((FIG7, lambda p: fig7(summary, p)), (FIG8, lambda p: fig8(summary, p, ladder)),
+                       (LOSS_CURVES, lambda p: loss_curves(summary, p)), (DOWNSTREAM, lambda p: downstream(summary, p))):
+        path = study_dir / name
+        path.unlink(missing_ok=True)
+        draw(path)
+        if path.is_file():
+            drawn.append(name)
+    return drawn
 
 
 def _band(ax, steps, values_by_rep: dict, colour, label: str, thin: bool = False) -> None:
