@@ -55,6 +55,13 @@ def test_hydra_apps_list_their_groups_and_only_theirs(command, tmp_path, monkeyp
     for name in FOREIGN[command]:
         assert name not in groups, name
     assert not any(tmp_path.iterdir())  # --help runs nothing
+    experiments = out.split("== Experiments ==")[1].split("== Config ==")[0]
+    from numdev.config.groups import options
+
+    for name in options("experiment", APP[command]):  # every experiment, with its first sentence
+        assert f"\nexperiment={name}: " in experiments, name
+    if command == "numdev-train":  # measured by scripts/bench_study.py (docs/results/bench_study_harm.json)
+        assert "experiment=harm: " in experiments and "[measured: " in experiments.split("experiment=harm: ")[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("command", sorted(HYDRA_APPS))

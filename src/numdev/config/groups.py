@@ -12,6 +12,7 @@ It feeds `--help` (the `numdev_groups` resolver) and the override checks (numdev
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 
@@ -123,12 +124,59 @@ def help_groups(app: str) -> str:
     return "\n".join(lines)
 
 
+def _measured_walls(app: str) -> dict[str, tuple[float, str]]:
+    """{experiment: (wall seconds, machine)} from the checkout's study benchmarks (docs/results/bench_study_*.json,
+    scripts/bench_study.py), each the fastest run of the experiment's own command with no other override (a
+    loaded machine's run is slower, not the experiment); {} in an installed numdev without the docs."""
+    import json
+
+    found: dict[str, tuple[float, str]] = {}
+    for path in sorted((conf_dir().parent / "docs" / "results").glob("bench_study_*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            words = str(data["command"]).split()
+            wall = float(data["median_wall_s"])
+            machine = ((data.get("provenance") or {}).get("machine") or {}).get("cpu", "?")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not one of the benchmarks' files, or a damaged one: no timing shown
+        rest = [w for w in words[2:] if w != "trainer.enable_progress_bar=false"]
+        match = re.fullmatch(r"experiment=([\w-]+)", words[1]) if len(words) > 1 and words[0] == f"numdev-{app}" else None
+        if match and not rest and (match[1] not in found or wall < found[match[1]][0]):
+            found[match[1]] = (wall, machine)
+    return found
+
+
+def help_experiments(app: str) -> str:
+    """The `== Experiments ==` body of `numdev-<app> --help`: each experiment's first comment line and, where
+    the study benchmarks measured it, how long it took on the 2-core machine."""
+    walls = _measured_walls(app)
+    lines = []
+    for name in options("experiment", app):
+        text = (group_dir("experiment", app) / f"{name}.yaml").read_text(encoding="utf-8", errors="replace").splitlines()
+        block = []
+        for line in text:  # the leading comment, up to its example commands
+            if not line.startswith("#") or line.lstrip("# ").startswith("numdev-"):
+                if block:
+                    break
+                continue
+            if "@package" not in line:
+                block.append(line.lstrip("# ").strip())
+        joined = " ".join(block)
+        about = re.split(r"\.\s+(?=[A-Z])", joined)[0].rstrip(".:")  # its first sentence ("Figs. 7-8" is not an end)
+        about = about if len(about) <= 150 else about[:149].rsplit(" ", 1)[0] + "…"
+        took = f" [measured: {walls[name][0] / 60:.0f} min on {walls[name][1]}, 2 cores]" if name in walls else ""
+        lines.append(f"experiment={name}: {about}{took}")
+    return "\n".join(lines)
+
+
 def register_resolver() -> None:
-    """`${numdev_groups:bench}` in conf/hydra/help/numdev.yaml."""
+    """`${numdev_groups:bench}` and `${numdev_experiments:bench}` in conf/hydra/help/numdev.yaml."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("numdev_groups"):
         OmegaConf.register_new_resolver("numdev_groups", help_groups)
+    if not OmegaConf.has_resolver("numdev_experiments"):
+        OmegaConf.register_new_resolver("numdev_experiments", help_experiments)
 
 
 def override_mistake(app: str, args: list[str]) -> str | None:
