@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser
+from numdev.runs.layout import tree_bytes
 from numdev.runs.provenance import git_state, provenance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,13 +38,6 @@ PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([\d.]+)s", re
 PYTEST_DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$", re.M)  # `make test`'s --durations lines
 PYTEST_MACHINE = re.compile(r"^torch .* thread\(s\) per test process.*$", re.M)  # tests/conftest.py's machine section
 LOAD_EVERY_S = 30
-
-
-def _bytes(path: Path) -> int:
-    """Bytes of the files under `path` (0 when it does not exist); links not followed."""
-    if not path.exists():
-        return 0
-    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def main() -> None:
@@ -65,7 +59,7 @@ def main() -> None:
         done, load_samples = _run_sampling_load(COMMANDS[args.which], clone, env)
         wall = time.perf_counter() - start
         cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-        disk = {name: _bytes(clone / name) for name in ("outputs", ".venv")}  # what the command left on disk
+        disk = {name: tree_bytes(clone / name) for name in ("outputs", ".venv")}  # what the command left on disk
         if args.keep_outputs is not None and (clone / "outputs").is_dir():
             shutil.move(clone / "outputs", args.keep_outputs)
     summary = PYTEST_SUMMARY.findall(done.stdout)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from numdev.cli.demo import STUDY as DEMO_STUDY
 from numdev.cli.script_args import ScriptParser
+from numdev.runs.layout import tree_bytes
 from numdev.runs.provenance import provenance
 
 COMMANDS = {
@@ -101,7 +102,8 @@ def main() -> None:
             wall = time.perf_counter() - start
             # The 1/5/15-minute load averages around the repeat: on a shared machine, others' work is in the wall time.
             cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-            repeats.append({"wall_s": wall, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+            repeats.append({"wall_s": wall, "disk_bytes": tree_bytes(study_dir),  # what the study leaves on disk
+                            "load_average_before": load_before, "load_average_after": os.getloadavg(),
                             # CPU seconds of the study's processes (user + system): what it costs whatever else runs
                             "cpu_s": (cpu.ru_utime - cpu_before.ru_utime) + (cpu.ru_stime - cpu_before.ru_stime),
                             "runs_s": run_seconds(study_dir), "per_role": role_costs(study_dir)})

@@ -125,7 +125,7 @@ def help_groups(app: str) -> str:
 
 
 def _measured_walls(app: str) -> dict[str, tuple[float, str]]:
-    """{experiment: (wall seconds, machine)} from the checkout's study benchmarks (docs/results/bench_study_*.json,
+    """{experiment: (wall seconds, machine and disk where recorded)} from the checkout's study benchmarks (docs/results/bench_study_*.json,
     scripts/bench_study.py), each the fastest run of the experiment's own command with no other override (a
     loaded machine's run is slower, not the experiment); {} in an installed numdev without the docs."""
     import json
@@ -137,6 +137,9 @@ def _measured_walls(app: str) -> dict[str, tuple[float, str]]:
             words = str(data["command"]).split()
             wall = float(data["median_wall_s"])
             machine = ((data.get("provenance") or {}).get("machine") or {}).get("cpu", "?")
+            disks = [r["disk_bytes"] for r in data.get("repeats", []) if isinstance(r.get("disk_bytes"), int)]
+            if disks:  # scripts/bench_study.py records what the study left on disk (since it does)
+                machine += f", {max(disks) / 1e9:.1f} GB on disk"
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not one of the benchmarks' files, or a damaged one: no timing shown
         rest = [w for w in words[2:] if w != "trainer.enable_progress_bar=false"]

@@ -338,3 +338,12 @@ def rows_digest(rows: dict[str, np.ndarray] | None) -> dict[str, str]:
     """{embedding parameter: sha256 of its indexed row ids (int64)}: which split a set of
     `<name>` / `<name>[unindexed]` values was made with ({} when no tensor is split)."""
     return {name: hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest() for name, ids in sorted((rows or {}).items())}
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (0 when it does not exist; links not followed): what a run, a study
+    or a command left on disk."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
