@@ -356,6 +356,17 @@ def test_the_smoke_harm_study_runs_end_to_end_and_reads_back(tmp_path):
     assert (summary.headline["text"] if summary.headline["shown"] else summary.headline["why"]) in result.stdout + result.stderr
     again = run_cli("numdev.analysis.study", str(study), cwd=tmp_path)  # numdev-study reproduces the summary
     assert harm_summary.read_harm_summary(study / "summary.json").table == summary.table, again.stdout
+    # --keep-snapshots ends: each run keeps its first and last snapshot, and the analysis after it is the same
+    before = sum(p.stat().st_size for p in study.rglob("weights/*.safetensors"))
+    pruned = run_cli("numdev.analysis.study", str(study), "--keep-snapshots", "ends", cwd=tmp_path)
+    kept = sorted({p.name for p in study.rglob("weights/step_*.safetensors")})
+    assert kept == ["step_00000000.safetensors", "step_00000008.safetensors"], kept
+    assert sum(p.stat().st_size for p in study.rglob("weights/*.safetensors")) < before / 2, pruned.stdout
+    run_cli("numdev.analysis.study", str(study), cwd=tmp_path)
+    after = harm_summary.read_harm_summary(study / "summary.json")
+    assert after.table == summary.table and after.harm == summary.harm
+    assert {n: r.effects for n, r in after.roles.items()} == {n: r.effects for n, r in summary.roles.items()}
+    assert {n: r.function_level for n, r in after.roles.items()} == {n: r.function_level for n, r in summary.roles.items()}
 
 
 def _interrupt(*args, **kwargs):

@@ -222,3 +222,27 @@ def test_written_files_have_the_mode_the_umask_gives(umask, tmp_path):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
     if umask == 0o022:
         assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+
+
+def test_pruning_keeps_the_steps_asked_for_and_their_base_and_reads_back(run, tmp_path):
+    from numdev.weights.store import prune_snapshots
+
+    kept_bytes = (run / "weights" / snapshot_name(20)).stat().st_size
+    freed = prune_snapshots(run, {20})
+    assert list_snapshots(run) == [20] and freed > 0
+    assert sorted(p.name for p in (run / "weights").glob("step_*")) == [snapshot_name(20)]
+    assert (run / "weights" / snapshot_name(20)).stat().st_size == kept_bytes
+    assert torch.equal(load_snapshot(run, 20)["b.bias"], _state(2.5)["b.bias"])  # verified against its checksum
+    with pytest.raises(SnapshotError, match=r"has no snapshot at step\(s\) \[10\] to keep: nothing was removed"):
+        prune_snapshots(run, {10, 20})
+    assert list_snapshots(run) == [20]
+    # a trained-only snapshot keeps step 0, which holds what it leaves out
+    trained = tmp_path / "trained"
+    writer = SnapshotWriter(trained, "toy", SHAPES, trained_only=True)
+    for step, value in ((0, 0.5), (10, 1.5), (20, 2.5)):
+        writer.write(step, _state(value), trained_rows={})
+    before = {s: load_snapshot(trained, s) for s in (0, 20)}
+    entry = next(e for e in json.loads((trained / "weights" / "index.json").read_text())["snapshots"] if e["step"] == 20)
+    prune_snapshots(trained, {20})
+    assert list_snapshots(trained) == sorted({20, *([entry["base_step"]] if "base_step" in entry else [])})
+    assert all(torch.equal(load_snapshot(trained, 20)[k], before[20][k]) for k in SHAPES)

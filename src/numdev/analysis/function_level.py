@@ -38,7 +38,13 @@ from omegaconf import OmegaConf
 from numdev.attention import Eager
 from numdev.runs import schemas
 from numdev.runs.layout import RunDir
-from numdev.train.callbacks.heldout import HELDOUT_BATCH_SIZE, HELDOUT_IMAGES, HELDOUT_SEED, heldout_evaluation, heldout_targets
+from numdev.train.callbacks.heldout import (
+    HELDOUT_BATCH_SIZE,
+    HELDOUT_IMAGES,
+    HELDOUT_SEED,
+    heldout_evaluation,
+    heldout_targets,
+)
 from numdev.train.distributed import precision_plugin
 from numdev.train.run import build_model, build_optimization
 from numdev.weights.store import list_snapshots, load_snapshot

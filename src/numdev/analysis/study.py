@@ -546,11 +546,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
     parser.add_argument("--no-truth", action="store_true", help="compare only the reference with the truth run (as experiment=flash_stability_early does)")
     parser.add_argument("--partial", action="store_true", help="analyse a study some of whose jobs have no run (the summary lists them)")
+    parser.add_argument("--keep-snapshots", choices=("all", "ends"), default="all",
+                        help="ends: after the analysis, keep each run's first and last snapshot only (the distances are in "
+                             "sibling/*.csv; a re-analysis gives the same summary): most of a study's disk")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show each run's progress and the libraries' messages")
     args = parser.parse_args(argv)
     logs.console(args.verbose)
     try:
+        if args.keep_snapshots == "ends":
+            from numdev.analysis.study_runs import prunable, prune_study
+
+            prunable(Path(args.study_dir))  # before the analysis: a study that needs its snapshots is refused at once
         analyse(args.study_dir, log=log_step, against_truth=not args.no_truth, partial=args.partial)
+        if args.keep_snapshots == "ends":
+            prune_study(Path(args.study_dir), log_step)
     except (FileNotFoundError, ValueError, WriteError) as error:
         fail("numdev-study", error)
     except KeyboardInterrupt:

@@ -130,10 +130,11 @@ def read_json(path: Path, what: str, required: bool = True) -> dict | None:
 
 
 def pair_rows(run: Path, sibling: Path, label: str, log=print) -> list[dict]:
-    """Distance rows of `run` against `sibling`: the live CSV if complete, else from the snapshots."""
+    """Distance rows of `run` against `sibling`: the live CSV if complete (every snapshot step of the sibling in
+    it: after --keep-snapshots ends the sibling keeps two, the CSV all), else from the snapshots."""
     live = RunDir(run).sibling_csv(label)
     rows = read_csv(live) if live.is_file() else []
-    if sorted({r["step"] for r in rows}) != list_snapshots(sibling):
+    if not rows or not set(list_snapshots(sibling)) <= {r["step"] for r in rows}:
         log(f"[study] {run.parent.name}/{run.name} vs {label}: computing the distances from the snapshots")
         rows = compare_runs(run, sibling, log=log)
     return rows
@@ -173,3 +174,29 @@ def study_curves(study_dir: Path, runs: dict, log=print, against_truth: bool = T
     for (against, role, replicate, *_), curve in zip(jobs, results):
         curves[against].setdefault(role, {})[replicate] = curve
     return curves
+
+
+def prunable(study_dir: Path) -> None:
+    """A study whose runs are compared with a truth run offline (from every snapshot, at analysis time) needs them
+    all: ValueError saying so. A study whose comparisons ran live (sibling/*.csv: the harm study) does not."""
+    runs = discover(Path(study_dir))
+    truth = role_of_kind(runs, TRUTH)
+    if truth is not None:
+        raise ValueError(f"{study_dir}: --keep-snapshots ends: this study compares its runs with its {truth} run from their "
+                         "snapshots when it is analysed, so it needs every one of them; keep them (the default, all)")
+
+
+def prune_study(study_dir: Path, log) -> int:
+    """After the analysis: every run's snapshots but step 0 and its last removed (numdev.weights.store.prune_snapshots),
+    its sorted values with them; what a re-analysis reads stays (sibling/*.csv, the final weights). Returns bytes freed."""
+    from numdev.weights.store import list_snapshots, prune_snapshots
+
+    prunable(study_dir)
+    freed = 0
+    for by_rep in discover(Path(study_dir)).values():
+        for run in by_rep.values():
+            steps = list_snapshots(run["dir"])
+            if steps:
+                freed += prune_snapshots(run["dir"], {steps[0], steps[-1]})
+    log(f"{study_dir}: kept each run's first and last snapshot, {freed / 1e9:.2f} GB freed (--keep-snapshots ends)")
+    return freed

@@ -227,6 +227,31 @@ def read_index(run_dir: str | Path) -> dict:
     return index
 
 
+def prune_snapshots(run_dir: str | Path, keep: set[int]) -> int:
+    """Keep only the snapshots at `keep` (and the step each stores its untrained part against): the index
+    first (rewritten atomically: a crash leaves files it no longer lists, which a resumed run lists again after
+    verifying them), then every other snapshot file and every sorted-values file of a step not kept.
+    Returns the bytes freed. What a finished study's analysis reads from a run after it: its final and step-0
+    snapshots (function-level measures, the loss barrier); the distances are in sibling/*.csv."""
+    directory = RunDir(run_dir).weights
+    index = read_index(run_dir)
+    listed = {int(e["step"]): e for e in index["snapshots"]}
+    missing = sorted(set(keep) - set(listed))
+    if missing:
+        raise SnapshotError(f"{RunDir(run_dir).index}: has no snapshot at step(s) {missing} to keep: nothing was removed")
+    kept = set(keep) | {int(listed[s]["base_step"]) for s in keep if "base_step" in listed[s]}
+    index["snapshots"] = [e for e in index["snapshots"] if int(e["step"]) in kept]
+    write_json(RunDir(run_dir).index, index)
+    freed = 0
+    for path in sorted(directory.iterdir()):
+        match = re.fullmatch(r"(step|sorted)_(\d{8})\.safetensors", path.name)
+        if match is None or int(match[2]) in kept:
+            continue
+        freed += path.stat().st_size
+        path.unlink()
+    return freed
+
+
 def list_snapshots(run_dir: str | Path) -> list[int]:
     """Steps with a snapshot, ascending."""
     return sorted(int(e["step"]) for e in read_index(run_dir)["snapshots"])
