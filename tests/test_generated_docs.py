@@ -54,6 +54,7 @@ def test_the_budgets_table_is_the_scripts_from_the_committed_timings():
     rows = budgets.rows()
     assert len(rows) > 2, "no timing JSON in docs/results"
     assert "\n".join(rows) in read_block(RESULTS_DOC, "budgets")
+    assert read_block(README, budgets.COSTS) == budgets.costs().strip()  # the Quick start's time and disk
 
 
 @pytest.mark.parametrize("doc", [README, RESULTS_DOC])
