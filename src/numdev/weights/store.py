@@ -241,14 +241,19 @@ def prune_snapshots(run_dir: str | Path, keep: set[int]) -> int:
         raise SnapshotError(f"{RunDir(run_dir).index}: has no snapshot at step(s) {missing} to keep: nothing was removed")
     kept = set(keep) | {int(listed[s]["base_step"]) for s in keep if "base_step" in listed[s]}
     index["snapshots"] = [e for e in index["snapshots"] if int(e["step"]) in kept]
-    write_json(RunDir(run_dir).index, index)
+    write_json(RunDir(run_dir).index, index)  # a WriteError naming the file when it cannot be written
     freed = 0
     for path in sorted(directory.iterdir()):
         match = re.fullmatch(r"(step|sorted)_(\d{8})\.safetensors", path.name)
         if match is None or int(match[2]) in kept:
             continue
-        freed += path.stat().st_size
-        path.unlink()
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except OSError as error:
+            raise SnapshotError(f"{path}: could not be removed ({error.strerror or error}); the index already lists only the "
+                                f"kept steps, so the rest can be deleted by hand or this rerun") from None
+        freed += size
     return freed
 
 
