@@ -353,7 +353,10 @@ def test_the_smoke_harm_study_runs_end_to_end_and_reads_back(tmp_path):
     assert flash.effects["heldout_loss"]["n"] == 5 and flash.effects["heldout_loss"]["against_seeds"] is not None
     assert all(str(s) in flash.calibration["attention_noise"]["steps"] for s in (2, 4, 8))
     assert (study / "harm.png").is_file() and (study / "calibration.png").is_file() and (study / "controls.png").is_file()
-    assert (summary.headline["text"] if summary.headline["shown"] else summary.headline["why"]) in result.stdout + result.stderr
+    from numdev.analysis.harm.headline import short_why
+
+    said = summary.headline["text"] if summary.headline["shown"] else short_why(summary.headline["gate"])
+    assert said in result.stdout + result.stderr  # the console's line: the sentence, or the withheld answer's short reason
     again = run_cli("numdev.analysis.study", str(study), cwd=tmp_path)  # numdev-study reproduces the summary
     assert harm_summary.read_harm_summary(study / "summary.json").table == summary.table, again.stdout
     # --keep-snapshots ends: each run keeps its first and last snapshot, and the analysis after it is the same

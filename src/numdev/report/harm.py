@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from numdev.analysis.harm.headline import short_why
 from numdev.cli.commands import script
 from numdev.figures.harm import FILES
 from numdev.report.html import Section
@@ -88,12 +89,8 @@ def answer_lead(summary: HarmSummary) -> str:
 
     from numdev.report.html import _markdown_tables
 
-    gate = summary.headline.get("gate") or {}
-    short = [f"{n}: claim '{c['claim']}' {c['status']}" for n, c in (gate.get("claims") or {}).items() if c["status"] != verdicts.HOLDS]
-    if gate.get("learned") and not gate["learned"]["ok"]:
-        short.insert(0, "learning did not finish")
     said = (summary.headline["text"] if summary.headline.get("shown")
-            else f"No answer: the study withholds it ({'; '.join(short) or 'no pre-registered claim'}: why, below).")
+            else f"No answer: the study withholds it ({short_why(summary.headline.get('gate') or {})}: why, below).")
     reference = next((r for r in summary.roles.values() if r.kind == "reference"), None)
     rows = ["| role | per-call deviation (relative RMS) | margin to harm: by the weights | per call | held-out loss effect "
             "(mean, 95% t) | in words | step time vs the reference |", "| --- | --- | --- | --- | --- | --- | --- |"]

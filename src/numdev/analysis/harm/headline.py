@@ -59,6 +59,16 @@ def gate(roles: dict, workload: dict | None = None) -> dict:
     return {"open": bool(claims) and not failing and not unlearned, "claims": claims, "learned": workload, "why": why}
 
 
+def short_why(gates: dict) -> str:
+    """The gate's reason in a few words (the console's line, the report's first screen): which requirement did
+    not hold, each as `role: claim 'x' status`; the full detail stays in `why` and the report's list."""
+    short = [f"{name}: claim '{c['claim']}' {c['status']}" for name, c in (gates.get("claims") or {}).items()
+             if c["status"] != verdicts.HOLDS]
+    if gates.get("learned") and not gates["learned"]["ok"]:
+        short.insert(0, "learning did not finish")
+    return "; ".join(short) or ("no pre-registered claim in this study" if not gates.get("claims") else "")
+
+
 def sentence(roles: dict, under_test: list[str], harm: dict, gates: dict) -> dict:
     """HEADLINE_RULE: the sentence, or why there is none."""
     if not gates["open"]:

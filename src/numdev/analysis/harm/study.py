@@ -159,7 +159,9 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
 
     harm_figures.draw_all(summary, study_dir)
     write_json(study_dir / SUMMARY, summary.to_json())
-    log(summary.headline.get("text") or summary.headline["why"])
+    shown = summary.headline.get("text") or f"no answer: the study withholds it ({headline.short_why(summary.headline['gate'])}; "\
+        f"why, in {study_dir / SUMMARY} and the report)"
+    log(shown)
     log(f"-> {study_dir / SUMMARY}, {', '.join(harm_figures.FILES)}")
     return summary
 
