@@ -26,12 +26,17 @@ def stop_worker_pools() -> None:
 def console_script(app) -> None:
     """An app's console entry point: -v / --verbose read (the libraries' messages and numdev's progress
     lines on the console too: verbose=true), the Hydra app `app` run (one run, or a -m sweep), then
-    no worker process left behind."""
+    no worker process left behind. Ctrl-C before the run takes over its signals is one line, exit 130."""
+    import os
+
     from numdev.cli import logs
+    from numdev.cli.errors import interrupted
 
     sys.argv = logs.verbosity_from_argv(sys.argv)
     logs.quiet_libraries()
     try:
         app()
+    except KeyboardInterrupt:  # Ctrl-C while Hydra composes, prints --help or checks (a run handles its own): one line, 130
+        interrupted(os.path.basename(sys.argv[0]) or "numdev")
     finally:
         stop_worker_pools()

@@ -38,6 +38,9 @@ def check_sweep(jobs) -> str | None:
             parent = "" if os.path.isdir(os.path.dirname(path) or ".") else " (nor does its parent directory)"
             return (f"sibling.reference={path} does not exist{parent}: give the directory of a numdev-train run "
                     "(start the reference first; a study's roles run in one sweep)")
+        if maker is None and os.path.exists(path) and not os.path.isdir(path):
+            return (f"{who if job.sweep_dir else 'this run'} compares with sibling.reference={path}, which is a file, not a "
+                    "run directory: give the directory of a numdev-train run (of a sweep: one of its runs, e.g. .../r0/reference)")
         if maker is None and os.path.isdir(path) and not _is_a_run(path):
             return (f"{who if job.sweep_dir else 'this run'} compares with sibling.reference={path}, which is not a numdev-train "
                     "run (no run.json, and no process holds its run lock), so no snapshot would come: give the directory of "
