@@ -87,3 +87,18 @@ def test_hydra_apps_answer_help_and_config_mistakes_without_torch(command, tmp_p
         last = done.stdout.strip().splitlines()[-1]
         assert last.startswith("IMPORTED [] EXIT"), (args, last, done.stderr[-500:])
         assert last.endswith("EXIT 0") == (args == ["--help"]), (args, last, done.stderr[-300:])
+
+
+def test_ctrl_c_before_a_run_starts_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while Hydra composes, prints --help or the checks run (numdev.cli.workers.console_script)."""
+    from numdev.cli.workers import console_script
+
+    def app():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "argv", ["/somewhere/bin/numdev-train", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        console_script(app)
+    assert exited.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("numdev-train: error: interrupted (SIGINT)"), err
