@@ -125,8 +125,10 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
                       "per_call_rel_rms": per_call_rms},
             effects=role_effects.get(role, {}), function_level=function.get(role, {}), calibration=role_calib,
             margin_to_harm=margin_entry, control=controls.get(role), per_call=_per_call(outcomes[role]),
-            margin_per_call=None if role == reference else threshold.margin_per_call(harm, per_call_rms),
         )
+        # set after construction: a study started before summaries had the field ends with it analysed by
+        # this code while its process holds the older RoleSummary (which then writes version 1 without it)
+        roles[role].margin_per_call = None if role == reference else threshold.margin_per_call(harm, per_call_rms)
     role_dicts = {name: _as_table_input(r, curves.get(name, {})) for name, r in roles.items()}
     under_test = [role for role, by_rep in runs.items() if kind_of(by_rep) == UNDER_TEST]
     gates = headline.gate(role_dicts, headline.learned(outcomes[reference]))
