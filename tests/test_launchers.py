@@ -122,3 +122,31 @@ def test_the_progress_line_counts_jobs_and_estimates_the_time_left():
     assert progress_line(3, 10, 150.0, 2, [100.0, 100.0, 100.0]) == "[3/10 jobs done, 2:30 elapsed, about 5:50 left]"
     assert progress_line(10, 10, 3725.0, 2, [100.0] * 10) == "[10/10 jobs done, 1:02:05 elapsed]"  # nothing left: no estimate
     assert progress_line(39, 40, 60.0, 2, [250.0, 500.0]) == "[39/40 jobs done, 1:00 elapsed, about 6:15 left]"  # one left runs alone
+
+
+def test_a_sweep_run_one_job_at_a_time_says_how_far_it_is(caplog):
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from numdev.cli.sweep_jobs import SweepProgress, job_count
+
+    assert job_count(["seed.init=0,1", "lr=1", "study=a,b,c", "study.replicate=range(0,5)"]) == 30
+    assert job_count(["a=1,2", "a=3"]) == 1  # the later of two for one key wins, as in Hydra's basic sweeper
+    config = OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"},
+                                         "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                                                     "params": {"seed.init": "0,1"}},
+                                         "overrides": {"task": ["study=a,b"]}}})
+    progress = SweepProgress()
+    caplog.set_level(logging.INFO, logger="numdev.cli.sweep_jobs")
+    progress.on_multirun_start(config)
+    for _ in range(2):
+        progress.on_job_start(config)
+        progress.on_job_end(config, None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("[1/4 jobs done, 0:00 elapsed, about 0:00 left") and lines[1].startswith("[2/4 jobs done"), lines
+    parallel = SweepProgress()  # numdev's parallel launcher says it itself: nothing here
+    parallel.on_multirun_start(OmegaConf.merge(config, {"hydra": {"launcher": {"_target_": "numdev.cli.launcher.ParallelLauncher"}}}))
+    parallel.on_job_start(config)
+    parallel.on_job_end(config, None)
+    assert len(caplog.records) == 2
