@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
@@ -232,6 +232,8 @@ def build_trainer(cfg: DictConfig):
             logger.metric_tags = metric_tags(cfg)
     if not loggers:  # nothing to log learning rates to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress bar it was told not to show
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     # Without numdev's checkpoint callback (callbacks.checkpoint=null: the studies' short runs),
     # Lightning would add its own ModelCheckpoint and write checkpoints/epoch=...ckpt into every run.
     checkpointing = {} if "enable_checkpointing" in cfg.trainer else {
