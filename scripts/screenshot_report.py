@@ -23,7 +23,7 @@ from numdev.cli.script_args import ScriptParser
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # The stable section ids of a numdev report (numdev/report/provenance.py ANCHOR, report/study.py).
-MARKERS = ("provenance", "loss-curves", "samples")
+MARKERS = ("provenance", "loss-curves", "samples", "the-answer", "legend")  # the-answer, legend: numdev.report.html
 
 
 def find_browser() -> str | None:
@@ -76,13 +76,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("page", nargs="?", default="outputs/report/index.html")
     parser.add_argument("-o", "--out", help="PNG path (default: beside the page, screenshot.png)")
+    parser.add_argument("--width", type=int, default=1200, help="the window's width in CSS px (default 1200)")
+    parser.add_argument("--height", type=int, default=9000, help="the window's height: the screenshot's (default 9000; "
+                        "1000 shows what a reader sees first)")
     parser.add_argument("--require", nargs="*", default=[], metavar="ID",
                         help=f"section ids that must be in the rendered page (e.g. {' '.join(MARKERS)})")
     args = parser.parse_args(argv)
+    if args.width < 200 or args.height < 200:
+        parser.error(f"--width {args.width} --height {args.height}: give at least 200 px each")
     page = Path(args.page)
     try:
         markers = tuple(dict.fromkeys([*MARKERS, *args.require]))
-        result = screenshot(page, Path(args.out) if args.out else page.parent / "screenshot.png", markers=markers)
+        result = screenshot(page, Path(args.out) if args.out else page.parent / "screenshot.png", width=args.width,
+                            height=args.height, markers=markers)
     except (FileNotFoundError, subprocess.SubprocessError) as error:
         sys.exit(f"screenshot_report: error: {error}")
     print(json.dumps(result, indent=2))
