@@ -49,7 +49,7 @@ def test_hydra_apps_list_their_groups_and_only_theirs(command, tmp_path, monkeyp
     assert "== Configuration groups ==" in out
     for group in HYDRA_APPS[command]:
         assert f"\n{group}:" in out, group
-    groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = out.split("== Configuration groups ==")[1].split("== Experiments ==")[0]
     for group in app_defaults(APP[command]):
         assert f"\n{group}: " in groups, group
     for name in FOREIGN[command]:

@@ -55,6 +55,7 @@ def build_loggers(node) -> list:
         if not isinstance(settings, DictConfig) or "_target_" not in settings:
             raise UserError(f"{key}: has no _target_ (a Lightning logger class): the options of conf/train/logger/ show how, "
                             "e.g. logger=csv")
+        _require(key, str(settings["_target_"]))
         try:
             loggers.append(instantiate(settings))
         except InstantiationException as error:
@@ -68,6 +69,20 @@ def build_loggers(node) -> list:
                                 f"pip install -e '.[{extra}]' (or choose another tracker, e.g. logger=csv)") from None
             raise UserError(f"{key}: {type(cause).__name__}: {cause}".splitlines()[0]) from None
     return loggers
+
+
+def _require(key: str, target: str) -> None:
+    """The tracker's own package, imported before its logger is built: Lightning would import it only when the
+    run first logs (a traceback mid-run), or refuse with its own message."""
+    import importlib
+
+    for package, (option, extra) in EXTRAS.items():
+        if package in target.lower():
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                raise UserError(f"{key}: logger={option} needs the {package} package, which is not installed: "
+                                f"pip install -e '.[{extra}]' (or choose another tracker, e.g. logger=csv)") from None
 
 
 def choices(cfg: DictConfig) -> dict:
