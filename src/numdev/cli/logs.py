@@ -59,7 +59,7 @@ def quiet_libraries() -> None:
     cpp_extension = logging.getLogger("torch.utils.cpp_extension")
     if not any(isinstance(f, NoCudaNotice) for f in cpp_extension.filters):
         cpp_extension.addFilter(NoCudaNotice())
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning", "pytorch_lightning"):
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning", "pytorch_lightning", "mlflow", "alembic"):
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
             logger.removeHandler(handler)

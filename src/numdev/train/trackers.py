@@ -63,6 +63,8 @@ def build_loggers(node) -> list:
             # a module missing (its name), or Lightning's own ModuleNotFoundError naming the distribution it needs
             text = f"{getattr(cause, 'name', None) or ''} {cause}".lower() if isinstance(cause, ModuleNotFoundError) else ""
             package = next((p for p in EXTRAS if p in text), None)
+            if isinstance(cause, UserError):  # a setting numdev's own tracker refused, said in full
+                raise UserError(str(cause)) from None
             if package is not None:
                 option, extra = EXTRAS[package]
                 raise UserError(f"{key}: logger={option} needs the {package} package, which is not installed: "
@@ -140,6 +142,9 @@ def mlflow_logger(store: str, experiment_name: str, run_name: str | None = None,
     from mlflow.tracking import MlflowClient
 
     path = Path(store).resolve()
+    if path.exists() and not path.is_file():  # MLflow would retry opening it for minutes
+        raise UserError(f"logger.mlflow.store={store}: {path} is not a file (a directory?): give the path of the SQLite "
+                        "store every run shares, e.g. logger.mlflow.store=outputs/mlflow.db")
     uri = f"sqlite:///{path}"
     with _exclusive(path.with_name(path.name + ".lock")):
         client = MlflowClient(uri)  # makes or upgrades the tables
