@@ -274,3 +274,14 @@ def test_a_gpu_result_names_its_gpu_driver_and_kernel_libraries(monkeypatch):
     assert block["machine"]["gpu_capability"] == "9.0" and block["machine"]["gpu_driver"] == "580.95.05"
     assert block["versions"]["cudnn"] == 91400
     assert ", GPU NVIDIA H100 80GB HBM3 (driver 580.95.05);" in machine_line(block)
+
+
+def test_no_markdown_is_shown_literally_and_the_answer_comes_first(tmp_path):
+    from numdev.report.html import ANSWER, LEGEND, Section, render
+
+    section = Section(title="T — x", claim="the paper's `claim`", measured="**measured** with `numdev-study`")
+    page = render("r", "s", [section], header="<header id='provenance'></header>", lead="<p>the answer</p>")
+    body = page.split("</style>", 1)[1]
+    assert "`" not in body and "**" not in body
+    assert "<code>numdev-study</code>" in body and "<b>measured</b>" in body
+    assert body.index(f"id='{ANSWER}'") < body.index(f"id='{LEGEND}'") < body.index("id='provenance'") < body.index("id='contents'")

@@ -104,8 +104,11 @@ def slug(title: str, whole: bool = False) -> str:
 
 
 def _text(text: str, out_dir: Path | None) -> str:
-    """Escaped text with links: arXiv ids, and absolute paths of files that exist (relative to the page)."""
+    """Escaped text with links: arXiv ids, and absolute paths of files that exist (relative to the page); the
+    Markdown the summaries' texts use, `code` and **bold**, as HTML (never shown literally)."""
     escaped = html.escape(text)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    escaped = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", escaped)
     escaped = ARXIV.sub(lambda m: f"<a href='https://arxiv.org/abs/{m.group(1)}'>{m.group(0)}</a>", escaped)
     if out_dir is None:
         return escaped
