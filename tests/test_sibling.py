@@ -284,6 +284,7 @@ def _live_rows(reference, me, states, steps=(0, 2, 4)):
 
 class _NoTrainer:
     logger = None
+    loggers: list = []  # no tracker (numdev.train.trackers)
 
 
 def test_live_rows_with_the_sorted_values_read_from_disk_equal_the_old_path(tmp_path, caplog):

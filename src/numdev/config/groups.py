@@ -207,10 +207,6 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     unknown = unknown_top_level_key(app, overrides)
     if unknown:
         return unknown
-    if not any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
-        unknown = unknown_option(app, overrides)  # a user's own config folder may hold options numdev does not know
-        if unknown:
-            return unknown
     mine = app_defaults(app)
     merged = merged_options(app, overrides)
     if merged:
@@ -256,6 +252,10 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             fix = f"{group}={having[0]}"
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
                     f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
+    if not any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
+        unknown = unknown_option(app, overrides)  # a user's own config folder may hold options numdev does not know
+        if unknown:
+            return unknown
     return unknown_group(app, overrides)
 
 
