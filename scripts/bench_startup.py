@@ -31,7 +31,7 @@ CASES = {  # name -> (command line, the exit status it must give)
     "import_train_run": ([sys.executable, "-c", "import numdev.train.run"], 0),  # what numdev-train imported before answering
     "train_help": ([str(BIN / "numdev-train"), "--help"], 0),
     "train_misspelled_key": ([str(BIN / "numdev-train"), "trainer.max_step=2"], 2),
-    "train_unknown_option": ([str(BIN / "numdev-train"), "attention=nope"], 1),
+    "train_unknown_option": ([str(BIN / "numdev-train"), "attention=nope"], 2),
     "train_missing_reference": ([str(BIN / "numdev-train"), "sibling.reference=/nonexistent/run"], 2),
     "train_bad_value": ([str(BIN / "numdev-train"), "optim.optimizer.lr=-1"], 2),
     "bench_help": ([str(BIN / "numdev-bench"), "--help"], 0),
