@@ -92,13 +92,19 @@ def margin_to_harm(harm: dict, equivalent: dict | None, smallest_rung: float) ->
         return {"status": "not measured", "text": f"not measured: delta_harm is {harm.get('text', 'missing')}"}
     if equivalent is None or equivalent.get("estimate") is None:
         return {"status": "not measured", "text": "not measured: the role's delta* has no stable value"}
-    common = sorted(set(harm["per_replicate"]) & set(equivalent["per_replicate"]), key=int)
+    paired = _paired_margin(harm["per_replicate"], equivalent["per_replicate"], MARGIN_RULE)
+    return paired or {"status": "not measured", "text": "not measured: no replicate with both delta_harm and delta*"}
+
+
+def _paired_margin(harm_per_replicate: dict, sizes: dict, rule: str) -> dict | None:
+    """delta_harm_r / size_r over the replicates that have both, summarised by LOG_RULE (None: no such replicate)."""
+    common = sorted(set(harm_per_replicate) & set(sizes), key=int)
     if not common:
-        return {"status": "not measured", "text": "not measured: no replicate with both delta_harm and delta*"}
-    ratios = [harm["per_replicate"][r] / equivalent["per_replicate"][r] for r in common]
+        return None
+    ratios = [harm_per_replicate[r] / sizes[r] for r in common]
     estimate = stats.log_mean_interval(ratios)
-    return {"status": "measured", "rule": MARGIN_RULE, "per_replicate": dict(zip(common, ratios)),
-            "estimate": estimate.as_dict(), "text": f"{estimate.text('.2g', 'x')}"}
+    return {"status": "measured", "rule": rule, "per_replicate": dict(zip(common, ratios)),
+            "estimate": estimate.as_dict(), "text": estimate.text(".2g", "x")}
 
 
 def margin_bound(harm: dict, smallest_rung: float, why: str) -> dict:
@@ -117,10 +123,6 @@ def margin_per_call(harm: dict, rel_rms: dict[str, float]) -> dict | None:
         return None
     if harm.get("status") != "measured":
         return {"status": "not measured", "rule": PER_CALL_RULE, "text": f"not measured: delta_harm is {harm.get('text', 'missing')}"}
-    common = sorted(set(harm["per_replicate"]) & set(measured), key=int)
-    if not common:
-        return {"status": "not measured", "rule": PER_CALL_RULE, "text": "not measured: no replicate with both delta_harm and a per-call deviation"}
-    ratios = [harm["per_replicate"][r] / measured[r] for r in common]
-    estimate = stats.log_mean_interval(ratios)
-    return {"status": "measured", "rule": PER_CALL_RULE, "per_replicate": dict(zip(common, ratios)),
-            "estimate": estimate.as_dict(), "text": estimate.text(".2g", "x")}
+    paired = _paired_margin(harm["per_replicate"], measured, PER_CALL_RULE)
+    return paired or {"status": "not measured", "rule": PER_CALL_RULE,
+                      "text": "not measured: no replicate with both delta_harm and a per-call deviation"}
