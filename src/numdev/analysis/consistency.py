@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-WORKLOAD_KEYS = ("name", "model", "data.resolution", "data.batch_size", "trainer.max_steps", "snapshot.every_n_steps",
+WORKLOAD_KEYS = ("name", "model", "objective", "data.resolution", "data.sequence_length", "data.corpus", "data.batch_size", "trainer.max_steps", "snapshot.every_n_steps",
                  "snapshot.schedule", "optim.warmup_steps", "optim.cooldown_steps", "diffusion")
 LEARNING_RATE = "optim.optimizer.lr"
 

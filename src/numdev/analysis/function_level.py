@@ -42,11 +42,10 @@ from numdev.train.callbacks.heldout import (
     HELDOUT_BATCH_SIZE,
     HELDOUT_IMAGES,
     HELDOUT_SEED,
-    heldout_evaluation,
     heldout_targets,
 )
 from numdev.train.distributed import precision_plugin
-from numdev.train.run import build_model, build_optimization
+from numdev.train.run import build_model, build_module, build_optimization
 from numdev.weights.store import list_snapshots, load_snapshot
 
 DISAGREEMENT_RULE = (
@@ -54,6 +53,15 @@ DISAGREEMENT_RULE = (
     "difference = rms(a - b) / rms(b) over every predicted value (b: the second run, the reference); per image the "
     "Pearson correlation of the two runs' predictions (its mean, median and minimum over images); identical "
     "predictions give 0 and 1"
+)
+GREEDY_RULE = (
+    "greedy next-token disagreement on the held-out windows (a language model; the same windows for both runs): the "
+    "fraction of positions whose greedy (argmax) next token differs between the runs, and the fraction of windows with "
+    "any such position; identical predictions give 0"
+)
+CONTINUATION_CHURN_RULE = (
+    "churn of a language model's samples: over the fixed prompts both runs continued greedily, the fraction whose "
+    "continuation differs in any byte"
 )
 CHURN_RULE = (
     "churn (Summers & Dinneen 2021): over the final samples both runs generated from the same captions and sample "
@@ -110,6 +118,12 @@ def prediction_disagreement(run_a: str | Path, run_b: str | Path) -> dict:
     if pa.shape != pb.shape:
         raise ValueError(f"{a.heldout_predictions} and {b.heldout_predictions}: predictions of shapes {list(pa.shape)} and "
                          f"{list(pb.shape)}: not the same model output")
+    if "tokens" in rb:  # a language model: its predictions are the greedy next tokens
+        differ = pa != pb
+        return {"disagreement": float(differ.mean()), "measure": "greedy_tokens", "positions": int(differ.size),
+                "windows_differing": float(differ.any(axis=1).mean()),
+                **{k: v for k, v in _held_out_set(rb).items() if k != "inputs_sha256"},
+                "runs": [str(a.path), str(b.path)], "rule": GREEDY_RULE}
     x = pa.astype(np.float64).reshape(len(pa), -1)
     y = pb.astype(np.float64).reshape(len(pb), -1)
     rms_difference = float(np.sqrt(np.mean((x - y) ** 2)))
@@ -125,6 +139,7 @@ def prediction_disagreement(run_a: str | Path, run_b: str | Path) -> dict:
         "constant_images": int(per_image.size - defined.size),  # a constant prediction has no correlation
     }
     return {
+        "disagreement": relative, "measure": "relative_rms",
         "relative_rms": relative, "rms_difference": rms_difference, "rms_b": rms_b, "correlation": correlation,
         "per_image_correlation": [float(c) if math.isfinite(c) else None for c in per_image],
         **{k: v for k, v in _held_out_set(rb).items() if k != "inputs_sha256"},
@@ -147,6 +162,11 @@ def evaluation_error(run_a: str | Path, run_b: str | Path) -> dict:
     pa, ra = a.read_heldout_predictions()
     pb, rb = b.read_heldout_predictions()
     _refuse_other_sets(a, b, ra, rb, "the held-out predictions were")
+    if "item_losses" in ra and "item_losses" in rb:  # each item's loss recorded (a language model's windows)
+        return _evaluation_error(np.asarray(ra["item_losses"], float), np.asarray(rb["item_losses"], float), (ra, rb), (a, b))
+    if "tokens" in ra or "tokens" in rb:
+        raise ValueError(f"{a.heldout} or {b.heldout} records no per-window losses (item_losses): made before numdev recorded "
+                         "them; train the runs again for the held-out set's own error")
     cfg = _config(b)
     make = getattr(instantiate(cfg.data), "heldout_dataset", None)
     if make is None:
@@ -158,6 +178,14 @@ def evaluation_error(run_a: str | Path, run_b: str | Path) -> dict:
         raise ValueError(f"{b.heldout_predictions}: predictions of shape {list(pb.shape)}, targets {list(targets.shape)}")
     la = ((pa.astype(np.float64) - targets) ** 2).reshape(len(pa), -1).mean(axis=1)
     lb = ((pb.astype(np.float64) - targets) ** 2).reshape(len(pb), -1).mean(axis=1)
+    return _evaluation_error(la, lb, (ra, rb), (a, b))
+
+
+def _evaluation_error(la: np.ndarray, lb: np.ndarray, records: tuple, runs: tuple) -> dict:
+    """EVALUATION_ERROR_RULE from the two runs' per-item losses, each checked against its recorded held-out loss."""
+    (ra, rb), (a, b) = records, runs
+    if la.shape != lb.shape or la.size < 2:
+        raise ValueError(f"{a.heldout} and {b.heldout}: {la.size} and {lb.size} per-item losses: not one held-out set of 2 or more")
     for losses, record, run in ((la, ra, a), (lb, rb, b)):
         if not math.isclose(losses.mean(), record["heldout_loss"], rel_tol=1e-4):
             raise ValueError(f"{run.heldout}: the saved predictions give a held-out loss of {losses.mean():.6g}, the record "
@@ -178,6 +206,8 @@ def churn(run_a: str | Path, run_b: str | Path) -> dict:
     the sample seed, the sampler or the step differ: then sample i of the two runs did not start
     from the same noise and the same caption."""
     a, b = RunDir(run_a), RunDir(run_b)
+    if a.continuations.is_file() or b.continuations.is_file():
+        return _continuation_churn(a, b)
     ea, eb = a.read_samples(), b.read_samples()
     captions = [[s["caption"] if s else None for s in e["samples"]] for e in (ea, eb)]
     differ = [what for what, same in (("captions", captions[0] == captions[1]), ("sample seeds", ea["sample_seed"] == eb["sample_seed"]),
@@ -194,6 +224,20 @@ def churn(run_a: str | Path, run_b: str | Path) -> dict:
     accuracy = {name: {key: e.get(f"{key}_accuracy") for key in CLASSES} for name, e in (("a", ea), ("b", eb))}
     return {"samples": len(pairs), **changed, "accuracy": accuracy, "step": ea["step"], "sample_seed": ea["sample_seed"],
             "runs": [str(a.path), str(b.path)], "rule": CHURN_RULE}
+
+
+def _continuation_churn(a: RunDir, b: RunDir) -> dict:
+    """A language model's churn (CONTINUATION_CHURN_RULE): the prompts whose greedy continuations differ."""
+    ea, eb = a.read_continuations(), b.read_continuations()
+    prompts = [[s["prompt"] for s in e["samples"]] for e in (ea, eb)]
+    if prompts[0] != prompts[1] or ea["length"] != eb["length"] or ea["step"] != eb["step"]:
+        raise ValueError(f"{a.continuations} and {b.continuations}: other prompts, lengths or steps: churn compares "
+                         "continuations of the same prompts")
+    if not prompts[0]:
+        raise ValueError(f"{a.continuations}: no prompt: nothing to compare")
+    differ = [x["continuation"] != y["continuation"] for x, y in zip(ea["samples"], eb["samples"])]
+    return {"samples": len(differ), "any": sum(differ) / len(differ), "step": ea["step"],
+            "runs": [str(a.path), str(b.path)], "rule": CONTINUATION_CHURN_RULE}
 
 
 # -- linear mode connectivity -------------------------------------------------------------------------
@@ -283,15 +327,14 @@ def loss_barrier(run_a: str | Path, run_b: str | Path, alphas: Sequence[float] =
         if make is None:
             raise ValueError(f"{b.config}: data {type(data).__name__} has no held-out split: no held-out loss to evaluate")
         dataset = make(num_images)
-        schedule, prediction = instantiate(cfg.diffusion.schedule), cfg.diffusion.prediction
-        dtype = next(iter(parameters.values())).dtype
+        module = build_module(cfg, model).to(device)  # the run's objective evaluates, as its held-out callback did
 
         def loss_at(state: dict[str, torch.Tensor]) -> tuple[float, str]:
             with torch.no_grad():
                 for name, parameter in parameters.items():
                     parameter.copy_(state[name])
-            result = heldout_evaluation(model, schedule, prediction, dataset, seed=seed, batch_size=batch_size,
-                                        device=device, dtype=dtype, forward_context=plugin.forward_context)
+            result = module.heldout(dataset, seed=seed, batch_size=batch_size, forward_context=plugin.forward_context,
+                                    keep_predictions=False)
             return result.loss, result.inputs_sha256
 
         loss_a, inputs = loss_at(weights_a)

@@ -181,14 +181,23 @@ def phase1(run: dict, reference_runs: dict, log=print) -> dict:
         backend = instantiate(config["optimization"]).attention(backend)
     model = config["model"]
     heads, dim = int(model["heads"]), int(model["hidden"]) // int(model["heads"])
-    tokens = (int(config["data"]["resolution"]) // int(model["patch"])) ** 2
+    tokens, causal = sequence(config)
     from numdev.attention.golden import golden_attention
 
     def call(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v = (torch.randn(PHASE1_BATCH, heads, tokens, dim, generator=g) for _ in range(3))
-        return backend(q, k, v), golden_attention(q, k, v)
+        return backend(q, k, v, causal=causal), golden_attention(q, k, v, causal=causal)
 
     return _measured(call, [PHASE1_BATCH, heads, tokens, dim])
+
+
+def sequence(config: dict) -> tuple[int, bool]:
+    """(tokens, causal) of the model's main attention call: a language model's window (data.sequence_length,
+    causal), else a DiT's image tokens ((data.resolution / model.patch)^2, not causal)."""
+    data, model = config["data"], config["model"]
+    if "sequence_length" in data:
+        return int(data["sequence_length"]), True
+    return (int(data["resolution"]) // int(model["patch"])) ** 2, False
 
 
 def linear_call(config: dict) -> dict:
@@ -199,7 +208,7 @@ def linear_call(config: dict) -> dict:
     optimization = instantiate(config["optimization"])
     model = config["model"]
     hidden = int(model["hidden"])
-    rows = PHASE1_BATCH * (int(config["data"]["resolution"]) // int(model["patch"])) ** 2
+    rows = PHASE1_BATCH * sequence(config)[0]
 
     def call(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(rows, hidden, generator=g)

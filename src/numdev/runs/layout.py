@@ -76,6 +76,7 @@ HELDOUT_PREDICTIONS = "heldout_predictions.safetensors"
 HELDOUT_PREDICTIONS_FORMAT = 1
 PREDICTION_TENSOR = "prediction"
 SAMPLES = "samples.png"
+CONTINUATIONS = "continuations.json"  # a language model's greedy continuations of fixed prompts (numdev.train.callbacks.continuations)
 TENSORBOARD = "tensorboard"
 
 # Sweeps and studies (Hydra writes the first three).
@@ -207,7 +208,7 @@ class RunDir:
 
     def read_outcome(self, key: str) -> float | None:
         """eval.json (colour/shape/position agreement) or heldout.json (heldout_loss), by the key asked for."""
-        return schemas.read_outcome(self.heldout if key == "heldout_loss" else self.eval, key)
+        return schemas.read_outcome(self.heldout if key in ("heldout_loss", "unigram_entropy") else self.eval, key)
 
     def read_heldout(self) -> dict:
         """heldout.json as the function-level comparisons read it: step, loss, images, seed (and, from
@@ -245,6 +246,17 @@ class RunDir:
             raise ValueError(f"{path}: no float32 tensor {PREDICTION_TENSOR!r} of shape {entry['shape']} "
                              f"({record['images']} images): not this run's held-out predictions")
         return values, record
+
+    @property
+    def continuations(self) -> Path:
+        return self.path / CONTINUATIONS
+
+    def read_continuations(self) -> dict:
+        """continuations.json (a language model's greedy continuations of fixed prompts), checked."""
+        record = schemas.read_json_file(self.continuations, schemas.CONTINUATIONS)
+        for i, sample in enumerate(record["samples"]):
+            schemas.CONTINUATION_ENTRY.check(self.continuations, sample, f"samples[{i}].")
+        return record
 
     def read_samples(self) -> dict:
         """eval.json with its per-sample classes checked (each entry null or {caption, colour, shape, position})."""

@@ -232,14 +232,15 @@ STUDY_CONFIG = FileSchema(  # <study>/r<k>/<role>/config.yaml: a role's saved co
     "saved config", required={"model": dict, "trainer": dict, "seed": dict}, optional={"study": STUDY_BLOCK},
 )
 OUTCOME = FileSchema(  # <run_dir>/eval.json (sample scores) and heldout.json (held-out loss)
-    "outcome record", optional={"heldout_loss": FINITE, "colour_accuracy": FINITE, "shape_accuracy": FINITE,
+    "outcome record", optional={"heldout_loss": FINITE, "unigram_entropy": FINITE, "colour_accuracy": FINITE, "shape_accuracy": FINITE,
                                 "position_accuracy": FINITE, "scored": int, "step": int},
 )
 HELDOUT_PREDICTIONS = FileSchema(  # heldout.json's "predictions": the file beside it and its checksum
     "held-out record", required={"file": str, "sha256": str, "shape": list, "dtype": str, "bytes": int})
 HELDOUT_RECORD = FileSchema(  # <run_dir>/heldout.json (numdev.train.callbacks.heldout), as the function-level comparisons read it
     "held-out record", required={"step": int, "heldout_loss": FINITE, "images": int, "seed": int},
-    optional={"inputs_sha256": str, "predictions": HELDOUT_PREDICTIONS},
+    optional={"inputs_sha256": str, "predictions": HELDOUT_PREDICTIONS, "perplexity": FINITE, "tokens": int,
+              "item_losses": list, "unigram_entropy": FINITE},
 )
 SAMPLE_ENTRY = FileSchema(  # one entry of eval.json's "samples" (numdev.train.evaluation.score_shapes)
     "sample scores", required={"caption": str}, optional={"colour": str, "shape": str, "position": str})
@@ -247,6 +248,9 @@ SAMPLE_SCORES = FileSchema(  # <run_dir>/eval.json with its per-sample classes (
     "sample scores", required={"step": int, "sample_seed": int, "scored": int, "samples": list},
     optional={"colour_accuracy": FINITE, "shape_accuracy": FINITE, "position_accuracy": FINITE, "sampler": (str, dict)},
 )
+CONTINUATION_ENTRY = FileSchema("continuation", required={"prompt": str, "continuation": str})
+CONTINUATIONS = FileSchema(  # <run_dir>/continuations.json (numdev.train.callbacks.continuations)
+    "continuations", required={"step": int, "decoding": str, "length": int, "samples": list}, optional={"seconds": FINITE})
 BENCH_RECORD = FileSchema(  # one line of <job>/results.jsonl (numdev.bench.app)
     "bench record", required={"kind": str, "method": str},
     optional={"seed": int, "experiment": str, "shape": dict, "metrics": dict, "provenance": dict, "overrides": list,

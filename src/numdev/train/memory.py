@@ -53,11 +53,18 @@ def count_parameters(cfg: DictConfig, backend) -> int:
 def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimate:
     """The estimate; `parameters` None: counted on the meta device, 0: left out (activations only)."""
     model, data = cfg.model, cfg.data
+    value_bytes = 2 if str(cfg.precision.get("name", "")).startswith(("bf16-mixed", "fp16-mixed", "16")) else 4
+    materialised = getattr(backend, "name", "") in MATERIALISED
+    if "sequence_length" in data:  # token windows (numdev.data.text) through a causal LM (numdev.models.gpt)
+        batch, length = int(data.batch_size), int(data.sequence_length)
+        values = batch * (int(model.depth) * (length * int(model.hidden) * SAVED_PER_TOKEN
+                                              + (int(model.heads) * length * length if materialised else 0)) + 3 * length)
+        parameters = count_parameters(cfg, backend) if parameters is None else parameters
+        return Estimate(parameters, parameters * PARAMETER_BYTES, values * value_bytes)
     batch, resolution = int(data.batch_size), int(data.resolution)
     image_tokens = (resolution // int(model.patch)) ** 2
     text = model.text
     caption_tokens = int(text.context_length)
-    materialised = getattr(backend, "name", "") in MATERIALISED
     per_block = image_tokens * int(model.hidden) * SAVED_PER_TOKEN
     if materialised:
         per_block += int(model.heads) * image_tokens * (image_tokens + caption_tokens)
@@ -65,7 +72,6 @@ def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimat
     if materialised:
         per_text_layer += int(text.heads) * caption_tokens * caption_tokens
     values = batch * (int(model.depth) * per_block + int(text.layers) * per_text_layer + 3 * 3 * resolution * resolution)
-    value_bytes = 2 if str(cfg.precision.get("name", "")).startswith(("bf16-mixed", "fp16-mixed", "16")) else 4
     parameters = count_parameters(cfg, backend) if parameters is None else parameters
     return Estimate(parameters, parameters * PARAMETER_BYTES, values * value_bytes)
 
@@ -89,10 +95,16 @@ def check_training_memory(cfg: DictConfig, backend) -> Estimate | None:
         need = estimate(cfg, backend)
     if need.total > limit:
         raise ValueError(
-            f"data.batch_size={cfg.data.batch_size}, data.resolution={cfg.data.resolution}, model.hidden={cfg.model.hidden}, "
+            f"data.batch_size={cfg.data.batch_size}, {_input_size(cfg.data)}, model.hidden={cfg.model.hidden}, "
             f"model.depth={cfg.model.depth}{f' ({need.parameters:,} parameters)' if need.parameters else ''}: training needs at least ~{gib(need.total)} "
             f"(weights, gradients and optimizer state {gib(need.parameter_bytes)}, activations of one batch "
             f"{gib(need.activation_bytes)}), more than the {gib(limit)} {where}: lower data.batch_size, the model's "
-            "size (model.hidden, model.depth) or data.resolution"
+            "size (model.hidden, model.depth) or {_input_size(cfg.data).split('=')[0]}"
         )
     return need
+
+
+def _input_size(data: DictConfig) -> str:
+    """The data setting that sets a batch's size besides data.batch_size, as key=value."""
+    key = "sequence_length" if "sequence_length" in data else "resolution"
+    return f"data.{key}={data.get(key)}"

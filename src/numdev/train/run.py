@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from numdev.attention.registry import BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
+from numdev.models.attention import Attention
 from numdev.models.perturb import apply_init_perturbation, parse_perturbation
 from numdev.optimizations import Optimization
 from numdev.runs import record
@@ -36,7 +37,7 @@ from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
 from numdev.train.checks import check_accelerator, check_backend, compute_dtype
 from numdev.train.distributed import check_launch, precision_plugin
 from numdev.train.memory import check_training_memory
-from numdev.train.module import DiffusionModule
+from numdev.train.module import TrainModule
 from numdev.train.precision import SETTINGS as GEMM_SETTINGS
 from numdev.train.tensorboard import TensorBoardLogger, metric_tags
 from numdev.train.trackers import build_loggers, choices
@@ -66,20 +67,21 @@ def build_optimization(cfg: DictConfig) -> Optimization:
     return Optimization() if node is None else instantiate(node)
 
 
-def build_module(cfg: DictConfig, model: torch.nn.Module, optimization: Optimization | None = None) -> DiffusionModule:
-    """The LightningModule around `model`: diffusion schedule, sampler, optimizer and noise stream from cfg."""
+def build_module(cfg: DictConfig, model: torch.nn.Module, optimization: Optimization | None = None) -> TrainModule:
+    """The LightningModule around `model`: the objective (conf/train/objective/: diffusion, causal_lm) with the
+    optimizer, learning-rate schedule and noise stream from cfg. A config saved before objectives existed is diffusion's."""
     optimizer = instantiate(cfg.optim.optimizer)
-    return DiffusionModule(
+    node = cfg.get("objective")
+    objective = instantiate(node) if node is not None else instantiate(
+        {"_target_": "numdev.train.module.DiffusionModule", "_partial_": True, "schedule": cfg.diffusion.schedule,
+         "sampler": cfg.diffusion.sampler, "p_uncond": cfg.diffusion.p_uncond, "prediction": cfg.diffusion.prediction})
+    return objective(
         model=model,
-        schedule=instantiate(cfg.diffusion.schedule),
-        sampler=instantiate(cfg.diffusion.sampler),
         optimizer=optimization.optimizer(optimizer) if optimization is not None else optimizer,
         warmup_steps=cfg.optim.warmup_steps,
         cooldown_steps=cfg.optim.get("cooldown_steps", 0),
         max_steps=cfg.trainer.max_steps,
-        p_uncond=cfg.diffusion.p_uncond,
         noise_seed=_seed(cfg, "noise"),
-        prediction=cfg.diffusion.prediction,
     )
 
 
@@ -110,9 +112,24 @@ def check_config(cfg: DictConfig) -> None:
     if gemm not in GEMM_SETTINGS:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
     _check_claim(cfg)
+    _check_workload(cfg)
     _check_attention(cfg)
     _check_optimizer(cfg)
     _check_optimization(cfg)
+
+
+def _check_workload(cfg: DictConfig) -> None:
+    """The objective and the data go together: next-token prediction reads token windows (data=text), diffusion
+    reads captioned images (data=shapes, folder, webdataset)."""
+    objective = str((cfg.get("objective") or {}).get("_target_", "")).rsplit(".", 1)[-1]
+    tokens = "sequence_length" in cfg.data
+    choice = f"objective={objective}, model={cfg.model.get('name')}"
+    if objective == "CausalLMModule" and not tokens:
+        raise ValueError(f"{choice} trains on token windows but data={cfg.data.get('_target_', '?').rsplit('.', 1)[-1]} gives "
+                         "captioned images: add data=text")
+    if objective == "DiffusionModule" and tokens:
+        raise ValueError(f"{choice} trains on captioned images but data=text gives token windows: choose a language model "
+                         "(model=gpt_tiny) or image data (data=shapes)")
 
 
 def _check_attention(cfg: DictConfig) -> None:
@@ -212,10 +229,11 @@ def _check_optimizer(cfg: DictConfig) -> None:
 
 
 def check_backend_for(cfg: DictConfig, backend) -> None:
-    """The configured backend runs with the configured precision on the configured device."""
+    """The configured backend runs with the configured precision on the configured device, on every kind
+    of attention call the model makes ((heads, head_dim) pairs from its Attention modules, built on the meta device)."""
     device = check_accelerator(cfg.trainer.accelerator)
-    text = cfg.model.text
-    calls = [(cfg.model.heads, cfg.model.hidden // cfg.model.heads), (text.heads, text.width // text.heads)]
+    model = _meta_model(cfg)
+    calls = sorted({(m.heads, m.head_dim) for m in model.modules() if isinstance(m, Attention)}) if model is not None else []
     check_backend(backend, cfg.precision.name, compute_dtype(cfg.precision.compute), device, calls)
 
 

@@ -22,6 +22,7 @@ from numdev.stats import intervals as stats
 from numdev.stats import verdicts
 
 PAPER_RANGE = (2.0, 5.0)
+LEARNED_LM = 0.75  # a language model's held-out loss over the unigram entropy the answer needs in every replicate
 LEARNED = 0.9  # the reference's colour and position agreement the answer needs in every replicate (LEARNED_RULE)
 HEADLINE_RULE = ("shown only when the reference learned what the samples are judged on in every replicate (LEARNED_RULE) "
                  "and every pre-registered claim holds (positive controls harm, negative controls do not); "
@@ -29,7 +30,9 @@ HEADLINE_RULE = ("shown only when the reference learned what the samples are jud
                  "per-call deviation the shadow measured (PER_CALL_RULE)")
 LEARNED_RULE = (f"the workload is judged only where learning finished: the reference's colour and position agreement at the end, "
                 f"in every replicate, at least {LEARNED:.0%}; a study that ends mid-learning compares runs on either side of a "
-                f"transition, and its answer is withheld")
+                f"transition, and its answer is withheld. A language model (no samples to score) must end with a held-out "
+                f"loss below {LEARNED_LM:.0%} of the held-out bytes' unigram entropy (the best loss without context) in every "
+                f"replicate: it learned the text's structure, a weaker gate than the images' (it cannot say learning has ended)")
 TABLE_RULE = ("each measure per replicate; the ratio proxy / Flash paired by replicate (geometric mean, LOG_RULE; the inverse "
               "for the margin to harm, where larger is further from harm), judged against the paper's 2-5x")
 
@@ -38,13 +41,18 @@ def learned(reference_outcomes: dict, threshold: float = LEARNED) -> dict:
     """LEARNED_RULE over the reference's runs {replicate: outcomes}: `ok`, and which replicate fell short."""
     short = []
     for r, run in sorted(reference_outcomes.items(), key=lambda item: int(item[0])):
+        if run.get("unigram_entropy") is not None:  # a language model
+            loss, bound = run.get("heldout_loss"), LEARNED_LM * run["unigram_entropy"]
+            if loss is None or not loss <= bound:
+                short.append(f"replicate {r} held-out loss {'missing' if loss is None else f'{loss:.3g}'} (needs at most {bound:.3g} nats)")
+            continue
         for key, label in (("colour_accuracy", "colour"), ("position_accuracy", "position")):
             value = run.get(key)
             if value is None or not value >= threshold:
-                short.append(f"replicate {r} {label} {'missing' if value is None else f'{value:.0%}'}")
+                short.append(f"replicate {r} {label} {'missing' if value is None else f'{value:.0%}'} (needs {threshold:.0%})")
     return {"ok": not short, "threshold": threshold, "rule": LEARNED_RULE,
             "why": ("" if not short else f"learning did not finish: the reference's {', '.join(short)} "
-                                         f"(needs {threshold:.0%}: LEARNED_RULE)")}
+                                         f"(LEARNED_RULE)")}
 
 
 def gate(roles: dict, workload: dict | None = None) -> dict:

@@ -33,6 +33,7 @@ def run_outcomes(run_dir) -> dict:
     run = RunDir(run_dir)
     record = run.read_record()
     out = {key: run.read_outcome(key) for key in OUTCOMES}
+    out["unigram_entropy"] = run.read_outcome("unigram_entropy")  # a language model's context-free loss (LEARNED_RULE)
     events = run.read_instability()["events"] if run.instability.is_file() else []
     out["skipped_updates"] = sum(1 for e in events if e.get("action") == "skipped")
     out["attention_tiling"] = (record.get("attention_tiling") or {}).get("layers")  # each layer's tiling (numdev.train.callbacks.tiling)

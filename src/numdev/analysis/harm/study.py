@@ -187,7 +187,7 @@ def _function_level(runs: dict, role: str, reference: str, log) -> dict:
         except (ValueError, FileNotFoundError) as error:
             log(f"warning: {run['dir']}: no churn ({error})")
         try:
-            per["prediction_disagreement"][str(r)] = function_level.prediction_disagreement(run["dir"], ref["dir"])["relative_rms"]
+            per["prediction_disagreement"][str(r)] = function_level.prediction_disagreement(run["dir"], ref["dir"])["disagreement"]
         except (ValueError, FileNotFoundError) as error:
             log(f"warning: {run['dir']}: no prediction disagreement ({error})")
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -36,7 +36,8 @@ HELDOUT_BATCH_SIZE = 64  # images per forward pass (the loss sums per-batch mean
 class HeldOutResult:
     loss: float  # the mean diffusion loss over the held-out images
     inputs_sha256: str  # of the images (float32), timesteps (int64) and noise (float32) evaluated: which held-out set
-    predictions: torch.Tensor | None  # (images, C, H, W) float32 on CPU, with keep_predictions
+    predictions: torch.Tensor | None  # (images, C, H, W) float32 on CPU, with keep_predictions (a language model: its greedy tokens)
+    extra: dict = field(default_factory=dict)  # a workload's further measures (a language model's perplexity, tokens)
 
 
 @torch.no_grad()
@@ -104,14 +105,13 @@ class HeldOutLoss(pl.Callback):
         make = getattr(trainer.datamodule, "heldout_dataset", None)
         if make is None or not trainer.is_global_zero:  # data without a held-out split: nothing to report
             return
-        evaluated = heldout_evaluation(
-            pl_module.model, pl_module.schedule, pl_module.prediction, make(self.num_images), seed=self.seed,
-            batch_size=self.batch_size, device=pl_module.device, dtype=pl_module.param_dtype,
+        evaluated = pl_module.heldout(  # the workload's own held-out measure (numdev.train.module, numdev.train.language)
+            make(self.num_images), seed=self.seed, batch_size=self.batch_size,
             forward_context=trainer.precision_plugin.forward_context, keep_predictions=self.save_predictions,
         )
         step = int(trainer.global_step)
         self.result = {"step": step, "heldout_loss": evaluated.loss, "images": self.num_images, "seed": self.seed,
-                       "inputs_sha256": evaluated.inputs_sha256}
+                       "inputs_sha256": evaluated.inputs_sha256, **evaluated.extra}
         if evaluated.predictions is not None:  # the file first, then the record that names its checksum
             self.result["predictions"] = write_heldout_predictions(
                 self.run_dir, evaluated.predictions.numpy(), step=step, images=self.num_images, seed=self.seed)
