@@ -135,3 +135,20 @@ def test_a_language_model_on_image_data_is_a_one_line_error(tmp_path, capsys):
         train_run(*SMALL, "data=shapes", run_dir=tmp_path / "x", smoke=False)
     with pytest.raises(ValueError, match="choose a language model"):
         train_run("model=dit_tiny", "data=text", run_dir=tmp_path / "y")
+
+
+def test_the_language_model_goes_through_the_optimizations_study_unchanged(tmp_path):
+    import subprocess
+    import sys
+
+    study = tmp_path / "study"
+    command = [sys.executable, "-m", "numdev.train.app", "experiment=optimizations", *SMALL[:5], "data.batch_size=4",
+               "trainer.max_steps=8", "callbacks.heldout.num_images=8", "callbacks.shadow.every_n_steps=4",
+               "study=truth,reference,flash,opt_fp8_linear,ulp,eps_1e-4", "study.replicate=0,1", f"hydra.sweep.dir={study}", "hydra.launcher.n_jobs=1"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((study / "summary.json").read_text())
+    rows = {row["role"]: row for row in summary["optimizations"]["rows"]}
+    assert rows["flash"]["phase1"]["status"] == "measured" and rows["flash"]["phase1"]["shape"][2] == 64  # a causal 64-token call
+    heldout = json.loads((study / "r0" / "flash" / "heldout.json").read_text())
+    assert heldout["tokens"] == 8 * 64

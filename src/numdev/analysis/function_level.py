@@ -159,14 +159,16 @@ def evaluation_error(run_a: str | Path, run_b: str | Path) -> dict:
     """How much of a paired held-out effect (L_a - L_b) / L_b the evaluation set alone could make (EVALUATION_ERROR_RULE):
     an effect several of these wide is the weights', not the 256 images' sampling. One line naming the file on damage."""
     a, b = RunDir(run_a), RunDir(run_b)
-    pa, ra = a.read_heldout_predictions()
-    pb, rb = b.read_heldout_predictions()
-    _refuse_other_sets(a, b, ra, rb, "the held-out predictions were")
-    if "item_losses" in ra and "item_losses" in rb:  # each item's loss recorded (a language model's windows)
+    ra, rb = a.read_heldout(), b.read_heldout()
+    if "item_losses" in ra and "item_losses" in rb:  # each item's loss recorded (a language model's windows, a user's model)
+        _refuse_other_sets(a, b, ra, rb, "the held-out losses were")
         return _evaluation_error(np.asarray(ra["item_losses"], float), np.asarray(rb["item_losses"], float), (ra, rb), (a, b))
     if "tokens" in ra or "tokens" in rb:
         raise ValueError(f"{a.heldout} or {b.heldout} records no per-window losses (item_losses): made before numdev recorded "
                          "them; train the runs again for the held-out set's own error")
+    pa, ra = a.read_heldout_predictions()
+    pb, rb = b.read_heldout_predictions()
+    _refuse_other_sets(a, b, ra, rb, "the held-out predictions were")
     cfg = _config(b)
     make = getattr(instantiate(cfg.data), "heldout_dataset", None)
     if make is None:

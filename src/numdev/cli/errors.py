@@ -8,6 +8,7 @@ import re
 import sys
 
 from hydra.errors import InstantiationException
+from omegaconf.errors import MissingMandatoryValue
 
 from numdev.runs.atomic import WriteError
 
@@ -46,6 +47,10 @@ def user_facing(program: str, unexpected_key=None):
                 return task(*args, **kwargs)
             except InstantiationException as error:
                 cause = error.__cause__ or error
+                if isinstance(cause, MissingMandatoryValue):
+                    key = cause.full_key or "a value"
+                    _exit(program, f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line "
+                                   "(model=custom: docs/custom_models.md)")
                 if _out_of_memory(cause):
                     found = re.search(r"full_key: (\S+)", str(error))
                     key = found.group(1) if found else "the config"
@@ -60,6 +65,10 @@ def user_facing(program: str, unexpected_key=None):
                 if not isinstance(cause, USER_ERRORS):
                     raise
                 _exit(program, cause)
+            except MissingMandatoryValue as error:  # a ??? left in an option file (model=custom's model._target_)
+                key = error.full_key or "a value"
+                _exit(program, f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line "
+                               "(model=custom: docs/custom_models.md)")
             except USER_ERRORS as error:
                 _exit(program, error)
             except RunFailed as error:

@@ -113,6 +113,21 @@ def experiment_choices(experiment: str, app: str) -> dict[str, str]:
     return chosen
 
 
+def option_choices(group: str, option: str, app: str) -> dict[str, str]:
+    """{group: option} that an option file selects with `override /group: option` (model=gpt_tiny: the objective,
+    data and callbacks), with those of the same-group options in its defaults (model=custom's, for a file based on it)."""
+    path = group_dir(group, app) / f"{option}.yaml"
+    chosen = {}
+    for entry in _defaults(path):
+        if isinstance(entry, str) and entry != "_self_" and not entry.startswith("/"):
+            chosen.update(option_choices(group, entry.removeprefix(f"{group}/"), app))
+        elif isinstance(entry, dict):
+            for key, value in entry.items():
+                if key.startswith("override "):
+                    chosen[key.replace("override ", "").strip().lstrip("/")] = value
+    return chosen
+
+
 def help_groups(app: str) -> str:
     """The `== Configuration groups ==` body of `numdev-<app> --help`: this app's groups only."""
     lines = []
@@ -217,9 +232,15 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     for o in overrides:  # the group choices in force: experiment's overrides, then the command line's
         if o.key_or_group == "experiment" and not o.is_sweep_override() and o.value():
             chosen.update({g: v for g, v in experiment_choices(str(o.value()), app).items() if g in mine})
+    explicit = set()
     for o in overrides:
         if o.package is None and "." not in o.key_or_group and o.key_or_group in mine and not o.is_delete():
             chosen[o.key_or_group] = list(o.sweep_string_iterator()) if o.is_sweep_override() else o.value()
+            explicit.add(o.key_or_group)
+    for group, option in list(chosen.items()):  # an option that chooses other groups (model=gpt_tiny: data=text)
+        if isinstance(option, str) and option in options(group, app):
+            chosen.update({g: v for g, v in option_choices(group, option, app).items() if g in mine and g not in explicit})
+    own_folder = any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args)
 
     for o in overrides:
         name = o.key_or_group
@@ -241,8 +262,8 @@ def override_mistake(app: str, args: list[str]) -> str | None:
                 return (f"{name} is a setting of numdev-{owners[0]}, not of numdev-{app}: run {script(f'numdev-{owners[0]}')} {o.input_line} "
                         f"(numdev-{app}'s groups: {', '.join(mine)})")
             continue
-        if o.package is not None or is_global(group, app) or not isinstance(chosen.get(group), str):
-            continue  # a sweep over the group's options, or options that write elsewhere: Hydra checks
+        if o.package is not None or is_global(group, app) or not isinstance(chosen.get(group), str) or own_folder:
+            continue  # a sweep over the group's options, options that write elsewhere, a user's own options: Hydra checks
         top = key.split(".")[0]
         option = chosen[group]
         if option not in options(group, app) or top in option_keys(group, option, app):
@@ -252,7 +273,7 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             fix = f"{group}={having[0]}"
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
                     f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
-    if not any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args):
+    if not own_folder:
         unknown = unknown_option(app, overrides)  # a user's own config folder may hold options numdev does not know
         if unknown:
             return unknown

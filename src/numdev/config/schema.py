@@ -330,6 +330,7 @@ class StudyHarm:  # experiment=harm: the pre-registered judgement (numdev.analys
     margin: float = number(above=0, max=10)  # relative held-out loss
     accuracy_margin: float = number(above=0, max=1)  # caption agreement, a fraction (0.05: 5 points)
     test: str = one_of(*TESTS)  # what the claims are judged by: the exact sign test or the t test
+    learned_below: float | None = number(above=0, null=True)  # a user's model (model=custom): the held-out loss the reference must reach (LEARNED_RULE)
 
 
 @dataclass

@@ -26,7 +26,7 @@ RESUMABLE_CHANGES = ("resume", "trainer.max_steps", "callbacks.instability.polic
 # (the behaviour the older run had). A prefix entry (ending in ".") accepts its whole subtree.
 ADDED_KEYS = {"verbose": False, "trainer.strategy": "auto", "trainer.num_nodes": 1, "callbacks.instability.": None, "init_perturbation": None, "seed.perturbation": 0, "snapshot.schedule": "every", "snapshot.trained_only": False, "callbacks.heldout.": None,
               "attention.mode": "unbiased", "callbacks.tiling.": None,
-              "seed.rounding": 0, "optim.cooldown_steps": 0, "objective.": None}
+              "seed.rounding": 0, "optim.cooldown_steps": 0, "objective.": None, "study.harm.learned_below": None}
 
 
 def resolved(cfg: DictConfig) -> dict:

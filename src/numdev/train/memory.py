@@ -61,6 +61,9 @@ def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimat
                                               + (int(model.heads) * length * length if materialised else 0)) + 3 * length)
         parameters = count_parameters(cfg, backend) if parameters is None else parameters
         return Estimate(parameters, parameters * PARAMETER_BYTES, values * value_bytes)
+    if "resolution" not in data or "patch" not in model:  # a user's own model (model=custom): its weights only
+        parameters = count_parameters(cfg, backend) if parameters is None else parameters
+        return Estimate(parameters, parameters * PARAMETER_BYTES, 0)
     batch, resolution = int(data.batch_size), int(data.resolution)
     image_tokens = (resolution // int(model.patch)) ** 2
     text = model.text
@@ -106,5 +109,5 @@ def check_training_memory(cfg: DictConfig, backend) -> Estimate | None:
 
 def _input_size(data: DictConfig) -> str:
     """The data setting that sets a batch's size besides data.batch_size, as key=value."""
-    key = "sequence_length" if "sequence_length" in data else "resolution"
+    key = "sequence_length" if "sequence_length" in data else "resolution" if "resolution" in data else "train"
     return f"data.{key}={data.get(key)}"

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -238,7 +239,15 @@ def check_backend_for(cfg: DictConfig, backend) -> None:
 
 
 def build_trainer(cfg: DictConfig):
-    callbacks = [instantiate(node) for node in cfg.callbacks.values() if node is not None]
+    callbacks = []
+    for key, node in cfg.callbacks.items():
+        if node is None:
+            continue
+        if isinstance(node, DictConfig) and "_target_" not in node:  # an experiment tuned a callback this workload turned off
+            log.info("callbacks.%s: settings without a _target_ (this workload has no such callback: callbacks=%s): ignored",
+                     key, HydraConfig.get().runtime.choices.get("callbacks", "?") if HydraConfig.initialized() else "?")
+            continue
+        callbacks.append(instantiate(node))
     perturbation = parse_perturbation(cfg.get("init_perturbation"))
     if perturbation is not None and perturbation.step > 0:  # before the snapshot hub: snapshot t holds it
         hub = next((i for i, c in enumerate(callbacks) if isinstance(c, WeightSnapshots)), len(callbacks))

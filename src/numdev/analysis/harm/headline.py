@@ -32,15 +32,23 @@ LEARNED_RULE = (f"the workload is judged only where learning finished: the refer
                 f"in every replicate, at least {LEARNED:.0%}; a study that ends mid-learning compares runs on either side of a "
                 f"transition, and its answer is withheld. A language model (no samples to score) must end with a held-out "
                 f"loss below {LEARNED_LM:.0%} of the held-out bytes' unigram entropy (the best loss without context) in every "
-                f"replicate: it learned the text's structure, a weaker gate than the images' (it cannot say learning has ended)")
+                f"replicate: it learned the text's structure, a weaker gate than the images' (it cannot say learning has ended). "
+                f"A user's own model: its held-out loss at most study.harm.learned_below, registered with the margin; unset, "
+                f"no answer")
 TABLE_RULE = ("each measure per replicate; the ratio proxy / Flash paired by replicate (geometric mean, LOG_RULE; the inverse "
               "for the margin to harm, where larger is further from harm), judged against the paper's 2-5x")
 
 
-def learned(reference_outcomes: dict, threshold: float = LEARNED) -> dict:
+def learned(reference_outcomes: dict, threshold: float = LEARNED, learned_below: float | None = None) -> dict:
     """LEARNED_RULE over the reference's runs {replicate: outcomes}: `ok`, and which replicate fell short."""
     short = []
     for r, run in sorted(reference_outcomes.items(), key=lambda item: int(item[0])):
+        if learned_below is not None:  # registered by the study (study.harm.learned_below: a user's own model)
+            loss = run.get("heldout_loss")
+            if loss is None or not loss <= learned_below:
+                short.append(f"replicate {r} held-out loss {'missing' if loss is None else f'{loss:.3g}'} (needs at most {learned_below:g}: "
+                             "study.harm.learned_below)")
+            continue
         if run.get("unigram_entropy") is not None:  # a language model
             loss, bound = run.get("heldout_loss"), LEARNED_LM * run["unigram_entropy"]
             if loss is None or not loss <= bound:

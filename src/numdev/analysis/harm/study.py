@@ -131,7 +131,7 @@ def analyse(study_dir, log=print, partial: bool = False, function_level_measures
         roles[role].margin_per_call = None if role == reference else threshold.margin_per_call(harm, per_call_rms)
     role_dicts = {name: _as_table_input(r, curves.get(name, {})) for name, r in roles.items()}
     under_test = [role for role, by_rep in runs.items() if kind_of(by_rep) == UNDER_TEST]
-    gates = headline.gate(role_dicts, headline.learned(outcomes[reference]))
+    gates = headline.gate(role_dicts, headline.learned(outcomes[reference], learned_below=harm_cfg.get("learned_below")))
     flash = next((r for r in under_test if r == "flash_fa2"), under_test[0] if under_test else None)
     columns = [*under_test, *([PROXY] if PROXY in runs else [])]
     summary = HarmSummary(
