@@ -152,3 +152,21 @@ def test_the_language_model_goes_through_the_optimizations_study_unchanged(tmp_p
     assert rows["flash"]["phase1"]["status"] == "measured" and rows["flash"]["phase1"]["shape"][2] == 64  # a causal 64-token call
     heldout = json.loads((study / "r0" / "flash" / "heldout.json").read_text())
     assert heldout["tokens"] == 8 * 64
+
+
+def test_the_docs_numbers_of_the_language_model_are_what_the_code_gives():
+    import re
+    import sys
+
+    from helpers import REPO
+
+    text = (REPO / "docs" / "workloads.md").read_text()
+    parameters = sum(p.numel() for p in build_model(lm_config("model.hidden=128", "model.depth=4", "model.heads=4",
+                                                                  "model.context_length=256"), Baseline()).parameters())
+    assert f"{parameters:,} parameters" in text
+    if sys.version_info[:3] == (3, 11, 7):  # the corpus ships with the interpreter: the docs name 3.11.7's
+        from pydoc_data.topics import topics
+
+        found = re.search(r"(\d+) topics, ([\d,]+) bytes as numdev joins them \(CPython 3\.11\.7\)", text)
+        assert found and int(found.group(1)) == len(topics)
+        assert int(found.group(2).replace(",", "")) == len(corpus_bytes("python_topics"))

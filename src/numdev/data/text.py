@@ -2,7 +2,7 @@
 
 The corpus is `pydoc_data.topics`, the text behind `help("if")` that ships inside every CPython
 installation (the Python Software Foundation's documentation, PSF License Version 2; 79 topics,
-466,117 bytes UTF-8 in CPython 3.11.7): English prose with grammar rules and code examples,
+466,273 bytes joined, UTF-8, in CPython 3.11.7): English prose with grammar rules and code examples,
 written by nobody in this project and read without a download. Topics are joined in sorted order
 with a blank line between; the last `heldout_fraction` of the bytes is held out, the rest trains.
 Its sha256 goes into the run's record, so two runs on different interpreters (whose topics differ)

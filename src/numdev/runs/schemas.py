@@ -179,7 +179,7 @@ RUN = FileSchema(  # <run_dir>/run.json (numdev.runs.record)
     "run record",
     required={"status": str},
     optional={"app": str, "started": str, "finished": str, "final_step": int, "max_steps": int, "resumes": list,
-              "eval": dict, "final_loss": NUMBER, "snapshot_write_seconds": dict, "error": str, "seeds": dict,
+              "eval": dict, "final_loss": NUMBER, "snapshot_write_seconds": dict, "data": dict, "error": str, "seeds": dict,
               "step_seconds": dict, "optimization": dict},
 )
 RESUME = FileSchema("resume entry", required={"from_step": int})

@@ -23,6 +23,7 @@ from numdev.attention.registry import BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.attention import Attention
+from numdev.models.gpt import BYTE_VOCABULARY
 from numdev.models.perturb import apply_init_perturbation, parse_perturbation
 from numdev.optimizations import Optimization
 from numdev.runs import record
@@ -128,6 +129,14 @@ def _check_workload(cfg: DictConfig) -> None:
     if objective == "CausalLMModule" and not tokens:
         raise ValueError(f"{choice} trains on token windows but data={cfg.data.get('_target_', '?').rsplit('.', 1)[-1]} gives "
                          "captioned images: add data=text")
+    if objective == "CausalLMModule":
+        length, context = cfg.data.get("sequence_length"), cfg.model.get("context_length")
+        if isinstance(length, int) and isinstance(context, int) and length > context:
+            raise ValueError(f"data.sequence_length={length} is longer than model.context_length={context}: the model has no "
+                             "position for the later tokens; shorten the windows or lengthen the context")
+        vocabulary = cfg.model.get("vocabulary", BYTE_VOCABULARY)
+        if isinstance(vocabulary, int) and vocabulary < BYTE_VOCABULARY:
+            raise ValueError(f"model.vocabulary={vocabulary}: data=text's tokens are bytes, 0-255: it needs at least {BYTE_VOCABULARY}")
     if objective == "DiffusionModule" and tokens:
         raise ValueError(f"{choice} trains on captioned images but data=text gives token windows: choose a language model "
                          "(model=gpt_tiny) or image data (data=shapes)")
@@ -231,11 +240,25 @@ def _check_optimizer(cfg: DictConfig) -> None:
 
 def check_backend_for(cfg: DictConfig, backend) -> None:
     """The configured backend runs with the configured precision on the configured device, on every kind
-    of attention call the model makes ((heads, head_dim) pairs from its Attention modules, built on the meta device)."""
+    of attention call the model makes (_attention_calls)."""
     device = check_accelerator(cfg.trainer.accelerator)
-    model = _meta_model(cfg)
-    calls = sorted({(m.heads, m.head_dim) for m in model.modules() if isinstance(m, Attention)}) if model is not None else []
-    check_backend(backend, cfg.precision.name, compute_dtype(cfg.precision.compute), device, calls)
+    check_backend(backend, cfg.precision.name, compute_dtype(cfg.precision.compute), device, _attention_calls(cfg))
+
+
+def _attention_calls(cfg: DictConfig) -> list[tuple[int, int]]:
+    """(heads, head_dim) of the model's attention calls, from its config where numdev knows the model (the DiT's
+    image and text calls; a model with heads and hidden), else from its Attention modules built on the meta device
+    (a user's model). Read from the config first: a model too large to run is refused by the memory check, not
+    built here."""
+    model = cfg.model
+    if "heads" in model and "hidden" in model:
+        calls = [(int(model.heads), int(model.hidden) // int(model.heads))]
+        text = model.get("text")
+        if text is not None:
+            calls.append((int(text.heads), int(text.width) // int(text.heads)))
+        return calls
+    meta = _meta_model(cfg)
+    return sorted({(m.heads, m.head_dim) for m in meta.modules() if isinstance(m, Attention)}) if meta is not None else []
 
 
 def build_trainer(cfg: DictConfig):
@@ -387,6 +410,9 @@ def _train_locked(cfg, run_dir: Path, backend, module, datamodule, trainer, logg
             ) from None
         raise
     results = _results(trainer)
+    describe = getattr(datamodule, "describe", None)
+    if describe is not None:  # what it trained on (data=text: the corpus, its size and sha256)
+        results["data"] = describe()
     if optimization is not None:  # what is active, read inside the run (the setting, the modules, the optimizer)
         results["optimization"] = optimization.describe(module.model, trainer.optimizers[0] if trainer.optimizers else None)
     status = "failed" if "error" in results else "stopped" if "stop_reason" in results else "finished"

@@ -101,6 +101,11 @@ class HeldOutLoss(pl.Callback):
         self.save_predictions = save_predictions
         self.result: dict | None = None
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        make = getattr(trainer.datamodule, "heldout_dataset", None)
+        if make is not None:  # a held-out set that cannot be made (more items than it has, none given) fails now, not after training
+            make(self.num_images)
+
     def on_train_end(self, trainer, pl_module) -> None:
         make = getattr(trainer.datamodule, "heldout_dataset", None)
         if make is None or not trainer.is_global_zero:  # data without a held-out split: nothing to report
