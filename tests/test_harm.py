@@ -364,7 +364,8 @@ def test_the_smoke_harm_study_runs_end_to_end_and_reads_back(tmp_path):
     pruned = run_cli("numdev.analysis.study", str(study), "--keep-snapshots", "ends", cwd=tmp_path)
     kept = sorted({p.name for p in study.rglob("weights/step_*.safetensors")})
     assert kept == ["step_00000000.safetensors", "step_00000008.safetensors"], kept
-    assert sum(p.stat().st_size for p in study.rglob("weights/*.safetensors")) < before / 2, pruned.stdout
+    left = sum(p.stat().st_size for p in study.rglob("weights/*.safetensors"))  # step 0 holds every row, later steps the trained ones
+    assert left < before and f"{(before - left) / 1e9:.2f} GB freed" in pruned.stdout + pruned.stderr, pruned.stdout
     run_cli("numdev.analysis.study", str(study), cwd=tmp_path)
     after = harm_summary.read_harm_summary(study / "summary.json")
     assert after.table == summary.table and after.harm == summary.harm

@@ -41,7 +41,7 @@ TABLE_RULE = ("each measure per replicate; the ratio proxy / Flash paired by rep
 
 def learned(reference_outcomes: dict, threshold: float = LEARNED, learned_below: float | None = None) -> dict:
     """LEARNED_RULE over the reference's runs {replicate: outcomes}: `ok`, and which replicate fell short."""
-    short = []
+    short, images = [], False
     for r, run in sorted(reference_outcomes.items(), key=lambda item: int(item[0])):
         if learned_below is not None:  # registered by the study (study.harm.learned_below: a user's own model)
             loss = run.get("heldout_loss")
@@ -57,10 +57,11 @@ def learned(reference_outcomes: dict, threshold: float = LEARNED, learned_below:
         for key, label in (("colour_accuracy", "colour"), ("position_accuracy", "position")):
             value = run.get(key)
             if value is None or not value >= threshold:
-                short.append(f"replicate {r} {label} {'missing' if value is None else f'{value:.0%}'} (needs {threshold:.0%})")
+                short.append(f"replicate {r} {label} {'missing' if value is None else f'{value:.0%}'}")
+                images = True
     return {"ok": not short, "threshold": threshold, "rule": LEARNED_RULE,
             "why": ("" if not short else f"learning did not finish: the reference's {', '.join(short)} "
-                                         f"(LEARNED_RULE)")}
+                                         f"({f'needs {threshold:.0%}: ' if images else ''}LEARNED_RULE)")}
 
 
 def gate(roles: dict, workload: dict | None = None) -> dict:
