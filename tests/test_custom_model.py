@@ -1,4 +1,4 @@
-"""A user's own nn.Module through numdev (docs/custom_models.md): a model and datasets defined in a package outside
+"""A user's own nn.Module through numdev (docs/workloads.md#custom): a model and datasets defined in a package outside
 numdev's source tree (tests/fixtures/user_package/toy_user), chosen by a YAML file in the user's own config folder
 (tests/fixtures/user_conf), trained, and put through the harm study unchanged."""
 
@@ -91,3 +91,15 @@ def test_the_user_model_goes_through_the_harm_study_unchanged(tmp_path):
     assert summary["headline"]["gate"]["learned"]["ok"]  # the registered learned_below gate, met
     for role in ("ulp", "lr_x10"):  # paired held-out effects and the evaluation set's own error, per replicate
         assert set(summary["roles"][role]["function_level"]["evaluation_error"]["per_replicate"]) == {"0", "1"}
+
+
+def test_a_model_target_that_is_not_a_module_and_a_missing_config_folder_are_one_line_errors(user_package):
+    from numdev.config.groups import override_mistake
+
+    cfg = compose_train(SEARCH, "model=toy", "model._target_=collections.OrderedDict", "~model.width", "~model.heads",
+                        "~model.name", *SHORT, run_dir="/tmp/unused", smoke=False)
+    with pytest.raises(ValueError, match="builds a OrderedDict, not a torch.nn.Module"):
+        build_model(cfg, instantiate(cfg.attention))
+    said = override_mistake("train", ["hydra.searchpath=[file:///nonexistent/conf]", "model=toy"])
+    assert said.startswith("hydra.searchpath: file:///nonexistent/conf is not a folder")
+    assert override_mistake("train", [SEARCH, "model=toy"]) is None

@@ -47,10 +47,19 @@ def user_facing(program: str, unexpected_key=None):
                 return task(*args, **kwargs)
             except InstantiationException as error:
                 cause = error.__cause__ or error
+                if isinstance(cause, ImportError) or "Error locating target" in str(error):
+                    found = re.search(r"full_key: (\S+)", str(error))
+                    target = re.search(r"Error locating target '([^']+)'", str(error))
+                    key = found.group(1) if found else "the config"
+                    root = cause
+                    while root.__cause__ is not None:  # Hydra's "Error loading ..." wraps the ImportError that says why
+                        root = root.__cause__
+                    _exit(program, f"{key}._target_={target.group(1) if target else '?'} cannot be imported ({_first_line(root)}): "
+                                   "install its package or put it on PYTHONPATH, or fix the name")
                 if isinstance(cause, MissingMandatoryValue):
                     key = cause.full_key or "a value"
                     _exit(program, f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line "
-                                   "(model=custom: docs/custom_models.md)")
+                                   "(model=custom: docs/workloads.md#custom)")
                 if _out_of_memory(cause):
                     found = re.search(r"full_key: (\S+)", str(error))
                     key = found.group(1) if found else "the config"
@@ -68,7 +77,7 @@ def user_facing(program: str, unexpected_key=None):
             except MissingMandatoryValue as error:  # a ??? left in an option file (model=custom's model._target_)
                 key = error.full_key or "a value"
                 _exit(program, f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line "
-                               "(model=custom: docs/custom_models.md)")
+                               "(model=custom: docs/workloads.md#custom)")
             except USER_ERRORS as error:
                 _exit(program, error)
             except RunFailed as error:

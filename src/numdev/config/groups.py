@@ -212,6 +212,9 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     from numdev.cli.commands import script
 
     candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    missing = searchpath_missing(candidates)
+    if missing:
+        return missing
     try:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except HydraException:
@@ -278,6 +281,19 @@ def override_mistake(app: str, args: list[str]) -> str | None:
         if unknown:
             return unknown
     return unknown_group(app, overrides)
+
+
+def searchpath_missing(args: list[str]) -> str | None:
+    """`hydra.searchpath=[file://<folder>]` naming a folder that does not exist: Hydra would ignore it and then say
+    only that the option it holds is not among numdev's."""
+    for arg in args:
+        if arg.startswith(("hydra.searchpath=", "+hydra.searchpath=")):
+            for entry in arg.split("=", 1)[1].strip("[]").split(","):
+                entry = entry.strip().strip("'\"")
+                if entry.startswith("file://") and not Path(entry.removeprefix("file://")).is_dir():
+                    return (f"hydra.searchpath: {entry} is not a folder: give the folder that holds your option files "
+                            "(file://<absolute path>; its model/, data/, ... subfolders hold the options)")
+    return None
 
 
 MULTI_OPTION_GROUPS = {"logger"}  # each option sits under its own name (logger.<name>): a list combines them (numdev.train.trackers)

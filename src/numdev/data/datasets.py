@@ -9,7 +9,7 @@
 Items are collated by PyTorch's default collate (tensors stacked, numbers as tensors, dicts of them).
 Training batches come from numdev's endless, resumable sampler (numdev.data.sampler): item order
 depends on seed.data only, so sibling runs see the same batches and a resumed run continues the same
-stream. docs/custom_models.md gives the whole recipe.
+stream. docs/workloads.md#custom gives the whole recipe.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ among its arguments and implements
 Its attention should go through numdev.models.attention.Attention (or call the backend it was given,
 backend(q, k, v, causal=...) on (B, H, N, D) tensors), so attention=..., the shadow and the optimizations
 apply to it. Nothing in a step draws random numbers here; a model that needs noise draws it from its
-own generator. docs/custom_models.md gives the whole recipe.
+own generator. docs/workloads.md#custom gives the whole recipe.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ModelLossModule(TrainModule):
     def __init__(self, model: torch.nn.Module, *args, **kwargs):
         if not callable(getattr(model, "loss", None)):
             raise ValueError(f"model._target_ builds a {type(model).__name__} without a loss(batch) method: objective=model_loss "
-                             "needs one (docs/custom_models.md), or choose the objective that trains it")
+                             "needs one (docs/workloads.md#custom), or choose the objective that trains it")
         super().__init__(model, *args, **kwargs)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:

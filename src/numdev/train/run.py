@@ -57,7 +57,7 @@ def build_model(cfg: DictConfig, backend) -> torch.nn.Module:
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(cfg, "init"))
-        model = instantiate(cfg.model, attention=backend, _convert_="all")
+        model = _a_module(instantiate(cfg.model, attention=backend, _convert_="all"), cfg)
     perturbation = cfg.get("init_perturbation")  # the study's ulp control and the ladder's init rungs
     apply_init_perturbation(model, perturbation, cfg.seed.get("perturbation", 0) if perturbation is not None else 0)
     return model
@@ -125,9 +125,10 @@ def _check_workload(cfg: DictConfig) -> None:
     reads captioned images (data=shapes, folder, webdataset)."""
     objective = str((cfg.get("objective") or {}).get("_target_", "")).rsplit(".", 1)[-1]
     tokens = "sequence_length" in cfg.data
-    choice = f"objective={objective}, model={cfg.model.get('name')}"
+    option = {"CausalLMModule": "causal_lm", "DiffusionModule": "diffusion"}.get(objective, objective)
+    choice = f"model={cfg.model.get('name')} with objective={option}"
     if objective == "CausalLMModule" and not tokens:
-        raise ValueError(f"{choice} trains on token windows but data={cfg.data.get('_target_', '?').rsplit('.', 1)[-1]} gives "
+        raise ValueError(f"{choice} trains on token windows but its data ({cfg.data.get('_target_', '?').rsplit('.', 1)[-1]}) gives "
                          "captioned images: add data=text")
     if objective == "CausalLMModule":
         length, context = cfg.data.get("sequence_length"), cfg.model.get("context_length")
@@ -218,9 +219,18 @@ def _meta_model(cfg: DictConfig) -> torch.nn.Module | None:
     try:
         backend = instantiate(cfg.attention)
         with torch.device("meta"):
-            return instantiate(cfg.model, attention=backend, _convert_="all")
+            model = instantiate(cfg.model, attention=backend, _convert_="all")
     except Exception:  # noqa: BLE001 - the run's own checks say why, later
         return None
+    return _a_module(model, cfg)
+
+
+def _a_module(model, cfg: DictConfig) -> torch.nn.Module:
+    """`model` when it is a torch.nn.Module; one line naming model._target_ otherwise."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model._target_={cfg.model.get('_target_')} builds a {type(model).__name__}, not a torch.nn.Module: "
+                         "name your model's class (docs/workloads.md#custom)")
+    return model
 
 
 def _check_optimizer(cfg: DictConfig) -> None:
