@@ -101,9 +101,9 @@ def test_the_precision_speed_table_is_the_scripts_from_the_committed_benchmarks(
 
 def test_the_harm_blocks_are_the_scripts_from_the_committed_summaries():
     table = _script("harm_table")
-    for which, (result, doc_block, readme_block) in table.STUDIES.items():
+    for which, (result, doc_block, readme_block, experiment, _) in table.STUDIES.items():
         summary = table.read_harm_summary(result)
-        assert summary.command == f"numdev-train experiment={which}", result
+        assert summary.command == f"numdev-train experiment={experiment}", result
         assert read_block(table.DOC, doc_block) == table.results_block(summary, which).strip(), which
         if readme_block is not None:
             assert read_block(README, readme_block) == table.answer_block(summary, which).strip(), which

@@ -127,6 +127,12 @@ def _check_workload(cfg: DictConfig) -> None:
     tokens = "sequence_length" in cfg.data
     option = {"CausalLMModule": "causal_lm", "DiffusionModule": "diffusion"}.get(objective, objective)
     choice = f"model={cfg.model.get('name')} with objective={option}"
+    if objective == "CausalLMModule" and "context_length" not in cfg.model:
+        raise ValueError(f"{choice}: model={cfg.model.get('name')} is not a language model (no model.context_length): choose "
+                         "model=gpt_tiny, or the objective your model trains with (objective=diffusion, objective=model_loss)")
+    if objective == "DiffusionModule" and "patch" not in cfg.model:
+        raise ValueError(f"{choice}: model={cfg.model.get('name')} is not a diffusion model (no model.patch): choose the objective "
+                         "it trains with (objective=causal_lm, objective=model_loss) or a DiT (model=dit_tiny)")
     if objective == "CausalLMModule" and not tokens:
         raise ValueError(f"{choice} trains on token windows but its data ({cfg.data.get('_target_', '?').rsplit('.', 1)[-1]}) gives "
                          "captioned images: add data=text")
