@@ -3,6 +3,7 @@ eager PyTorch (no numdev wrapper): the wrapper's overhead as a ratio. Prints JSO
 
     python scripts/bench_lm_step.py                                   gpt_tiny, fp32, 2 threads
     python scripts/bench_lm_step.py --backends baseline,sdpa_flash --precision bf16-mixed --threads 1
+    python scripts/bench_lm_step.py --write-docs                      docs/workloads.md's `lm-speed` block from the committed JSON
 
 A step is forward, next-token cross-entropy, backward and AdamW on one fixed batch of data=text windows
 (data.batch_size x model.context_length tokens), timed outside Lightning (numdev's LightningModule's own
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +29,23 @@ from torch import nn
 
 from numdev.cli.script_args import ScriptParser
 from numdev.runs.atomic import write_json
-from numdev.runs.provenance import provenance
+from numdev.runs.provenance import machine_line, provenance
 from numdev.train.run import build_model, build_module
 
 PLAIN = "plain_pytorch"
+RESULT = Path(__file__).resolve().parents[1] / "docs" / "results" / "bench_lm_step.json"
+DOC, BLOCK = Path(__file__).resolve().parents[1] / "docs" / "workloads.md", "lm-speed"
+
+
+def block_text(report: dict) -> str:
+    """docs/workloads.md's table of the committed benchmark, naming its command and machine."""
+    rows = "\n".join(f"| {r['variant']} | {r['median_step_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['ratio_to_plain']:.2f}x |"
+                     for r in report["rows"])
+    return (f"From docs/results/bench_lm_step.json (`{report['command']}` on {machine_line(report['provenance'])}; "
+            f"{report['model']}, {report['precision']}, {report['tokens_per_step']:,} tokens a step, median of "
+            f"{report['rows'][0]['steps']} steps each, round-robin; the plain model's output differs from numdev's by "
+            f"{report['plain_vs_numdev_max_rel_difference']:.1e} of its largest logit):\n\n"
+            f"| variant | step (s) | tokens/s | step time / plain PyTorch's |\n| --- | --- | --- | --- |\n{rows}")
 
 
 def config(overrides: list[str]):
@@ -86,7 +101,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=12, help="timed steps per variant (after 2 warm-up steps each)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--write-docs", action="store_true", help="write docs/workloads.md's block from the committed JSON and stop")
     args = parser.parse_args()
+    if args.write_docs:
+        from numdev.report.docblocks import replace_block
+
+        replace_block(DOC, BLOCK, block_text(json.loads(RESULT.read_text(encoding="utf-8"))))
+        return
     if args.rounds < 3:
         parser.error(f"--rounds {args.rounds}: need at least 3 for a median")
     torch.set_num_threads(args.threads)
@@ -128,7 +149,8 @@ def main() -> None:
     report = {"model": "gpt_tiny", "precision": args.precision, "tokens_per_step": tokens, "threads": torch.get_num_threads(),
               "plain_vs_numdev_max_rel_difference": agreement, "plain": "nn.Linear + F.scaled_dot_product_attention(is_causal=True), "
               "numdev's weights", "rows": rows, "provenance": provenance(threads=torch.get_num_threads()),
-              "command": "python scripts/bench_lm_step.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v is not None and k != "out")}
+              "command": "python scripts/bench_lm_step.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()
+                                                               if v is not None and k not in ("out", "write_docs"))}
     if args.out:
         write_json(args.out, report)
     print(json.dumps(report, indent=2))

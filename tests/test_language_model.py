@@ -170,3 +170,18 @@ def test_the_docs_numbers_of_the_language_model_are_what_the_code_gives():
         found = re.search(r"(\d+) topics, ([\d,]+) bytes as numdev joins them \(CPython 3\.11\.7\)", text)
         assert found and int(found.group(1)) == len(topics)
         assert int(found.group(2).replace(",", "")) == len(corpus_bytes("python_topics"))
+
+
+def test_the_speed_block_is_the_scripts_from_the_committed_benchmark():
+    import importlib.util
+
+    from helpers import REPO
+
+    from numdev.report.docblocks import read_block
+
+    spec = importlib.util.spec_from_file_location("bench_lm_step", REPO / "scripts" / "bench_lm_step.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    report = json.loads(script.RESULT.read_text())
+    assert {r["variant"] for r in report["rows"]} >= {script.PLAIN, "sdpa_flash", "flash_emulated"}
+    assert read_block(script.DOC, script.BLOCK) == script.block_text(report).strip()
