@@ -1,9 +1,12 @@
-"""The LightningModule: DDPM training of a text-conditioned model (the glue, not the model).
+"""The LightningModules (the glue, not the model): what every workload shares, and DDPM training.
 
-One training step: draw timesteps, noise and caption dropout from the run's noise generator,
-noise the images, predict the noise from the (possibly emptied) captions, MSE. The generator is
-the diffusion-noise stream (seed.noise); its state goes into every Lightning checkpoint so a
-resumed run continues the exact stream. Nothing in a step draws from the global RNG.
+`TrainModule` holds what every objective shares (conf/train/objective/): the optimizer with warmup,
+constant and cooldown, the gradient norm, and the run's noise generator (seed.noise), whose state goes
+into every Lightning checkpoint so a resumed run continues the exact stream. `DiffusionModule` trains a
+text-conditioned image model: one step draws timesteps, noise and caption dropout from that generator,
+noises the images, predicts from the (possibly emptied) captions, MSE. The language model's and a user's
+model's objectives are numdev.train.language and numdev.train.model_loss. Nothing in a step draws from
+the global RNG.
 """
 
 from __future__ import annotations
