@@ -57,9 +57,7 @@ def user_facing(program: str, unexpected_key=None):
                     _exit(program, f"{key}._target_={target.group(1) if target else '?'} cannot be imported ({_first_line(root)}): "
                                    "install its package or put it on PYTHONPATH, or fix the name")
                 if isinstance(cause, MissingMandatoryValue):
-                    key = cause.full_key or "a value"
-                    _exit(program, f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line "
-                                   "(model=custom: docs/workloads.md#custom)")
+                    _exit(program, _unset(cause))
                 if _out_of_memory(cause):
                     found = re.search(r"full_key: (\S+)", str(error))
                     key = found.group(1) if found else "the config"
@@ -75,9 +73,7 @@ def user_facing(program: str, unexpected_key=None):
                     raise
                 _exit(program, cause)
             except MissingMandatoryValue as error:  # a ??? left in an option file (model=custom's model._target_)
-                key = error.full_key or "a value"
-                _exit(program, f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line "
-                               "(model=custom: docs/workloads.md#custom)")
+                _exit(program, _unset(error))
             except USER_ERRORS as error:
                 _exit(program, error)
             except RunFailed as error:
@@ -92,6 +88,12 @@ def user_facing(program: str, unexpected_key=None):
         return wrapper
 
     return decorate
+
+
+def _unset(error: MissingMandatoryValue) -> str:
+    """A ??? left in an option file, as one line naming the key to give."""
+    key = error.full_key or "a value"
+    return f"{key} is not set (??? in its option file): give it, e.g. {key}=... on the command line (model=custom: docs/workloads.md#custom)"
 
 
 def _out_of_memory(error: BaseException) -> bool:

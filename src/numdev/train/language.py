@@ -48,10 +48,12 @@ class CausalLMModule(TrainModule):
         was_training = self.model.training
         self.model.eval()
         total, count, digest, kept, per_window = 0.0, 0, hashlib.sha256(), [], []
+        frequency = torch.zeros(256, dtype=torch.float64)  # the held-out targets' byte counts (the unigram entropy)
         try:
             for start in range(0, len(dataset), batch_size):
                 tokens = torch.stack([dataset[i]["tokens"] for i in range(start, min(start + batch_size, len(dataset)))])
                 digest.update(tokens.numpy().tobytes())
+                frequency += torch.bincount(tokens[:, 1:].reshape(-1), minlength=256)[:256].double()
                 with forward_context():
                     losses, logits = self.token_loss(tokens.to(self.device))
                 total += float(losses.double().sum())
@@ -62,8 +64,7 @@ class CausalLMModule(TrainModule):
         finally:
             self.model.train(was_training)
         loss = total / count
-        targets = torch.cat([dataset[i]["tokens"][1:] for i in range(len(dataset))])
-        frequency = torch.bincount(targets).double() / targets.numel()
+        frequency = frequency / frequency.sum()
         unigram = float(-(frequency[frequency > 0] * frequency[frequency > 0].log()).sum())
         return HeldOutResult(loss, digest.hexdigest(), torch.cat(kept) if keep_predictions else None,
                              extra={"perplexity": math.exp(min(loss, 700.0)), "tokens": count, "item_losses": per_window,
