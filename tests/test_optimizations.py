@@ -18,7 +18,7 @@ from helpers import REPO, compose_train, flat_config
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.attention.flash_emulated import TIE_BETA, tie_shifted_max
 from numdev.numerics.stages import stage_formats
-from numdev.optimizations.float8_linear import E4M3, E5M2, Float8Linear, to_float8
+from numdev.optimizations.float8_linear import E4M3, E5M2, Float8Linear, Float8Training, route, scaled_mm, to_float8
 from numdev.optimizations.mx_linear import MXLinear, quantize
 from numdev.train.run import train
 from numdev.weights.store import load_snapshot
@@ -67,7 +67,8 @@ def baseline(tmp_path_factory):
 
 @pytest.mark.parametrize("name, active", [
     ("matmul_bf16", {"float32_matmul_precision": "medium", "kernel": "real"}),
-    ("fp8_linear", {"plain_linear_left": 0, "gemm": "torch._scaled_mm", "kernel": "real"}),
+    ("fp8_linear", {"plain_linear_left": 0, "gemm": "auto", "kernel": "emulated",
+                    "gemm_route": "FP32 on fp8 values times their scales (torch._scaled_mm's CPU path)"}),
     ("mxfp8_linear", {"plain_linear_left": 0, "block": 32, "kernel": "emulated"}),
     ("fused_adamw", {"fused": True}),
 ])
@@ -159,14 +160,16 @@ def test_to_float8_scales_the_amax_to_the_format_maximum():
     assert float(q.float().abs().max()) == 448.0 and float(inverse) == pytest.approx(3.0 / 448.0)
 
 
-def test_float8_linear_against_float64_of_its_quantised_operands():
-    """Forward: torch._scaled_mm = the float64 product of the dequantised e4m3 operands (exact products,
-    fp32 sums); backward: the output gradient in e5m2, grad_input and grad_weight the same way."""
+@pytest.mark.parametrize("gemm", ["native", "fp32"])
+def test_float8_linear_against_float64_of_its_quantised_operands(gemm):
+    """Forward: torch._scaled_mm (native) and its CPU path in FP32 (fp32) = the float64 product of the
+    dequantised e4m3 operands (exact products, fp32 sums); backward: the output gradient in e5m2,
+    grad_input and grad_weight the same way."""
     g = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(64, 48)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(48, 64, generator=g) * 0.1)
-    layer = Float8Linear.from_linear(linear)
+    layer = Float8Linear.from_linear(linear, gemm)
     assert layer.weight is linear.weight and layer.bias is linear.bias
     x = torch.randn(5, 7, 64, generator=g, requires_grad=True)
     out = layer(x)
@@ -181,6 +184,25 @@ def test_float8_linear_against_float64_of_its_quantised_operands():
     wgrad = (gq.double() * gi.double()).t() @ (xq.double() * xi.double())
     torch.testing.assert_close(x.grad.reshape(-1, 64).double(), dgrad, rtol=64 * 2**-24, atol=1e-6)
     torch.testing.assert_close(linear.weight.grad.double(), wgrad, rtol=64 * 2**-24, atol=1e-5)
+
+
+def test_the_fp32_route_is_torch_scaled_mm_up_to_the_fp32_summation_order():
+    """Both routes of every operand pair the layer uses, on one product: relative gap within the
+    gamma_K bound of two FP32 sums (K = 96), and not above it."""
+    g = torch.Generator().manual_seed(1)
+    for da, db in ((E4M3, E4M3), (E5M2, E4M3)):
+        a, b = torch.randn(40, 96, generator=g), torch.randn(96, 24, generator=g)
+        (aq, ai), (bq, bi) = to_float8(a, da), to_float8(b, db)
+        native, fp32 = scaled_mm(aq, ai, bq, bi, "native"), scaled_mm(aq, ai, bq, bi, "fp32")
+        exact = (aq.double() * ai.double()) @ (bq.double() * bi.double())
+        bound = 2 * 96 * 2.0**-24 * ((aq.double() * ai.double()).abs() @ (bq.double() * bi.double()).abs())
+        assert bool(((native.double() - fp32.double()).abs() <= 2 * bound).all()) and bool(((fp32.double() - exact).abs() <= bound).all())
+
+
+def test_a_bad_fp8_gemm_setting_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"optimization.gemm='fast': use one of auto, native, fp32"):
+        Float8Training(gemm="fast")
+    assert route("auto", torch.device("cpu")) == "fp32" and route("auto", torch.device("meta")) == "native"
 
 
 def test_an_mx_block_with_an_outlier_scales_as_the_specification_says():
