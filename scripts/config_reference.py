@@ -25,7 +25,7 @@ WHAT = {  # group -> what it sets (one sentence; the options come from conf/)
     ("bench", "attention"): "the backend of the method under test (`/attention@methods.<label>` adds more; `pairs` the pairs compared)",
     ("bench", "setting"): "inputs + variant + formats + tile rule of the paper-like and the real-kernel setting",
     ("bench", "experiment"): "a paper figure (or a GEMM figure) as a sweep + PNG + caption + verdict (`.venv/bin/numdev-figure --list`)",
-    ("train", "model"): "the DiT's sizes (`model.text.*` the text tower), the language model `gpt_tiny`, `custom` (your own nn.Module; docs/workloads.md)",
+    ("train", "model"): "the DiT's sizes (`model.text.*` the text tower), the language model `gpt_tiny`, `hf`, `hf_gpt2`, `hf_qwen2` (a transformers model built from its config, `.[hf]`), `custom` (your own nn.Module; docs/workloads.md)",
     ("train", "objective"): "what the model learns: diffusion, next-token prediction, your model's own loss (a model file chooses it)",
     ("train", "attention"): "the backend of every attention call (`attention@shadow`: a second backend computed beside every call)",
     ("train", "precision"): "Lightning's precision plugin and the compute dtype",

@@ -43,6 +43,7 @@ TIERS = {
     "cli": (
         "test_custom_model.py::test_the_user_model_goes_through_the_harm_study_unchanged",
         "test_language_model.py::test_the_language_model_goes_through_the_optimizations_study_unchanged",
+        "test_hf_model.py::test_a_hugging_face_model_goes_through_the_harm_study_unchanged",
         "test_bench_app.py",
         "test_cli.py",
         "test_help.py::test_hydra_apps_answer_help_and_config_mistakes_without_torch",

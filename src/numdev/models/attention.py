@@ -24,7 +24,48 @@ from torch import nn
 from numdev.attention.registry import AttentionBackend
 
 
-class Attention(nn.Module):
+class AttentionCall(nn.Module):
+    """softmax(q k^T / sqrt(D)) v by the configured backend, for a model whose projections are its own
+    (numdev.models.hf: a Hugging Face model's attention layers call it through transformers' attention
+    registry). No parameters: the backend, the causal flag, the layer's name and the probe only.
+    Every per-call record (shadow comparisons, tiling, instability) finds the calls through this class."""
+
+    def __init__(self, heads: int, head_dim: int, backend: AttentionBackend, causal: bool = False):
+        super().__init__()
+        if backend is None or not callable(backend):
+            raise ValueError("Attention needs an attention backend (a callable from numdev.attention), got None")
+        self.heads, self.head_dim, self.dim = heads, head_dim, heads * head_dim
+        self.causal = causal
+        self.backend = backend  # a plain callable, not a module: no parameters, no state_dict entry
+        self.layer_name = ""
+        self.probe = None  # optional observer of every call: probe(module, q, k, v, out) (numdev.models.shadow)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(D)) v by the backend: (B, H, N, D) -> (B, H, N, D).
+
+        Autocast is switched off around the backend: q, k, v arrive in the compute dtype
+        (autocast's projections made them bf16/fp16), and each backend then does its own
+        arithmetic. Without this, autocast would silently recast the emulators' float32 working
+        tensors to bf16 and their stage formats would no longer be what the config says.
+        """
+        with torch.autocast(q.device.type, enabled=False):
+            out = self.backend(q, k, v, causal=self.causal)
+            if self.probe is not None:
+                self.probe(self, q, k, v, out)
+        return out
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, D) -> (B, H, N, D): `attend` as a module call, so forward hooks see every call."""
+        return self.attend(q, k, v)
+
+    def extra_repr(self) -> str:
+        backend = getattr(self.backend, "name", type(self.backend).__name__)
+        return f"{self.layer_name or '?'}: heads={self.heads}, head_dim={self.head_dim}, causal={self.causal}, backend={backend}"
+
+
+class Attention(AttentionCall):
+    """Projections and the call: numdev's own models' attention (nn.MultiheadAttention's parameter names)."""
+
     def __init__(
         self,
         dim: int,
@@ -34,17 +75,10 @@ class Attention(nn.Module):
         causal: bool = False,
         bias: bool = True,
     ):
-        super().__init__()
         if dim % heads:
             raise ValueError(f"attention width {dim} is not divisible by {heads} heads: change the model's heads or width")
-        if backend is None or not callable(backend):
-            raise ValueError("Attention needs an attention backend (a callable from numdev.attention), got None")
-        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        super().__init__(heads, dim // heads, backend, causal)
         self.kv_dim = kv_dim
-        self.causal = causal
-        self.backend = backend  # a plain callable, not a module: no parameters, no state_dict entry
-        self.layer_name = ""
-        self.probe = None  # optional observer of every call: probe(module, q, k, v, out) (numdev.models.shadow)
         if kv_dim is None:  # self-attention: one packed (3*dim, dim) projection, as nn.MultiheadAttention
             self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
         else:  # keys and values from another width (cross-attention)
@@ -86,20 +120,6 @@ class Attention(nn.Module):
             v = F.linear(context, self.v_proj_weight, bv)  # (B, L, dim)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(D)) v by the backend: (B, H, N, D) -> (B, H, N, D).
-
-        Autocast is switched off around the backend: q, k, v arrive in the compute dtype
-        (autocast's projections made them bf16/fp16), and each backend then does its own
-        arithmetic. Without this, autocast would silently recast the emulators' float32 working
-        tensors to bf16 and their stage formats would no longer be what the config says.
-        """
-        with torch.autocast(q.device.type, enabled=False):
-            out = self.backend(q, k, v, causal=self.causal)
-            if self.probe is not None:
-                self.probe(self, q, k, v, out)
-        return out
-
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         """(B, H, N, D) -> (B, N, dim)."""
         batch, _, n, _ = out.shape
@@ -116,10 +136,10 @@ class Attention(nn.Module):
 
 
 def name_attention_layers(model: nn.Module) -> list[str]:
-    """Give every Attention in `model` its path as `layer_name`; returns the names in order."""
+    """Give every attention call in `model` its path as `layer_name`; returns the names in order."""
     names = []
     for name, module in model.named_modules():
-        if isinstance(module, Attention):
+        if isinstance(module, AttentionCall):
             module.layer_name = name
             names.append(name)
     return names
@@ -128,5 +148,5 @@ def name_attention_layers(model: nn.Module) -> list[str]:
 def set_attention_backend(model: nn.Module, backend: AttentionBackend) -> None:
     """Route every attention call of `model` through `backend` (parameters are untouched)."""
     for module in model.modules():
-        if isinstance(module, Attention):
+        if isinstance(module, AttentionCall):
             module.backend = backend

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from numdev.models.attention import Attention
+from numdev.models.attention import AttentionCall
 
 QUANTITIES = ("out", "dq", "dk", "dv")
 
@@ -52,10 +52,10 @@ class AttentionShadow:
         self.recording = False
         self.calls: list[_Call] = []
         self.stats: list[tuple[str, str, int, torch.Tensor]] = []  # layer, quantity, elements, the statistics (one tensor)
-        self.modules: list[Attention] = []
+        self.modules: list[AttentionCall] = []
 
     def attach(self, model: nn.Module) -> AttentionShadow:
-        self.modules = [m for m in model.modules() if isinstance(m, Attention)]
+        self.modules = [m for m in model.modules() if isinstance(m, AttentionCall)]
         if not self.modules:
             raise ValueError("the model has no numdev Attention module to shadow")
         for module in self.modules:
@@ -69,7 +69,7 @@ class AttentionShadow:
             module.probe = None
         self.modules = []
 
-    def __call__(self, module: Attention, q, k, v, out) -> None:
+    def __call__(self, module: AttentionCall, q, k, v, out) -> None:
         if not self.recording:
             return
         inputs = (q.detach(), k.detach(), v.detach())

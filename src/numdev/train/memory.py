@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from numdev.runs.provenance import available_bytes, gib
 
@@ -50,15 +50,36 @@ def count_parameters(cfg: DictConfig, backend) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# A language model's (depth, hidden, heads): numdev's GPT keys, or its transformers config's (model=hf*: numdev.models.hf)
+_LM_KEYS = (("depth", "hidden", "heads"), ("config.num_hidden_layers", "config.hidden_size", "config.num_attention_heads"),
+            ("config.n_layer", "config.n_embd", "config.n_head"))
+
+
+def _lm_shape(model: DictConfig) -> tuple[int, int, int] | None:
+    for keys in _LM_KEYS:
+        values = [OmegaConf.select(model, key) for key in keys]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            return tuple(values)
+    return None
+
+
+def _size_keys(model: DictConfig) -> str:
+    """The model's size settings as key=value, for the message (what to lower)."""
+    for keys in _LM_KEYS + (("hidden", "depth"),):
+        if all(OmegaConf.select(model, key) is not None for key in keys):
+            return ", ".join(f"model.{key}={OmegaConf.select(model, key)}" for key in keys)
+    return f"model={model.get('name', '?')}"
+
+
 def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimate:
     """The estimate; `parameters` None: counted on the meta device, 0: left out (activations only)."""
     model, data = cfg.model, cfg.data
     value_bytes = 2 if str(cfg.precision.get("name", "")).startswith(("bf16-mixed", "fp16-mixed", "16")) else 4
     materialised = getattr(backend, "name", "") in MATERIALISED
-    if "sequence_length" in data:  # token windows (numdev.data.text) through a causal LM (numdev.models.gpt)
+    if "sequence_length" in data and _lm_shape(model) is not None:  # token windows (numdev.data.text) through a causal LM
         batch, length = int(data.batch_size), int(data.sequence_length)
-        values = batch * (int(model.depth) * (length * int(model.hidden) * SAVED_PER_TOKEN
-                                              + (int(model.heads) * length * length if materialised else 0)) + 3 * length)
+        depth, hidden, heads = _lm_shape(model)
+        values = batch * (depth * (length * hidden * SAVED_PER_TOKEN + (heads * length * length if materialised else 0)) + 3 * length)
         parameters = count_parameters(cfg, backend) if parameters is None else parameters
         return Estimate(parameters, parameters * PARAMETER_BYTES, values * value_bytes)
     if "resolution" not in data or "patch" not in model:  # a user's own model (model=custom): its weights only
@@ -98,11 +119,11 @@ def check_training_memory(cfg: DictConfig, backend) -> Estimate | None:
         need = estimate(cfg, backend)
     if need.total > limit:
         raise ValueError(
-            f"data.batch_size={cfg.data.batch_size}, {_input_size(cfg.data)}, model.hidden={cfg.model.hidden}, "
-            f"model.depth={cfg.model.depth}{f' ({need.parameters:,} parameters)' if need.parameters else ''}: training needs at least ~{gib(need.total)} "
+            f"data.batch_size={cfg.data.batch_size}, {_input_size(cfg.data)}, {_size_keys(cfg.model)}"
+            f"{f' ({need.parameters:,} parameters)' if need.parameters else ''}: training needs at least ~{gib(need.total)} "
             f"(weights, gradients and optimizer state {gib(need.parameter_bytes)}, activations of one batch "
             f"{gib(need.activation_bytes)}), more than the {gib(limit)} {where}: lower data.batch_size, the model's "
-            "size (model.hidden, model.depth) or {_input_size(cfg.data).split('=')[0]}"
+            f"size or {_input_size(cfg.data).split('=')[0]}"
         )
     return need
 

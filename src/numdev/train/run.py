@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from numdev.attention.registry import BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
-from numdev.models.attention import Attention
+from numdev.models.attention import AttentionCall
 from numdev.models.gpt import BYTE_VOCABULARY
 from numdev.models.perturb import apply_init_perturbation, parse_perturbation
 from numdev.optimizations import Optimization
@@ -141,9 +141,10 @@ def _check_workload(cfg: DictConfig) -> None:
         if isinstance(length, int) and isinstance(context, int) and length > context:
             raise ValueError(f"data.sequence_length={length} is longer than model.context_length={context}: the model has no "
                              "position for the later tokens; shorten the windows or lengthen the context")
-        vocabulary = cfg.model.get("vocabulary", BYTE_VOCABULARY)
+        vocabulary = cfg.model.get("vocabulary", (cfg.model.get("config") or {}).get("vocab_size", BYTE_VOCABULARY))  # model=hf*: its config's
         if isinstance(vocabulary, int) and vocabulary < BYTE_VOCABULARY:
-            raise ValueError(f"model.vocabulary={vocabulary}: data=text's tokens are bytes, 0-255: it needs at least {BYTE_VOCABULARY}")
+            key = "model.vocabulary" if "vocabulary" in cfg.model else "model.config.vocab_size"
+            raise ValueError(f"{key}={vocabulary}: data=text's tokens are bytes, 0-255: it needs at least {BYTE_VOCABULARY}")
     if objective == "DiffusionModule" and tokens:
         raise ValueError(f"{choice} trains on captioned images but data=text gives token windows: choose a language model "
                          "(model=gpt_tiny) or image data (data=shapes)")
@@ -274,7 +275,7 @@ def _attention_calls(cfg: DictConfig) -> list[tuple[int, int]]:
             calls.append((int(text.heads), int(text.width) // int(text.heads)))
         return calls
     meta = _meta_model(cfg)
-    return sorted({(m.heads, m.head_dim) for m in meta.modules() if isinstance(m, Attention)}) if meta is not None else []
+    return sorted({(m.heads, m.head_dim) for m in meta.modules() if isinstance(m, AttentionCall)}) if meta is not None else []
 
 
 def build_trainer(cfg: DictConfig):

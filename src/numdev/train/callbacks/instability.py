@@ -48,7 +48,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from numdev.models.attention import Attention, name_attention_layers
+from numdev.models.attention import AttentionCall, name_attention_layers
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import RunDir
 from numdev.train.trackers import log_metrics
@@ -127,7 +127,7 @@ class InstabilityMonitor(pl.Callback):
         if not self.check_attention or self._handles:
             return
         model = getattr(pl_module, "model", pl_module)
-        layers = [m for m in model.modules() if isinstance(m, Attention)]
+        layers = [m for m in model.modules() if isinstance(m, AttentionCall)]
         if any(not m.layer_name for m in layers):
             name_attention_layers(model)
         self._handles = [m.register_forward_hook(self._attention_hook) for m in layers]

@@ -95,9 +95,9 @@ def _loss_scale(trainer) -> float:
 
 def _warn_if_same_backend(shadow, model) -> None:
     """A shadow identical to the training backend measures nothing: every deviation is 0. Say so."""
-    from numdev.models.attention import Attention
+    from numdev.models.attention import AttentionCall
 
-    trained = next((m.backend for m in model.modules() if isinstance(m, Attention)), None)
+    trained = next((m.backend for m in model.modules() if isinstance(m, AttentionCall)), None)
     describe = getattr(trained, "describe", None)
     if describe is not None and type(trained) is type(shadow) and describe() == shadow.describe():
         warnings.warn(

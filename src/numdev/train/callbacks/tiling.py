@@ -3,8 +3,8 @@
 The number of key/value blocks a call is split into is the number of online-softmax rescalings a
 tiled kernel makes, one of the things Flash's deviation grows with; a study comparing runs records
 it instead of deriving it from the config. At the first training batch a forward pre-hook on every
-numdev Attention reads the call's shape (query length from its input, key length from its context,
-or the input itself for self-attention), and the layer's backend says how it splits those keys
+numdev attention call reads the call's shape (an Attention: query length from its input, key length
+from its context, or the input itself for self-attention; an AttentionCall: from q and k), and the layer's backend says how it splits those keys
 (numdev.attention.registry.AttentionBackend.kv_tiling: the emulator from its tile rule, PyTorch's
 CPU flash kernel from its own rule, untiled backends one block). The hooks are removed once every
 layer has been seen: no cost after the first step.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
-from numdev.models.attention import Attention
+from numdev.models.attention import Attention, AttentionCall
 
 
 class AttentionTiling(pl.Callback):
@@ -32,16 +32,20 @@ class AttentionTiling(pl.Callback):
         if self._hooks:
             return
         for module in pl_module.model.modules():
-            if isinstance(module, Attention):
+            if isinstance(module, AttentionCall):
                 self._hooks.append(module.register_forward_pre_hook(self._record, with_kwargs=True))
 
-    def _record(self, module: Attention, args: tuple, kwargs: dict) -> None:
+    def _record(self, module: AttentionCall, args: tuple, kwargs: dict) -> None:
         if module.layer_name in self.layers:
             return
-        x = args[0] if args else kwargs["x"]
-        context = args[1] if len(args) > 1 else kwargs.get("context")
-        n_queries = x.shape[1]
-        n_keys = context.shape[1] if context is not None else n_queries
+        if isinstance(module, Attention):  # forward(x (B, N, dim), context (B, L, kv_dim) or None)
+            x = args[0] if args else kwargs["x"]
+            context = args[1] if len(args) > 1 else kwargs.get("context")
+            n_queries = x.shape[1]
+            n_keys = context.shape[1] if context is not None else n_queries
+        else:  # an AttentionCall: forward(q, k, v), each (B, H, N, D)
+            x, k = (args[0] if args else kwargs["q"]), (args[1] if len(args) > 1 else kwargs["k"])
+            n_queries, n_keys = x.shape[2], k.shape[2]
         backend = module.backend
         self.layers[module.layer_name] = {
             "layer": module.layer_name, "backend": getattr(backend, "name", type(backend).__name__),
