@@ -267,6 +267,18 @@ def test_runs_that_did_not_train_the_same_workload_are_refused(tmp_path):
         consistency.check({**good, "flash": {0: other_route}})
 
 
+def test_a_run_saved_before_the_objective_group_is_the_diffusion_objective_it_trained(tmp_path):
+    """An older reference (no `objective`) beside a newer role that records the diffusion objective of the same
+    `diffusion` block: one workload; a role with another objective is refused."""
+    diffusion = {"schedule": {"num_steps": 1000}, "sampler": {"kind": "ddim"}, "p_uncond": 0.1, "prediction": "v"}
+    objective = {"_target_": "numdev.train.module.DiffusionModule", "_partial_": True, **diffusion}
+    old = {"reference": {0: _run(tmp_path, "reference", 0, "reference", diffusion=diffusion)}}
+    consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, objective=objective)}})
+    other = {**objective, "prediction": "eps"}
+    with pytest.raises(ValueError, match="objective = .*'prediction': 'eps'.*a run copied in"):
+        consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, objective=other)}})
+
+
 # -- the summary as a typed, versioned file ---------------------------------------------------------------
 def _summary() -> harm_summary.HarmSummary:
     role = harm_summary.RoleSummary(role="flash", kind="under_test", label="Flash", replicates=[0, 1])

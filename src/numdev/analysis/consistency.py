@@ -24,13 +24,18 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from numdev.config.objective import objective_of
+
 WORKLOAD_KEYS = ("name", "model", "objective", "data.resolution", "data.sequence_length", "data.corpus", "data.batch_size", "trainer.max_steps", "snapshot.every_n_steps",
                  "snapshot.schedule", "optim.warmup_steps", "optim.cooldown_steps", "diffusion")
 LEARNING_RATE = "optim.optimizer.lr"
 
 
 def _get(config: dict, key: str):
-    """config[key] for a dotted key of a plain (YAML-read) config; None where any part is missing."""
+    """config[key] for a dotted key of a plain (YAML-read) config; None where any part is missing (the objective of
+    a config saved before the `objective` group: the diffusion objective it trained, numdev.config.objective)."""
+    if key == "objective":
+        return objective_of(config)
     node = config
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from numdev.attention.registry import BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
+from numdev.config.objective import objective_of
 from numdev.config.schema import SEED_LIMIT, TRAIN, validate
 from numdev.models.attention import AttentionCall
 from numdev.models.gpt import BYTE_VOCABULARY
@@ -73,10 +74,7 @@ def build_module(cfg: DictConfig, model: torch.nn.Module, optimization: Optimiza
     """The LightningModule around `model`: the objective (conf/train/objective/: diffusion, causal_lm) with the
     optimizer, learning-rate schedule and noise stream from cfg. A config saved before objectives existed is diffusion's."""
     optimizer = instantiate(cfg.optim.optimizer)
-    node = cfg.get("objective")
-    objective = instantiate(node) if node is not None else instantiate(
-        {"_target_": "numdev.train.module.DiffusionModule", "_partial_": True, "schedule": cfg.diffusion.schedule,
-         "sampler": cfg.diffusion.sampler, "p_uncond": cfg.diffusion.p_uncond, "prediction": cfg.diffusion.prediction})
+    objective = instantiate(objective_of(cfg))
     return objective(
         model=model,
         optimizer=optimization.optimizer(optimizer) if optimization is not None else optimizer,
