@@ -3,6 +3,7 @@
 # make train  set up .venv (if missing) and train dit_tiny on the embedded defaults (CPU, ~5 min)
 # make test-unit | test-cli | test-faults   one tier of the default suite (README.md#tests)
 # make test-slow   the slow tests too
+# make test-hf     install the optional extra .[hf] (transformers) and run the Hugging Face model tests
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8;
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -q
 DEFAULT := not slow and not gpu
 
-.PHONY: demo train test test-unit test-cli test-faults test-slow bench-figures lint clean
+.PHONY: demo train test test-unit test-cli test-faults test-slow test-hf bench-figures lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +39,10 @@ test-unit test-cli test-faults: test-%: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PYTEST) -m "not gpu" --durations=15
+
+test-hf: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[hf]'
+	$(PYTEST) -m "not slow and not gpu" tests/test_hf_model.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts kernels

@@ -15,7 +15,7 @@ from numdev.models.attention import AttentionCall
 from numdev.models.hf import HFCausalLM, numdev_attention
 from numdev.train.run import build_model
 
-transformers = pytest.importorskip("transformers")  # in .[dev] and .[hf]: CI runs these
+transformers = pytest.importorskip("transformers")  # the optional extra .[hf]: `make test-hf` installs it and runs these
 
 RUN = ("model.context_length=64", "data.batch_size=4", "trainer.max_steps=3", "trainer.enable_progress_bar=false",
        "trainer.enable_model_summary=false", "snapshot.every_n_steps=2", "callbacks.checkpoint.every_n_steps=2",

@@ -129,7 +129,7 @@ def misspelled_key(app: str, overrides: list[str], compose, error: Exception, ty
         node = OmegaConf.select(compose(config_name=app, overrides=[o for o in overrides if o is not given]), parent)
     except Exception:  # noqa: BLE001 - another override is wrong too: Hydra's own message
         return None
-    if not isinstance(node, DictConfig):
+    if not isinstance(node, DictConfig) or leaf in node:  # the key exists: Hydra refused the value (its own message)
         return None
     keys = sorted(str(k) for k in node.keys())
     value = shown.split("=", 1)[1] if shown else "..."
@@ -313,12 +313,14 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         return None
     for o in added:
         parts = o.key_or_group.split(".")
-        node, depth = base, 0
+        node, depth, above = base, 0, None
         while depth < len(parts) - 1 and isinstance(node, DictConfig) and parts[depth] in node:
-            node = node[parts[depth]]
+            node, above = node[parts[depth]], node
             depth += 1
         if depth == 0 or not isinstance(node, DictConfig):
             continue  # an unknown top level: numdev.config.groups.unknown_top_level_key
+        if depth >= 2 and _open_mapping(above.get("_target_"), parts[depth - 1]):
+            continue  # a mapping the constructor takes whole (model=hf's model.config): its keys are its own to check
         parent, name = ".".join(parts[:depth]), parts[depth]
         if depth == len(parts) - 1 and name in node:
             continue  # ++key=value over a key that exists
@@ -339,6 +341,20 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         return (f"{o.input_line}: {owner} has no setting {name}, so nothing would read it: {hint}"
                 f"{listed}(numdev-{app} --cfg job shows every key)")
     return None
+
+
+def _open_mapping(target, name: str) -> bool:
+    """Whether `_target_` takes its argument `name` as a whole mapping (annotated dict), whose keys it checks itself."""
+    from hydra.utils import get_object
+
+    if target is None:
+        return False
+    try:
+        parameter = inspect.signature(get_object(str(target))).parameters.get(name)
+    except Exception:  # noqa: BLE001 - not importable or no signature: treated as a closed node
+        return False
+    annotation = parameter.annotation if parameter is not None else None
+    return annotation is dict or (isinstance(annotation, str) and (annotation == "dict" or annotation.startswith("dict[")))
 
 
 def _parameters(target: str) -> set[str] | None:

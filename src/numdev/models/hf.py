@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from numdev.attention.registry import AttentionBackend
+from numdev.config.groups import nearest
 from numdev.models.attention import AttentionCall, name_attention_layers
 
 IMPLEMENTATION = "numdev"  # the name under which numdev's attention function is registered in transformers
@@ -64,11 +65,19 @@ def numdev_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
         if kwargs.get(option) is not None:
             raise ValueError(f"{call.layer_name}: {option}={kwargs[option]} is not computed by numdev's backends: use a "
                              f"config without {option}")
+    if query.shape[1] % key.shape[1]:
+        raise ValueError(f"{call.layer_name}: {query.shape[1]} query heads cannot share {key.shape[1]} key/value heads evenly")
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads (transformers' repeat_kv)
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     out = call(query.to(value.dtype), key.to(value.dtype), value)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _last_line(error: BaseException) -> str:
+    """transformers' message on one line, its last line where it has several (huggingface_hub's validators), cut at 300."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:300]
 
 
 def register() -> None:
@@ -91,23 +100,44 @@ class HFCausalLM(nn.Module):
         if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length <= 0:
             raise ValueError(f"model.context_length={context_length!r} must be a positive integer")
         settings = {k: v for k, v in config.items() if k != "model_type"}
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if config["model_type"] not in CONFIG_MAPPING:
+            near = nearest(config["model_type"], list(CONFIG_MAPPING.keys()))
+            raise ValueError(f"model.config.model_type={config['model_type']!r}: transformers {transformers.__version__} does not know "
+                             f"it{' (did you mean ' + ' or '.join(near) + '?)' if near else ''}: use one of its model types, e.g. llama, "
+                             "qwen2, gpt2")
+        config_class = CONFIG_MAPPING[config["model_type"]]
+        known = sorted(set(config_class().to_dict()) | set(config_class.attribute_map))
+        for key in sorted(set(settings) - set(known)):  # transformers would keep a misspelled key and use the default
+            near = nearest(key, known)
+            raise ValueError(f"model.config.{key} is not a setting of transformers' {config_class.__name__}"
+                             f"{' (did you mean ' + ' or '.join(near) + '?)' if near else ''}: transformers would ignore it "
+                             "and build its default; fix the key (model.config holds the config's own keys)")
         try:
-            hf_config = transformers.AutoConfig.for_model(config["model_type"], **settings)
-        except (ValueError, KeyError) as error:
-            raise ValueError(f"model.config.model_type={config['model_type']!r}: transformers does not know it ({error}); "
-                             "use one of its model types, e.g. llama, qwen2, gpt2") from None
+            hf_config = config_class(**settings)
+        except Exception as error:  # noqa: BLE001 - transformers' validators raise their own classes (huggingface_hub's)
+            raise ValueError(f"model.config: transformers' {config_class.__name__} refuses it: {_last_line(error)}") from None
+        heads, kv_heads = hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+        if heads % kv_heads:
+            raise ValueError(f"model.config.num_attention_heads={heads} is not a multiple of model.config.num_key_value_heads={kv_heads}: "
+                             "each key/value head serves a whole group of query heads; change one of them")
         for key in ("max_position_embeddings", "n_positions"):
             limit = getattr(hf_config, key, None)
             if isinstance(limit, int) and limit < context_length:
                 raise ValueError(f"model.config.{key}={limit} is shorter than model.context_length={context_length}: "
                                  "the model has no position for the later tokens")
         register()
-        self.hf = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation=IMPLEMENTATION)
+        try:
+            self.hf = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation=IMPLEMENTATION)
+        except Exception as error:  # noqa: BLE001 - not a causal LM (t5), an attention implementation it refuses, a shape it cannot build
+            raise ValueError(f"model.config.model_type={config['model_type']!r}: transformers builds no causal language model "
+                             f"from it with numdev's attention ({_last_line(error)}): choose a decoder-only type "
+                             "(llama, qwen2, gpt2, mistral)") from None
         if not getattr(self.hf, "_supports_attention_backend", False):
             raise ValueError(f"model.config.model_type={config['model_type']!r}: its transformers model does not dispatch "
                              "attention through the attention-function registry, so numdev's backends cannot compute it: "
                              "choose another model type (llama, qwen2, gpt2, mistral)")
-        heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         layers = [m for m in self.hf.modules() if hasattr(m, "layer_idx") and type(m).__name__.endswith("Attention")]
         if not layers:
@@ -118,6 +148,10 @@ class HFCausalLM(nn.Module):
         self.vocabulary = hf_config.vocab_size
         self.model_type = config["model_type"]
         name_attention_layers(self)
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The token embedding (transformers' own accessor): the token-rows record reads it (GPT-2 has position embeddings too)."""
+        return self.hf.get_input_embeddings()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.hf(input_ids=tokens, use_cache=False).logits

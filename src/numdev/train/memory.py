@@ -63,6 +63,15 @@ def _lm_shape(model: DictConfig) -> tuple[int, int, int] | None:
     return None
 
 
+def _integer(data: DictConfig, key: str) -> int:
+    """data.<key> as an int, or one line naming it (data.sequence_length is model.context_length unless set)."""
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        origin = " (data=text takes it from model.context_length)" if key == "sequence_length" else ""
+        raise ValueError(f"data.{key}={value!r}{origin} must be a positive integer")
+    return value
+
+
 def _size_keys(model: DictConfig) -> str:
     """The model's size settings as key=value, for the message (what to lower)."""
     for keys in _LM_KEYS + (("hidden", "depth"),):
@@ -77,7 +86,7 @@ def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimat
     value_bytes = 2 if str(cfg.precision.get("name", "")).startswith(("bf16-mixed", "fp16-mixed", "16")) else 4
     materialised = getattr(backend, "name", "") in MATERIALISED
     if "sequence_length" in data and _lm_shape(model) is not None:  # token windows (numdev.data.text) through a causal LM
-        batch, length = int(data.batch_size), int(data.sequence_length)
+        batch, length = _integer(data, "batch_size"), _integer(data, "sequence_length")
         depth, hidden, heads = _lm_shape(model)
         values = batch * (depth * (length * hidden * SAVED_PER_TOKEN + (heads * length * length if materialised else 0)) + 3 * length)
         parameters = count_parameters(cfg, backend) if parameters is None else parameters
@@ -85,7 +94,7 @@ def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimat
     if "resolution" not in data or "patch" not in model:  # a user's own model (model=custom): its weights only
         parameters = count_parameters(cfg, backend) if parameters is None else parameters
         return Estimate(parameters, parameters * PARAMETER_BYTES, 0)
-    batch, resolution = int(data.batch_size), int(data.resolution)
+    batch, resolution = _integer(data, "batch_size"), _integer(data, "resolution")
     image_tokens = (resolution // int(model.patch)) ** 2
     text = model.text
     caption_tokens = int(text.context_length)

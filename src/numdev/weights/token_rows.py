@@ -30,10 +30,17 @@ class TokenRowsError(ValueError):
 
 
 def embedding_name(model: nn.Module) -> str | None:
-    """The parameter name of the model's token embedding (its one nn.Embedding), or None without one."""
+    """The parameter name of the model's token embedding: the one its `get_input_embeddings()` returns (transformers'
+    name for it; a model with position embeddings too, GPT-2's wpe), else its one nn.Embedding; None without one."""
+    named = getattr(model, "get_input_embeddings", None)
+    if callable(named):
+        embedding = named()
+        found = next((name for name, module in model.named_modules() if module is embedding and embedding is not None), None)
+        if found is not None:
+            return f"{found}.weight"
     names = [f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Embedding)]
     if len(names) > 1:
-        raise TokenRowsError(f"the model has {len(names)} token embeddings ({names[:3]}): numdev knows which rows train for one")
+        raise TokenRowsError(f"the model has {len(names)} token embeddings ({names[:3]}): numdev knows which rows train for one (or the one the model's get_input_embeddings() returns)")
     return names[0] if names else None
 
 
