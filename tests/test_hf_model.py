@@ -11,6 +11,7 @@ import torch
 from helpers import compose_train, train_run
 
 from numdev.attention import Baseline, FlashEmulated, build_backend
+from numdev.config.preflight import problem
 from numdev.models.attention import AttentionCall
 from numdev.models.hf import HFCausalLM, numdev_attention
 from numdev.train.run import build_model
@@ -99,8 +100,6 @@ def test_what_numdev_does_not_compute_is_refused_naming_the_layer(change, messag
 
 
 def test_bad_configs_and_a_missing_transformers_are_one_line_errors(monkeypatch):
-    with pytest.raises(ValueError, match="model.config.model_type='lama': transformers does not know it"):
-        HFCausalLM(Baseline(), {"model_type": "lama"})
     with pytest.raises(ValueError, match="model.config must be a transformers config with its model_type"):
         HFCausalLM(Baseline(), {"hidden_size": 32})
     with pytest.raises(ValueError, match="max_position_embeddings=32 is shorter than model.context_length=64"):
@@ -108,6 +107,16 @@ def test_bad_configs_and_a_missing_transformers_are_one_line_errors(monkeypatch)
                                 "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 64}, context_length=64)
     with pytest.raises(ValueError, match="model.config.vocab_size=100: data=text's tokens are bytes"):
         train_run("model=hf", *SMALL["hf"], *RUN, "model.config.vocab_size=100", run_dir="/tmp/unused-hf", smoke=False)
+    with pytest.raises(ValueError, match=r"model_type='lama': transformers .* does not know it \(did you mean llama"):
+        HFCausalLM(Baseline(), {"model_type": "lama"})
+    with pytest.raises(ValueError, match=r"model.config.hiden_size is not a setting of transformers' LlamaConfig \(did you mean hidden_size"):
+        HFCausalLM(Baseline(), {"model_type": "llama", "hiden_size": 32})
+    with pytest.raises(ValueError, match="num_attention_heads=4 is not a multiple of model.config.num_key_value_heads=3"):
+        HFCausalLM(Baseline(), {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 3})
+    with pytest.raises(ValueError, match=r"LlamaConfig refuses it: ValueError: The hidden size \(-5\)"):
+        HFCausalLM(Baseline(), {"model_type": "llama", "hidden_size": -5})
+    with pytest.raises(ValueError, match="transformers builds no causal language model from it"):
+        HFCausalLM(Baseline(), {"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2, "vocab_size": 256})
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"model=hf_\* needs transformers, which is not installed: pip install -e '.\[hf\]'"):
         HFCausalLM(Baseline(), {"model_type": "llama"})
@@ -144,3 +153,18 @@ def test_the_docs_parameter_counts_are_what_transformers_builds():
         parameters = sum(p.numel() for p in build_model(cfg, Baseline()).parameters())
         start = section.index(f"`{name}` a ")
         assert f"{parameters:,}" in section[start:start + 120], (name, parameters)
+
+
+def test_a_key_added_under_the_transformers_config_is_for_transformers_to_check():
+    """The preflight passes +model.config.<key> (HFCausalLM takes model.config whole and checks its keys against the
+    config class), but still names a key added where nothing reads it."""
+    assert problem("train", ["model=hf", "+model.config.rms_norm_eps=1e-5"], lambda cfg: None) is None
+    said = problem("train", ["model=hf", "+model.contxt_length=64"], lambda cfg: None)
+    assert said.startswith("+model.contxt_length=64: model (numdev.models.hf.HFCausalLM) has no setting contxt_length")
+
+
+def test_gpt2s_token_embedding_is_the_one_transformers_names():
+    from numdev.weights.token_rows import embedding_name
+
+    model = build_model(config("hf_gpt2"), Baseline())
+    assert embedding_name(model) == "hf.transformer.wte.weight"  # not wpe, its position embedding
