@@ -275,7 +275,7 @@ def test_a_run_saved_before_the_objective_group_is_the_diffusion_objective_it_tr
     old = {"reference": {0: _run(tmp_path, "reference", 0, "reference", diffusion=diffusion)}}
     consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, objective=objective)}})
     other = {**objective, "prediction": "eps"}
-    with pytest.raises(ValueError, match="objective = .*'prediction': 'eps'.*a run copied in"):
+    with pytest.raises(ValueError, match="objective.prediction = 'eps', but .* has 'v': its runs must train the same workload"):
         consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, objective=other)}})
 
 

@@ -48,6 +48,15 @@ def _plain(value):
     return OmegaConf.to_container(value, resolve=False) if OmegaConf.is_config(value) else value
 
 
+def _first_difference(key: str, value, expected) -> tuple[str, object, object]:
+    """The first dotted key under `key` where two values differ, with both sides (whole values when not both mappings)."""
+    if isinstance(value, dict) and isinstance(expected, dict):
+        for part in sorted(set(value) | set(expected), key=str):
+            if value.get(part) != expected.get(part):
+                return _first_difference(f"{key}.{part}", value.get(part), expected.get(part))
+    return key, value, expected
+
+
 def check(runs: dict) -> None:
     """Raise ValueError (one line) at the first disagreement between the study's runs."""
     flat = [run for by_rep in runs.values() for run in by_rep.values()]
@@ -60,7 +69,8 @@ def check(runs: dict) -> None:
                 continue
             value = _plain(_get(run["config"], key))
             if value != expected:
-                raise ValueError(f"{run['dir']}: {key} = {value!r}, but {reference['dir']} has {expected!r}: "
+                where, value, expected_here = _first_difference(key, value, expected)
+                raise ValueError(f"{run['dir']}: {where} = {value!r}, but {reference['dir']} has {expected_here!r}: "
                                  "its runs must train the same workload (a run copied in from another study?)")
     for role, by_rep in runs.items():  # a role's pre-registered claim is one claim, in every replicate
         stated = {r: (run["kind"], run.get("claim"), run.get("claim_than")) for r, run in by_rep.items()}

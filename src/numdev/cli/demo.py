@@ -24,7 +24,6 @@ Everything goes through the real command lines, so each step can be rerun by han
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import subprocess
@@ -34,7 +33,8 @@ from pathlib import Path
 
 from numdev.cli import logs
 from numdev.cli.commands import command, tensorboard
-from numdev.cli.errors import fail
+from numdev.cli.errors import fail, one_line
+from numdev.cli.script_args import ScriptParser
 from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
 from numdev.stats.intervals import MIN_CI
 from numdev.stats.verdicts import RANGE_NO_VERDICT
@@ -143,7 +143,7 @@ def run_catalogue(output_root: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="numdev-demo", description=__doc__.strip().splitlines()[0])
+    parser = ScriptParser(prog="numdev-demo", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default="outputs", help="where runs land (default: outputs)")
     parser.add_argument("--skip-bench", action="store_true", help="reuse the latest bench sweeps")
     parser.add_argument("--skip-study", action="store_true", help="reuse the latest study")
@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     harm = study or latest_study(output_root, kind="harm")
     study = latest_study(output_root)  # a flash-stability study run by hand, if any
     catalogue = catalogue or latest_study(output_root, catalogue=True)
-    index = build_report(latest_bench_sweeps(output_root), study, output_root / "report", catalogue=catalogue, harm=harm)
+    try:
+        index = build_report(latest_bench_sweeps(output_root), study, output_root / "report", catalogue=catalogue, harm=harm)
+    except (FileNotFoundError, OSError) as error:  # --skip-* with nothing run before under --outputs, an unwritable folder
+        fail("numdev-demo", f"{one_line(error)} (under --outputs {output_root})")
     minutes = (time.perf_counter() - start) / 60
     log.info(f"\ndone in {minutes:.1f} min.\nreport:      {index.resolve()}  (open it in a browser)")
     if harm is not None:
