@@ -274,6 +274,10 @@ def test_a_run_saved_before_the_objective_group_is_the_diffusion_objective_it_tr
     objective = {"_target_": "numdev.train.module.DiffusionModule", "_partial_": True, **diffusion}
     old = {"reference": {0: _run(tmp_path, "reference", 0, "reference", diffusion=diffusion)}}
     consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, objective=objective)}})
+    newer = _run(tmp_path, "acc", 0, diffusion=diffusion, objective=objective, **{"study.harm.learned_below": None})
+    consistency.check({**old, "acc": {0: newer}})  # a setting added later with a null default: what the older run ran
+    with pytest.raises(ValueError, match=r"study.harm.learned_below = 1.0, but .* has None"):
+        consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, **{"study.harm.learned_below": 1.0})}})
     other = {**objective, "prediction": "eps"}
     with pytest.raises(ValueError, match="objective.prediction = 'eps', but .* has 'v': its runs must train the same workload"):
         consistency.check({**old, "acc": {0: _run(tmp_path, "acc", 0, diffusion=diffusion, objective=other)}})

@@ -48,11 +48,19 @@ def _plain(value):
     return OmegaConf.to_container(value, resolve=False) if OmegaConf.is_config(value) else value
 
 
+def _same(a, b) -> bool:
+    """Equal, where a key one mapping lacks and the other holds as null counts as equal (a setting a later numdev
+    added with a null default, e.g. study.harm.learned_below, is what an older run ran with)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(_same(a.get(k), b.get(k)) for k in set(a) | set(b))
+    return a == b
+
+
 def _first_difference(key: str, value, expected) -> tuple[str, object, object]:
     """The first dotted key under `key` where two values differ, with both sides (whole values when not both mappings)."""
     if isinstance(value, dict) and isinstance(expected, dict):
         for part in sorted(set(value) | set(expected), key=str):
-            if value.get(part) != expected.get(part):
+            if not _same(value.get(part), expected.get(part)):
                 return _first_difference(f"{key}.{part}", value.get(part), expected.get(part))
     return key, value, expected
 
@@ -68,7 +76,7 @@ def check(runs: dict) -> None:
             if key == LEARNING_RATE and run["kind"] == "positive_control":
                 continue
             value = _plain(_get(run["config"], key))
-            if value != expected:
+            if not _same(value, expected):
                 where, value, expected_here = _first_difference(key, value, expected)
                 raise ValueError(f"{run['dir']}: {where} = {value!r}, but {reference['dir']} has {expected_here!r}: "
                                  "its runs must train the same workload (a run copied in from another study?)")
