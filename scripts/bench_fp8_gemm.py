@@ -39,7 +39,7 @@ def measure(pair: tuple[torch.dtype, torch.dtype], shape: tuple[int, int, int], 
             out[gemm] = scaled_mm(aq, ai, bq, bi, gemm)
             times[gemm].append(time.perf_counter() - start)
     native, fp32 = (statistics.median(times[g]) for g in ("native", "fp32"))
-    gap = float(((out["native"] - out["fp32"]).abs().max() / out["native"].abs().max()))
+    gap = float((out["native"] - out["fp32"]).abs().max() / out["native"].abs().max())
     return {"shape_mkn": list(shape), "native_s": native, "fp32_s": fp32, "native_over_fp32": native / fp32,
             "bitwise_equal": bool(torch.equal(out["native"], out["fp32"])), "max_relative_gap": gap}
 

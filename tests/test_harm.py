@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import compose_train
+from hydra.utils import instantiate
 
 from numdev.analysis.harm import calibration, consistency, effects, headline, threshold
+from numdev.numerics.formats import parse_format
 from numdev.runs import harm_summary
 from numdev.stats import verdicts
 
@@ -345,9 +347,13 @@ def test_the_learning_rate_control_is_ten_times_the_studys():
 
 
 def test_every_claimed_role_states_a_known_claim_and_flash_tiles():
-    for role in ("acc_e5m2", "acc_e4m3", "bf16_true", "bf16_kahan", "biased_1e-1", "lr_x10", "ulp", "opt_compile"):
+    for role in ("acc_e5m2", "acc_e4m3", "acc_e5m1", "acc_e5m0", "bf16_true", "bf16_kahan", "biased_1e-1", "lr_x10", "ulp",
+                 "opt_compile"):
         cfg = compose_train("experiment=harm", f"study={role}", "run_dir=/tmp/x", smoke=False)
         assert cfg.study.claim in effects.CLAIMS, role
+    for role, bits in (("acc_e5m1", 1), ("acc_e5m0", 0)):  # the grade's further steps: every stage of the state in that format
+        formats = instantiate(compose_train("experiment=harm", f"study={role}", "run_dir=/tmp/x", smoke=False).attention).formats
+        assert {parse_format(getattr(formats, stage)).mantissa_bits for stage in ("stats", "rescale", "accum")} == {bits}, role
     flash = compose_train("experiment=harm", "study=flash_fa2", "run_dir=/tmp/x", smoke=False)
     tokens = (flash.data.resolution // flash.model.patch) ** 2
     assert math.ceil(tokens / flash.attention.block_c) >= 8  # every image self-attention call runs >= 8 key/value blocks
