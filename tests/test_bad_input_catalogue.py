@@ -1479,7 +1479,7 @@ def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monk
     assert unexpected_key("data", "nope") == "data.nope is not a setting of data: remove +data.nope (see --help for the keys it has)"
     # through numdev-train, with the command-line check bypassed (an experiment could add the key)
     monkeypatch.setattr("numdev.config.groups.override_mistake", lambda app, args: None)
-    monkeypatch.setattr("numdev.config.preflight.problem", lambda app, args, check: None)
+    monkeypatch.setattr("numdev.config.preflight.problem", lambda *args: None)
     monkeypatch.setattr(sys, "argv", ["numdev-train", "+data.root=/x", "experiment=train_smoke", f"output_root={tmp_path}",
                                       "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
     with pytest.raises(SystemExit) as exit_:

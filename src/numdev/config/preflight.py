@@ -20,6 +20,7 @@ A command whose config cannot be composed is left to Hydra, whose own message sa
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import inspect
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 MAX_JOBS = 24  # beyond: each swept value once, not every combination
 MAX_SWEEP_JOBS = 2000  # the sweep's jobs checked against each other (check_sweep) up to this many
@@ -36,9 +37,38 @@ NO_RUN = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", 
           "--resolve", "-p", "--package"}
 
 
-def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> str | None:
-    """The first thing wrong with the command's configs, as one line (None: every job is fine)."""
-    from hydra import compose, initialize_config_module
+class Composer:
+    """Hydra's compose API, each (config, overrides) composed once for one command: the checks below
+    (a sweep's jobs against each other, then each job's config, then the keys it adds) ask for the same
+    configs several times, and a composition costs ~0.2 s. A composition is kept with its Hydra node
+    and handed out as a copy; one that failed raises its error again."""
+
+    def __init__(self) -> None:
+        self._composed: dict[tuple, DictConfig | Exception] = {}
+
+    def __call__(self, config_name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
+        from hydra import compose
+
+        key = (config_name, tuple(overrides))
+        if key not in self._composed:
+            try:
+                self._composed[key] = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+            except Exception as error:  # noqa: BLE001 - raised again below, to each caller that asks
+                self._composed[key] = error
+        found = self._composed[key]
+        if isinstance(found, Exception):
+            raise found
+        cfg = copy.deepcopy(found)
+        if not return_hydra_config:
+            with open_dict(cfg):
+                del cfg["hydra"]  # as hydra.compose does
+        return cfg
+
+
+def problem(app: str, args: list[str], check: Callable[[DictConfig], None], compose: Composer | None = None) -> str | None:
+    """The first thing wrong with the command's configs, as one line (None: every job is fine).
+    `compose`: the command's Composer, shared with sweep_problem."""
+    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException, InstantiationException
@@ -48,6 +78,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
 
     if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
         return None
+    compose = compose or Composer()
     given = [a for a in args if "=" in a and not a.startswith("-")]
     try:
         parsed = OverridesParser.create().parse_overrides(given)
@@ -84,12 +115,12 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None]) -> s
     return None
 
 
-def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str | None]) -> str | None:
+def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str | None], compose: Composer | None = None) -> str | None:
     """The command's jobs checked against each other by `check_sweep(jobs)` (numdev-train: a sibling
     reference that no job makes), each a SweepJob with the directory it will run in: every job of a
     sweep (up to MAX_SWEEP_JOBS), or a single run as a one-job list. None: nothing wrong, or a
-    command this cannot expand (Hydra says why when it runs)."""
-    from hydra import compose, initialize_config_module
+    command this cannot expand (Hydra says why when it runs). `compose`: the command's Composer."""
+    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -97,6 +128,7 @@ def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str |
 
     if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
         return None
+    compose = compose or Composer()
     try:
         parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
         with initialize_config_module(config_module=config_module(app), version_base="1.3"):
@@ -403,10 +435,11 @@ def checked_overrides(program: str, app: str, check=None, check_sweep=None):
             if not args and not kwargs and not HYDRA_TOOL_FLAGS & set(sys.argv[1:]):  # a run's command line (not a test
                 given = sys.argv[1:]  # passing a config, not Hydra's shell completion)
                 mistake = config_groups.override_mistake(app, given) or output_dir_problem(given)
+                compose = Composer()  # one composition of each config for both checks
                 if not mistake and check_sweep is not None:  # before `check`, which may import torch: answers in a second
-                    mistake = sweep_problem(app, given, check_sweep)
+                    mistake = sweep_problem(app, given, check_sweep, compose)
                 if not mistake and check is not None:
-                    mistake = problem(app, given, check)
+                    mistake = problem(app, given, check, compose)
                 if mistake:
                     fail(program, mistake)
                 note_existing_run_dir(given)
