@@ -122,9 +122,9 @@ def main() -> None:
             data.setup()
             batch = torch.stack([data.dataset[i]["tokens"] for i in range(cfg.data.batch_size)])
             plain = PlainGPT(model)
-            variants[PLAIN] = (lambda m=plain: F.cross_entropy(m(batch[:, :-1]).float().transpose(1, 2), batch[:, 1:]), plain)
+            variants[PLAIN] = (lambda m=plain, b=batch: F.cross_entropy(m(b[:, :-1]).float().transpose(1, 2), b[:, 1:]), plain)
             reference = model
-        variants[backend] = (lambda mod=module: mod.token_loss(batch)[0].mean(), model)
+        variants[backend] = (lambda mod=module, b=batch: mod.token_loss(b)[0].mean(), model)
     dtype = torch.bfloat16 if args.precision == "bf16-mixed" else None
     with torch.no_grad():  # the plain model computes numdev's function
         a = variants[PLAIN][1](batch[:, :-1])
@@ -133,7 +133,7 @@ def main() -> None:
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, (_, model) in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.rounds + 2):
-        for name, (loss_of, model) in variants.items():
+        for name, (loss_of, _model) in variants.items():
             start = time.perf_counter()
             with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
                 loss = loss_of()

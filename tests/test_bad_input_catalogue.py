@@ -24,6 +24,7 @@ the one home of bad input: the catalogue, the real commands, and the checks behi
 
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import json
@@ -31,13 +32,14 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, compose_train, png_bytes, run_numdev, tar_bytes, train_run
+from helpers import REPO, png_bytes, run_numdev, tar_bytes, train_run
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 
@@ -84,8 +86,26 @@ def _manifest(text: str, name: str = "m.jsonl") -> Callable[[Path], None]:
     return setup
 
 
+_TRAINED: dict[tuple[str, ...], Path] = {}  # a finished 2-step run per set of overrides, made once per test process
+
+
+def _finished_run(tmp: Path, *overrides: str) -> None:
+    """A finished 2-step run made with `overrides`, copied into {tmp}/run: trained once per test process
+    (a copied run directory is a run like any other: test_checkpoints.py's copied run resumes and compares)."""
+    if overrides not in _TRAINED:
+        made = Path(tempfile.mkdtemp(prefix="numdev-catalogue-run-")) / "run"
+        atexit.register(shutil.rmtree, made.parent, True)
+        threads = torch.get_num_threads()
+        try:
+            train_run("trainer.max_steps=2", *overrides, run_dir=made)
+        finally:
+            torch.set_num_threads(threads)
+        _TRAINED[overrides] = made
+    shutil.copytree(_TRAINED[overrides], tmp / "run", symlinks=True)
+
+
 def _trained_run(tmp: Path) -> None:
-    train_run("trainer.max_steps=2", run_dir=tmp / "run")
+    _finished_run(tmp)
 
 
 def _truncate_checkpoint(tmp: Path) -> None:
@@ -912,13 +932,7 @@ def _trained_with(*overrides: str) -> Callable[[Path], None]:
     """A finished 2-step run in {tmp}/run made with `overrides` (e.g. without checkpoints)."""
 
     def setup(tmp: Path) -> None:
-        threads = torch.get_num_threads()
-        from numdev.train.run import train
-
-        try:
-            train(compose_train("trainer.max_steps=2", *overrides, run_dir=tmp / "run"))
-        finally:
-            torch.set_num_threads(threads)
+        _finished_run(tmp, *overrides)
 
     return setup
 
