@@ -185,3 +185,19 @@ def test_the_speed_block_is_the_scripts_from_the_committed_benchmark():
     report = json.loads(script.RESULT.read_text())
     assert {r["variant"] for r in report["rows"]} >= {script.PLAIN, "sdpa_flash", "flash_emulated"}
     assert read_block(script.DOC, script.BLOCK) == script.block_text(report).strip()
+
+
+def test_compile_compiles_what_each_model_calls_outside_its_forward():
+    """optimization=compile's default (submodules: null) is the model's own outside_forward: the DiT's text
+    tower, nothing for the language model, whose catalogue therefore runs the role unchanged; a list names them."""
+    from numdev.optimizations.compile import Compile
+
+    with torch.device("meta"):
+        gpt = build_model(lm_config(), Baseline())
+        dit = build_model(compose_train(run_dir="/tmp/unused"), Baseline())
+    default = Compile("compile")
+    default.check_model(gpt)
+    default.check_model(dit)
+    assert default._submodules(gpt) == () and default._submodules(dit) == ("text",)
+    with pytest.raises(ValueError, match="the model has no submodule 'text': name some of blocks"):
+        Compile("compile", submodules=["text"]).check_model(gpt)

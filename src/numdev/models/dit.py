@@ -102,6 +102,8 @@ class PatchEmbed(nn.Module):
 
 
 class DiT(nn.Module):
+    outside_forward = ("text",)  # submodules called outside forward (encode_text): torch.compile compiles them on their own
+
     def __init__(
         self,
         attention: AttentionBackend,
