@@ -15,6 +15,7 @@ into docs/workloads.md's `lm-optimizations-table` and `lm-optimizations-ordering
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ WORKLOADS = {
     "dit": Workload(RESULT, DOC, "optimizations-table", "optimizations-ordering", COMMAND, "dit_study"),
     "gpt_tiny": Workload(REPO / "docs" / "results" / "optimizations_gpt_tiny_summary.json", REPO / "docs" / "workloads.md",
                          "lm-optimizations-table", "lm-optimizations-ordering",
-                         ".venv/bin/numdev-train experiment=optimizations model=gpt_tiny", "gpt_tiny"),
+                         ".venv/bin/numdev-train experiment=optimizations model=gpt_tiny callbacks.heldout.num_images=64", "gpt_tiny"),
 }
 
 
@@ -71,7 +72,9 @@ def _script(summary: dict) -> str:
 
 
 def _origin(summary: dict, result: Path, command: str) -> str:
-    return (f"[{result.relative_to(REPO)}]({result.relative_to(REPO)}), the summary of `{command}` "
+    link = os.path.relpath(result, REPO / "docs")  # the blocks are on pages in docs/
+    shown = result.relative_to(REPO) if result.is_relative_to(REPO) else result  # a summary outside the repository: its path
+    return (f"[{shown}]({link}), the summary of `{command}` "
             f"({summary['model']}, {summary['steps']} steps, {summary['precision']} reference, {len(summary['replicates'])} replicates; "
             f"machine: {machine_line(summary['provenance'])})")
 

@@ -925,6 +925,12 @@ CATALOGUE += [
          "optimization=bf16_kahan: optim.optimizer is Adam"),
     Case("train-seed-rounding-negative", "numdev-train", [*TRAIN, "optimization=bf16_sr", "precision=bf16-true", "seed.rounding=-1"],
          "seed.rounding=-1 must be a non-negative integer below 2^64"),
+    # the held-out count, checked before the run (experiment=optimizations asks for the DiT's 256; the text holds fewer windows)
+    Case("train-heldout-more-windows-than-the-text", "numdev-train", ["model=gpt_tiny", "hydra.run.dir={tmp}/run", "callbacks.heldout.num_images=100000"],
+         "callbacks.heldout.num_images=100000: the held-out text has"),
+    *(Case(f"train-heldout-count-{name}", "numdev-train", [*TRAIN, f"callbacks.heldout.num_images={value}"],
+           f"callbacks.heldout.num_images={shown} must be a positive integer")
+      for name, value, shown in (("zero", "0", "0"), ("text", "many", "'many'"))),
 ]
 
 # -- reliability, round three (issue 32 item 3): each class of the adversarial pass, with variants ------------

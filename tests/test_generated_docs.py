@@ -66,11 +66,18 @@ def test_user_text_has_no_session_history(doc):
         assert not re.search(r"\b(commit|@) [0-9a-f]{7,40}\b", text), "a commit hash in README.md's text"
 
 
-def test_the_optimizations_table_and_sentence_are_the_scripts_from_the_committed_summary():
+@pytest.mark.parametrize("workload", ["dit", "gpt_tiny"])
+def test_the_optimizations_tables_are_the_scripts_from_the_committed_summary(workload):
+    """Each workload's catalogue on its page (the DiT's in docs/optimizations.md and README, the language
+    model's in docs/workloads.md) is what optimization_table.py writes from the committed summary."""
     table = _script("optimization_table")
-    summary = json.loads(table.RESULT.read_text(encoding="utf-8"))
-    assert read_block(README, "findings-optimizations") == table.findings_sentence(summary, table.RESULT, table.COMMAND).strip()
-    assert read_block(table.DOC, "optimizations-table") == table.table_text(summary, table.RESULT, table.COMMAND).strip()
+    work = table.WORKLOADS[workload]
+    summary = json.loads(work.result.read_text(encoding="utf-8"))
+    assert summary["model"] == work.model
+    assert read_block(work.doc, work.table_block) == table.table_text(summary, work.result, work.command).strip()
+    assert read_block(work.doc, work.ordering_block) == table.ordering_text(summary, work.result, work.command).strip()
+    if workload == "dit":
+        assert read_block(README, "findings-optimizations") == table.findings_sentence(summary, work.result, work.command).strip()
 
 
 def test_the_configuration_reference_lists_every_option_in_conf():

@@ -146,7 +146,7 @@ def _check_record_size(path: Path, what: str) -> None:
 def read_json_file(path: str | os.PathLike, schema: FileSchema) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise FileNotFoundError(f"{path} is a directory, not a file" if path.is_dir() else f"{path} does not exist")
     _check_record_size(path, schema.what)
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
@@ -162,7 +162,7 @@ def read_json_file(path: str | os.PathLike, schema: FileSchema) -> dict:
 def read_yaml_file(path: str | os.PathLike, schema: FileSchema) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise FileNotFoundError(f"{path} is a directory, not a file" if path.is_dir() else f"{path} does not exist")
     _check_record_size(path, schema.what)
     try:
         data = yaml.safe_load(path.read_bytes().decode("utf-8"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
@@ -34,6 +34,7 @@ from numdev.runs.layout import CHECKPOINT, RUN_RECORD, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
 from numdev.train.callbacks import results as callback_results
+from numdev.train.callbacks.heldout import positive_count
 from numdev.train.callbacks.perturbation import PerturbAtStep
 from numdev.train.callbacks.snapshots import WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
@@ -113,6 +114,7 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(f"precision.gemm={gemm!r}: use one of {', '.join(GEMM_SETTINGS)} (numdev.train.precision)")
     _check_claim(cfg)
     _check_workload(cfg)
+    _check_heldout(cfg)
     _check_attention(cfg)
     _check_optimizer(cfg)
     _check_optimization(cfg)
@@ -146,6 +148,17 @@ def _check_workload(cfg: DictConfig) -> None:
     if objective == "DiffusionModule" and tokens:
         raise ValueError(f"{choice} trains on captioned images but data=text gives token windows: choose a language model "
                          "(model=gpt_tiny) or image data (data=shapes)")
+
+
+def _check_heldout(cfg: DictConfig) -> None:
+    """callbacks.heldout.num_images is a positive count, and token data holds that many held-out windows (known from the
+    corpus before the run: a sweep whose every job would fail at its start is refused before any job runs)."""
+    node = (cfg.get("callbacks") or {}).get("heldout")
+    if not node or "num_images" not in node:
+        return
+    count = positive_count("callbacks.heldout.num_images", node.num_images)
+    if "sequence_length" in cfg.data and hasattr(get_class(cfg.data._target_), "heldout_dataset"):
+        instantiate(cfg.data).heldout_dataset(count)  # too many: one line naming the windows there are
 
 
 def _check_attention(cfg: DictConfig) -> None:
