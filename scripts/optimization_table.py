@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -35,8 +35,7 @@ BENCH = REPO / "docs" / "results" / "bench_study_optimizations.json"
 COMMAND = ".venv/bin/numdev-train experiment=optimizations"
 
 
-@dataclass(frozen=True)
-class Workload:
+class Workload(NamedTuple):  # not a dataclass: the tests load this script by path, outside sys.modules
     """Where a workload's catalogue is kept and shown: its committed summary, the page and block names."""
 
     result: Path

@@ -18,7 +18,7 @@ Per row:
   compared with that role's runs of the same replicate (from the snapshots);
 - **step time ratio**: the run's median step time over its baseline's (run.json step_seconds,
   measured in the same study), per replicate, geometric mean with the t interval (ranges below 5);
-- **downstream**: the held-out diffusion loss at the run's last step (numdev.train.callbacks.heldout), the row
+- **downstream**: the held-out loss (diffusion, or next-token cross-entropy for a language model) at the run's last step (numdev.train.callbacks.heldout), the row
   minus its baseline per replicate, mean with its interval; its mean |Δ| is set against the `data`
   control's (another data order against the reference: the seed-to-seed yardstick). Caption
   agreement needs samples, which the catalogue does not draw (64 steps: docs/study.md#early).
@@ -33,6 +33,7 @@ import torch
 from hydra.utils import instantiate
 
 from numdev.analysis import early
+from numdev.config.objective import objective_of
 from numdev.stats import intervals as stats
 
 ROW_KINDS = ("under_test", "proxy", "optimization", "control")
@@ -73,16 +74,29 @@ def table(runs: dict, curves: dict, calibration: dict, pair_curves, log=print, d
             "first_step_s": _spread_of(by_rep, "first"),
             "downstream": _downstream(heldout, role, baseline, yardstick),
         })
+    loss, shape = _workload_words(_first(runs[reference])["config"])
     return {"rows": rows, "markdown": markdown(rows, calibration), "rules": {
         "equivalent": "eps*: " + early.FLOOR_RULE + "; " + early.CALIBRATION_RULE,
         "step_time": "median step time of the run over its baseline's, per replicate; " + stats.LOG_RULE,
-        "downstream": "held-out diffusion loss at the last step (numdev.train.callbacks.heldout), the row minus its baseline "
+        "downstream": f"{loss} at the last step (numdev.train.callbacks.heldout), the row minus its baseline "
                       f"per replicate: mean [{stats.RULE}; from fewer than {stats.MIN_BOOTSTRAP} replicates the range]; "
                       f"'more than a seed' when its mean |Δ| exceeds the {YARDSTICK} control's mean |Δ| to the reference",
-        "phase1": f"one attention call against FP64 (golden_attention), image self-attention shape, N(0,1) inputs; "
+        "phase1": f"one attention call against FP64 (golden_attention), {shape}, N(0,1) inputs; "
                   f"matrix-product rows: one hidden x hidden linear call against the FP64 product, N(0,1) inputs, "
                   f"nn.Linear's weight range; {PHASE1_SEEDS} seeds: mean over seeds [range]",
     }}
+
+
+def _workload_words(config: dict) -> tuple[str, str]:
+    """What the rules call the workload's held-out loss and its attention call (the reference run's config)."""
+    target = str((objective_of(config) or {}).get("_target_", ""))
+    loss = ("held-out next-token cross-entropy (nats per token)" if target.endswith("CausalLMModule")
+            else "held-out diffusion loss" if target.endswith("DiffusionModule") else "held-out loss (the model's own)")
+    try:
+        shape = "causal self-attention over the training window" if sequence(config)[1] else "image self-attention shape"
+    except (KeyError, TypeError, ValueError):  # a user's model: its attention call as the catalogue measures it
+        shape = "the model's attention shape"
+    return loss, shape
 
 
 def _first(by_rep: dict) -> dict:
