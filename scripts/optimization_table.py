@@ -64,10 +64,15 @@ def catalogue_text() -> str:
     return "\n".join(lines)
 
 
+def _workload_of(summary: dict) -> str | None:
+    """The --workload whose model made this summary (None: none of them)."""
+    return next((name for name, work in WORKLOADS.items() if work.model == summary.get("model")), None)
+
+
 def _script(summary: dict) -> str:
     """How to write the block again: the script, with --workload for a workload other than the DiT."""
-    other = next((name for name, work in WORKLOADS.items() if work.model == summary.get("model") and name != "dit"), None)
-    return ".venv/bin/python scripts/optimization_table.py" + (f" --workload {other}" if other else "")
+    other = _workload_of(summary)
+    return ".venv/bin/python scripts/optimization_table.py" + (f" --workload {other}" if other not in (None, "dit") else "")
 
 
 def _origin(summary: dict, result: Path, command: str) -> str:
@@ -157,7 +162,7 @@ def main() -> None:
         parser.error(f"{summary_path}: no optimizations table: not a summary of experiment=optimizations (rerun numdev-study on it)")
     if summary.get("model") != work.model:
         parser.error(f"{summary_path}: a catalogue of model {summary.get('model')!r}, not {work.model!r}: "
-                     f"give --workload {next((k for k, w in WORKLOADS.items() if w.model == summary.get('model')), '...')}")
+                     f"give --workload {_workload_of(summary) or '...'}")
     if args.copy and summary_path.resolve() != work.result:
         work.result.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(summary_path, work.result)

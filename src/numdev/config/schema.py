@@ -296,6 +296,13 @@ class Samples:
 
 
 @dataclass
+class HeldOut:
+    num_images: int = integer(min=1)
+    batch_size: int = integer(min=1)
+    seed: int = seed()
+
+
+@dataclass
 class Instability:
     spike_factor: float = number(above=1)
     ema_beta: float = number(min=0, below=1)
@@ -343,6 +350,6 @@ TRAIN = {  # the study's own keys first: a value the study sets elsewhere (optim
     "study": Study, "study.harm": StudyHarm, "": Train, "model": Model, "model.text": TextModel, "data": Data, "trainer": Trainer,
     "optim": Optim, "optim.optimizer": Optimizer, "diffusion": Diffusion, "diffusion.schedule": Schedule,
     "diffusion.sampler": Sampler, "seed": Seeds, "snapshot": Snapshot, "callbacks.checkpoint": Every,
-    "callbacks.samples": Samples, "callbacks.instability": Instability, "callbacks.shadow": Shadow,
+    "callbacks.samples": Samples, "callbacks.heldout": HeldOut, "callbacks.instability": Instability, "callbacks.shadow": Shadow,
     "sibling": Sibling,
 }

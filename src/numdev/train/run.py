@@ -34,7 +34,6 @@ from numdev.runs.layout import CHECKPOINT, RUN_RECORD, WEIGHTS_DIR, RunDir
 from numdev.runs.lock import RunLock
 from numdev.train.callbacks import connect
 from numdev.train.callbacks import results as callback_results
-from numdev.train.callbacks.heldout import positive_count
 from numdev.train.callbacks.perturbation import PerturbAtStep
 from numdev.train.callbacks.snapshots import WeightSnapshots
 from numdev.train.checkpoint_io import SafeCheckpointIO, load_checkpoint
@@ -151,14 +150,13 @@ def _check_workload(cfg: DictConfig) -> None:
 
 
 def _check_heldout(cfg: DictConfig) -> None:
-    """callbacks.heldout.num_images is a positive count, and token data holds that many held-out windows (known from the
-    corpus before the run: a sweep whose every job would fail at its start is refused before any job runs)."""
+    """Token data holds callbacks.heldout.num_images held-out windows (known from the corpus before the run: a sweep whose
+    every job would fail at its start is refused before any job runs; the count's type and range: the schema, above)."""
     node = (cfg.get("callbacks") or {}).get("heldout")
-    if not node or "num_images" not in node:
+    if not node or not isinstance(node.get("num_images"), int):
         return
-    count = positive_count("callbacks.heldout.num_images", node.num_images)
     if "sequence_length" in cfg.data and hasattr(get_class(cfg.data._target_), "heldout_dataset"):
-        instantiate(cfg.data).heldout_dataset(count)  # too many: one line naming the windows there are
+        instantiate(cfg.data).heldout_dataset(node.num_images)  # too many: one line naming the windows there are
 
 
 def _check_attention(cfg: DictConfig) -> None:

@@ -89,18 +89,12 @@ def heldout_targets(dataset, schedule, prediction: str, *, seed: int, batch_size
                       for pixels, t, noise, _ in heldout_batches(dataset, schedule, seed=seed, batch_size=batch_size)])
 
 
-def positive_count(key: str, value) -> int:
-    """`value` as a count of held-out items or a batch size: a positive integer, else one line naming `key`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{key}={value!r} must be a positive integer")
-    return value
-
-
 class HeldOutLoss(pl.Callback):
     def __init__(self, run_dir: str, num_images: int = HELDOUT_IMAGES, batch_size: int = HELDOUT_BATCH_SIZE, seed: int = HELDOUT_SEED,
                  save_predictions: bool = True):
         for name, value in (("num_images", num_images), ("batch_size", batch_size)):
-            positive_count(f"callbacks.heldout.{name}", value)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"callbacks.heldout.{name}={value!r} must be a positive integer")
         if not isinstance(save_predictions, bool):
             raise ValueError(f"callbacks.heldout.save_predictions={save_predictions!r} must be true or false")
         self.run_dir, self.num_images, self.batch_size, self.seed = Path(run_dir), num_images, batch_size, seed
