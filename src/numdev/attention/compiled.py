@@ -53,6 +53,7 @@ def supports(formats: StageFormats) -> bool:
     """Whether compiled steps for these formats are known to give the eager bits."""
     return (
         not _broken
+        and formats.nearest_only
         and formats.working_dtype == torch.float32
         and all(getattr(formats, stage).name in _COMPILABLE_FORMATS for stage in STAGES)
     )

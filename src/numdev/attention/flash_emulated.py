@@ -316,7 +316,7 @@ def _kernel_model_fits(f: StageFormats, variant: str, entry: str | None) -> bool
     numerics with this GEMM entry (cpu_kernel.GEMM_ENTRIES)."""
     half = f.input.name
     return (
-        variant == "fa2" and f.exp == "fexp_u20" and f.row_sum == "lanes" and f.matmul == "blas"
+        f.nearest_only and variant == "fa2" and f.exp == "fexp_u20" and f.row_sum == "lanes" and f.matmul == "blas"
         and half in ("bf16", "fp16") and f.prob.name == f.output.name == half and f.input_scaling == "none"
         and all(getattr(f, s).name == "fp32" for s in ("score", "stats", "rescale", "accum"))
         and cpu_kernel.lanes() is not None and cpu_kernel.blas_address(f.input.torch_dtype) != 0

@@ -58,7 +58,8 @@ _failure: list[str] = []  # why the library is unavailable, once known
 def supports(formats: StageFormats) -> bool:
     """Whether the kernels compute these formats (float32 working precision, 16-bit scores)."""
     return (
-        formats.working_dtype == torch.float32
+        formats.nearest_only
+        and formats.working_dtype == torch.float32
         and formats.score.name in ("bf16", "fp16")
         and all(fmt.name in CODES for fmt in (formats.stats, formats.prob, formats.rescale, formats.accum))
     )

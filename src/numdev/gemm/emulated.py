@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from numdev.gemm.stages import GemmFormats
-from numdev.numerics.formats import round_to, truncate_to
+from numdev.numerics.formats import round_to
 from numdev.numerics.scaling import quantize_parts
 
 
@@ -71,9 +71,7 @@ def _sequential(left, right, f: GemmFormats) -> torch.Tensor:
 
 
 def _accumulator(f: GemmFormats):
-    if f.accum_rounding == "toward_zero":
-        return lambda x: truncate_to(x, f.accum)
-    return lambda x: round_to(x, f.accum)
+    return lambda x: round_to(x, f.accum)  # by the accumulator format's rounding (accum_rounding sets it)
 
 
 def _products_exact(f: GemmFormats) -> bool:

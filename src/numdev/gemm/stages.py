@@ -14,10 +14,15 @@
            each N_c = 128 chunk's tensor-core sum into FP32 registers)
   output   C
 
+Every format may carry its rounding (numdev.numerics.formats): input: fp8_e4m3:sr rounds the operands
+stochastically, accum: e8m13:rtz truncates the accumulator. Stochastic formats draw their random
+integers from one torch.Generator per GemmFormats, seeded by `seed` (gemm.seed).
+
 and three arithmetic choices:
   accum_rounding  nearest (ties to even) or toward_zero (truncation: the bits below the accumulator's
             quantum dropped, as tensor cores align and truncate; the truncation is what biases a long
-            low-precision accumulation)
+            low-precision accumulation). The accumulator format's rounding: toward_zero is accum: <fmt>:rtz,
+            and an accum format written with :rtz sets it; stochastic is written on the format (:sr)
   order     sequential: products added one at a time in k order, each sum computed in float64 and
             rounded once to `accum` (an accumulator model: ~14 bits for Hopper's FP8 tensor cores is
             accum=e8m13); matmul: each chunk's sum by ATen's matmul in the working precision, rounded
@@ -43,11 +48,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from numdev.numerics.formats import FloatFormat, parse_format
+from numdev.numerics.formats import FloatFormat, Rounding, parse_format, with_random_source
 from numdev.numerics.scaling import BLOCK_SCALES, SCALINGS
 
 ORDERS = ("sequential", "matmul")
-ACCUM_ROUNDING = ("nearest", "toward_zero")
+ACCUM_ROUNDING = ("nearest", "toward_zero", "stochastic")
+_ACCUM_MODES = {"nearest": "nearest", "toward_zero": "zero", "stochastic": "stochastic"}
 SCALE_AT = ("output", "operands")
 FORMAT_FIELDS = ("input", "weight", "product", "accum", "promote", "output")
 
@@ -68,8 +74,17 @@ class GemmFormats:
     scale_at: str = "output"
     accum_rounding: str = "nearest"
     preset: str = "custom"
+    seed: int = 0  # of the random integers of every stochastic format here
 
     def __post_init__(self):
+        if self.accum_rounding not in ACCUM_ROUNDING:
+            raise ValueError(f"gemm.accum_rounding={self.accum_rounding!r}: use one of {', '.join(ACCUM_ROUNDING)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"gemm.seed={self.seed!r} must be a non-negative integer below 2^63")
+        _accum_rounding(self)
+        source = torch.Generator().manual_seed(self.seed)
+        for name in FORMAT_FIELDS:
+            object.__setattr__(self, name, with_random_source(getattr(self, name), source))
         if self.chunk == 0:
             object.__setattr__(self, "chunk", None)  # 0: the whole of K
         if self.scaling not in SCALINGS:
@@ -78,8 +93,6 @@ class GemmFormats:
             raise ValueError(f"gemm.block_scale={self.block_scale!r}: use one of {', '.join(BLOCK_SCALES)}")
         if self.order not in ORDERS:
             raise ValueError(f"gemm.order={self.order!r}: use one of {', '.join(ORDERS)}")
-        if self.accum_rounding not in ACCUM_ROUNDING:
-            raise ValueError(f"gemm.accum_rounding={self.accum_rounding!r}: use one of {', '.join(ACCUM_ROUNDING)}")
         if self.scale_at not in SCALE_AT:
             raise ValueError(f"gemm.scale_at={self.scale_at!r}: use one of {', '.join(SCALE_AT)}")
         for name, value in (("chunk", self.chunk), ("block", self.block)):
@@ -95,10 +108,24 @@ class GemmFormats:
         return torch.float32
 
     def describe(self) -> dict:
-        out = {f: getattr(self, f).name for f in FORMAT_FIELDS}
+        out = {f: getattr(self, f).spec for f in FORMAT_FIELDS}
         out.update(scaling=self.scaling, block=self.block, block_scale=self.block_scale, chunk=self.chunk, order=self.order,
                    scale_at=self.scale_at, accum_rounding=self.accum_rounding, preset=self.preset)
+        if any(getattr(self, f).rounding.mode == "stochastic" for f in FORMAT_FIELDS):
+            out["seed"] = self.seed
         return out
+
+
+def _accum_rounding(f: GemmFormats) -> None:
+    """Make accum_rounding and the accumulator format's own rounding one choice (frozen: set in place)."""
+    written = f.accum.rounding.mode
+    if written == "nearest" and f.accum_rounding != "nearest":
+        bits = 16 if f.accum_rounding == "stochastic" else 0
+        object.__setattr__(f, "accum", replace(f.accum, rounding=Rounding(_ACCUM_MODES[f.accum_rounding], bits)))
+    elif written != "nearest" and f.accum_rounding == "nearest":
+        object.__setattr__(f, "accum_rounding", {v: k for k, v in _ACCUM_MODES.items()}[written])
+    elif _ACCUM_MODES[f.accum_rounding] != written:
+        raise ValueError(f"gemm.accum={f.accum.spec} and gemm.accum_rounding={f.accum_rounding} disagree: write the rounding once")
 
 
 _FP32 = dict.fromkeys(FORMAT_FIELDS, "fp32")
@@ -118,7 +145,7 @@ def gemm_formats(preset: str = "fp32", **overrides) -> GemmFormats:
     """Formats from a preset; every override that is not None wins (the Hydra target)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown gemm preset {preset!r}: use one of {', '.join(PRESETS)}")
-    allowed = set(FORMAT_FIELDS) | {"scaling", "block", "block_scale", "chunk", "order", "scale_at", "accum_rounding"}
+    allowed = set(FORMAT_FIELDS) | {"scaling", "block", "block_scale", "chunk", "order", "scale_at", "accum_rounding", "seed"}
     unknown = set(overrides) - allowed
     if unknown:
         raise ValueError(f"unknown gemm field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(allowed))}")

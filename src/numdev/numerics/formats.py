@@ -1,4 +1,4 @@
-"""Floating-point formats and correct round-to-nearest-even into them.
+"""Floating-point formats, each with its rounding: to nearest even, toward zero, or stochastic.
 
 A format is a number of exponent and mantissa bits plus what its top exponent means:
 IEEE-like formats keep it for inf and NaN; the OCP "fn" formats (fp8_e4m3) use it for finite
@@ -7,19 +7,66 @@ element formats fp6_e2m3, fp6_e3m2 and fp4_e2m1 have neither inf nor NaN: every 
 number, and a conversion saturates (overflow and inf become the largest finite number, as ml_dtypes
 and the OCP MX specification v1.0 convert).
 
-`round_to(x, fmt)` returns a tensor of x's dtype holding the values of x rounded, once, to fmt:
-ties to even, gradual underflow into subnormals, overflow to inf (NaN for fn formats, the largest
-finite number for formats without inf and NaN), NaN kept (in the tensor, even for a format without
-NaN). Under autograd the rounding is a straight-through identity. `decode(codes, fmt)` gives the
-value of every bit pattern (tests hold both to ml_dtypes and torch on every code).
+`round_to(x, fmt)` returns a tensor of x's dtype holding the values of x rounded, once, to fmt by
+fmt's rounding (`Rounding`, written after the format's name: "bf16", "bf16:rtz", "bf16:sr",
+"e4m3:sr8"):
+
+  nearest     (":rne", the default) ties to even, gradual underflow into subnormals, overflow to
+              inf (NaN for fn formats, the largest finite number for formats without inf and NaN)
+  zero        (":rtz") toward zero (IEEE roundTowardZero): the bits below fmt's quantum dropped; a
+              finite overflow becomes the largest finite number
+  stochastic  (":sr<n>", n random bits per element, 16 when not written) up or down at random: with
+              x = (i + f) quanta (i an integer, 0 <= f < 1), away from zero when round(f 2^n) + r >= 2^n
+              for a uniform random integer 0 <= r < 2^n (f rounded to n bits, ties to even), so
+              E[round(x)] = x up to f's rounding to n bits (exactly when f has n bits or fewer);
+              overflow as nearest. This is gfloat's RoundMode.Stochastic (srbits r, srnumbits n), bit
+              for bit; the random integers come from the format's own seeded torch.Generator
+              (`with_random_source`; numdev.numerics.stages and numdev.gemm.stages give each stochastic
+              stage one, seeded by numerics.seed / gemm.seed), or are given (`round_stochastic`).
+
+inf and NaN: NaN stays NaN (in the tensor, even for a format without NaN); inf stays inf in formats
+with inf, becomes NaN in fn formats and the largest finite number in formats without either (as
+gfloat with sat = fmt.saturates). Under autograd every rounding is a straight-through identity.
+`decode(codes, fmt)` gives the value of every bit pattern (tests hold round_to to ml_dtypes, torch and
+gfloat, and decode to ml_dtypes and torch, on every code).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
+
+ROUNDINGS = ("nearest", "zero", "stochastic")
+_SUFFIXES = {"rne": "nearest", "rtz": "zero", "sr": "stochastic"}
+DEFAULT_RANDOM_BITS = 16
+MAX_RANDOM_BITS = 32
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """How a value is rounded into a format; `source` (stochastic only) draws the random integers."""
+
+    mode: str = "nearest"
+    random_bits: int = 0  # stochastic: random bits per element (1-32)
+    source: torch.Generator | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.mode not in ROUNDINGS:
+            raise ValueError(f"unknown rounding {self.mode!r}: use one of {', '.join(ROUNDINGS)}")
+        stochastic = self.mode == "stochastic"
+        if stochastic and not 1 <= self.random_bits <= MAX_RANDOM_BITS or not stochastic and self.random_bits != 0:
+            raise ValueError(f"rounding {self.mode}: random_bits={self.random_bits} "
+                             + (f"must lie in 1-{MAX_RANDOM_BITS}" if stochastic else "applies to stochastic rounding only"))
+
+    @property
+    def suffix(self) -> str:
+        """What follows the format's name in its spec: '', ':rtz' or ':sr<bits>'."""
+        return {"nearest": "", "zero": ":rtz", "stochastic": f":sr{self.random_bits}"}[self.mode]
+
+
+NEAREST = Rounding()
 
 
 @dataclass(frozen=True)
@@ -29,6 +76,7 @@ class FloatFormat:
     mantissa_bits: int
     has_inf: bool = True
     has_nan: bool = True  # False: no NaN code either (MX fp6/fp4): the top binade is wholly finite
+    rounding: Rounding = NEAREST
 
     def __post_init__(self):
         if not 2 <= self.exponent_bits <= 11 or not 0 <= self.mantissa_bits <= 52:
@@ -93,8 +141,17 @@ class FloatFormat:
         """The torch dtype with exactly these values, if there is one."""
         return _TORCH_DTYPES.get(self.name)
 
+    @property
+    def spec(self) -> str:
+        """The name with the rounding, as parse_format reads it back: 'bf16', 'bf16:sr16'."""
+        return self.name + self.rounding.suffix
+
+    @property
+    def nearest(self) -> bool:
+        return self.rounding.mode == "nearest"
+
     def __str__(self) -> str:
-        return self.name
+        return self.spec
 
 
 FORMATS: dict[str, FloatFormat] = {
@@ -126,10 +183,18 @@ _TORCH_DTYPES = {
 _CUSTOM = re.compile(r"^e(\d+)m(\d+)$")
 
 
+_ROUNDING_SPEC = re.compile(r"^(rne|rtz|sr)(\d*)$")
+
+
 def parse_format(spec) -> FloatFormat:
-    """A format from a name ('bf16'), an 'e5m10' string, or an (exponent, mantissa) pair."""
+    """A format from a name ('bf16'), an 'e5m10' string, or an (exponent, mantissa) pair; a name may
+    carry its rounding after a colon: 'bf16:rne' (nearest even, the default), 'bf16:rtz' (toward
+    zero), 'bf16:sr' or 'bf16:sr8' (stochastic with 16 or 8 random bits per element)."""
     if isinstance(spec, FloatFormat):
         return spec
+    if isinstance(spec, str) and ":" in spec:
+        name, _, mode = spec.partition(":")
+        return replace(parse_format(name), rounding=_parse_rounding(spec, mode))
     if isinstance(spec, str):
         if spec in FORMATS:
             return FORMATS[spec]
@@ -140,8 +205,30 @@ def parse_format(spec) -> FloatFormat:
         return _custom(int(spec[0]), int(spec[1]))
     raise ValueError(
         f"unknown float format {spec!r}: use one of {', '.join(FORMATS)}, "
-        "a custom 'e<exponent bits>m<mantissa bits>' such as e5m10, or an [exponent, mantissa] pair"
+        "a custom 'e<exponent bits>m<mantissa bits>' such as e5m10, or an [exponent, mantissa] pair; "
+        "a rounding may follow a colon: bf16:rne, bf16:rtz, bf16:sr, bf16:sr8"
     )
+
+
+def _parse_rounding(spec: str, mode: str) -> Rounding:
+    match = _ROUNDING_SPEC.match(mode)
+    if not match or (match[2] and match[1] != "sr"):
+        raise ValueError(f"unknown rounding {mode!r} in {spec!r}: write rne (nearest even), rtz (toward zero) or sr<bits> "
+                         f"(stochastic with that many random bits, 1-{MAX_RANDOM_BITS}; sr alone: {DEFAULT_RANDOM_BITS}), "
+                         "e.g. bf16:sr or e4m3:sr8")
+    if match[1] != "sr":
+        return Rounding(_SUFFIXES[match[1]])
+    bits = int(match[2]) if match[2] else DEFAULT_RANDOM_BITS
+    if not 1 <= bits <= MAX_RANDOM_BITS:
+        raise ValueError(f"{spec!r}: stochastic rounding takes 1-{MAX_RANDOM_BITS} random bits per element, not {bits}")
+    return Rounding("stochastic", bits)
+
+
+def with_random_source(fmt: FloatFormat, source: torch.Generator) -> FloatFormat:
+    """fmt drawing its stochastic rounding's random integers from `source` (unchanged if not stochastic)."""
+    if fmt.rounding.mode != "stochastic":
+        return fmt
+    return replace(fmt, rounding=replace(fmt.rounding, source=source))
 
 
 def _is_pair(spec) -> bool:
@@ -159,12 +246,15 @@ def _custom(exponent_bits: int, mantissa_bits: int) -> FloatFormat:
 
 
 def round_to(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
-    """x rounded to nearest even in `fmt`, as a tensor of x's dtype (float32 or float64)."""
+    """x rounded to `fmt` by fmt's rounding, as a tensor of x's dtype (float32 or float64)."""
     fmt = parse_format(fmt)
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"round_to works in float32 or float64, got {x.dtype}; upcast first")
     if fmt.exponent_bits >= _WIDTH[x.dtype][0] and fmt.mantissa_bits >= _WIDTH[x.dtype][1]:
-        return x  # every value of x is already in fmt
+        return x  # every value of x is already in fmt (no random integers are drawn)
+    if fmt.rounding.mode == "stochastic" and fmt.rounding.source is None:
+        raise ValueError(f"format {fmt.spec} rounds stochastically but has no source of random bits: give it a seeded "
+                         "torch.Generator (numdev.numerics.formats.with_random_source; numerics.seed in a config)")
     if x.requires_grad:
         return _StraightThrough.apply(x, fmt)
     return _round(x, fmt)
@@ -174,6 +264,15 @@ _WIDTH = {torch.float32: (8, 23), torch.float64: (11, 52)}
 
 
 def _round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    if fmt.rounding.mode == "zero":
+        return _truncate(x, fmt)
+    if fmt.rounding.mode == "stochastic":
+        bits = torch.randint(0, 1 << fmt.rounding.random_bits, tuple(x.shape), generator=fmt.rounding.source, dtype=torch.int64)
+        return round_stochastic(x, fmt, bits.to(x.device))
+    return _round_nearest(x, fmt)
+
+
+def _round_nearest(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     native = fmt.torch_dtype
     # An ATen conversion is one correct rounding from float32 (and from float64 to float32);
     # from float64 to narrower dtypes ATen goes through float32, a double rounding.
@@ -187,15 +286,8 @@ def _round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return _round_normal_fast(x, fmt)
 
 
-def truncate_to(x: torch.Tensor, fmt: FloatFormat | str) -> torch.Tensor:
-    """x rounded toward zero in `fmt` (the IEEE roundTowardZero attribute): the bits below fmt's
-    quantum dropped; overflow becomes the largest finite number, as roundTowardZero gives; NaN and
-    inf kept. A tensor of x's dtype (float32 or float64); no gradient."""
-    fmt = parse_format(fmt)
-    if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"truncate_to works in float32 or float64, got {x.dtype}; upcast first")
-    if fmt.exponent_bits >= _WIDTH[x.dtype][0] and fmt.mantissa_bits >= _WIDTH[x.dtype][1]:
-        return x
+def _truncate(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Toward zero: the bits below fmt's quantum dropped (on the bit pattern where x is normal in fmt)."""
     int_dtype = torch.int32 if x.dtype == torch.float32 else torch.int64
     dropped = _WIDTH[x.dtype][1] - fmt.mantissa_bits
     truncated = (x.view(int_dtype) & -(1 << dropped)).view(x.dtype)  # exact where x is normal in fmt
@@ -210,7 +302,53 @@ def _truncate_generic(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     quantum = exponent.sub_(1 + fmt.mantissa_bits).clamp_(min=fmt.emin - fmt.mantissa_bits)
     truncated = _times_pow2(_times_pow2(x, quantum.neg()).trunc_(), quantum)
     limit = torch.tensor(fmt.max_finite, dtype=x.dtype)
-    return torch.where(torch.isfinite(x), torch.clamp(truncated, -limit, limit), x)
+    return torch.where(torch.isfinite(x), torch.clamp(truncated, -limit, limit), _non_finite(x, fmt))
+
+
+def round_stochastic(x: torch.Tensor, fmt: FloatFormat | str, bits: torch.Tensor) -> torch.Tensor:
+    """x rounded stochastically to fmt with the given random integers (0 <= bits < 2^n, n =
+    fmt.rounding.random_bits, broadcastable to x): gfloat's RoundMode.Stochastic(srbits=bits,
+    srnumbits=n) element by element (module docstring). float32 or float64 x; no gradient."""
+    fmt = parse_format(fmt)
+    n = fmt.rounding.random_bits
+    if fmt.rounding.mode != "stochastic":
+        raise ValueError(f"round_stochastic needs a stochastic format (e.g. {fmt.name}:sr), not {fmt.spec}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"round_stochastic works in float32 or float64, got {x.dtype}; upcast first")
+    bits = torch.as_tensor(bits, device=x.device).to(torch.int64)
+    if bits.numel() and (int(bits.min()) < 0 or int(bits.max()) >= 1 << n):
+        raise ValueError(f"random bits for {fmt.spec} lie in [0, 2^{n}), got {int(bits.min())}..{int(bits.max())}")
+    if x.dtype == torch.float32 and fmt.has_inf and fmt.exponent_bits == 8 and n == 23 - fmt.mantissa_bits:
+        # The n dropped bits themselves: add the random integer to them and clear them (a carry is the
+        # rounding away, into the next binade or to inf), as hardware does; the generic rule gives the same.
+        raw = x.view(torch.int32)
+        added = ((raw + bits.to(torch.int32)) & -(1 << n)).view(torch.float32)
+        return torch.where(torch.isfinite(x), added, x)
+    finite = torch.isfinite(x)
+    magnitude = torch.where(finite, x.abs(), torch.zeros((), dtype=x.dtype))
+    _, exponent = torch.frexp(magnitude)
+    quantum = exponent.sub_(1 + fmt.mantissa_bits).clamp_(min=fmt.emin - fmt.mantissa_bits)
+    scaled = _times_pow2(magnitude, quantum.neg())  # exact: x = scaled quanta
+    whole = scaled.floor()
+    fraction = (scaled - whole).mul_(2.0**n).round_()  # the fraction on n bits, ties to even (exact: powers of two)
+    away = (fraction.to(torch.int64) + bits) >= 1 << n
+    rounded = torch.copysign(_times_pow2(whole + away.to(x.dtype), quantum), x)
+    overflow = rounded.abs() > fmt.max_finite
+    if fmt.saturates:
+        beyond = torch.copysign(torch.tensor(fmt.max_finite, dtype=x.dtype), x)
+    else:
+        beyond = torch.copysign(torch.tensor(float("inf") if fmt.has_inf else float("nan"), dtype=x.dtype), x)
+    return torch.where(finite, torch.where(overflow, beyond, rounded), _non_finite(x, fmt))
+
+
+def _non_finite(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Where x is inf or NaN: NaN stays NaN; inf stays inf (formats with inf), becomes NaN (fn formats)
+    or the largest finite number (formats with neither)."""
+    if fmt.has_inf:
+        return x
+    if fmt.saturates:
+        return torch.where(torch.isinf(x), torch.copysign(torch.tensor(fmt.max_finite, dtype=x.dtype), x), x)
+    return torch.where(torch.isinf(x), torch.tensor(float("nan"), dtype=x.dtype), x)
 
 
 def _round_normal_fast(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:

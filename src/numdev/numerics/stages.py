@@ -11,7 +11,10 @@ For a query block Q_i and key/value blocks (K_j, V_j):
   output   the final O
 
 Every stage is computed in a working precision (float32 when every format fits in it, else
-float64) and then rounded, once, to its format. So a matmul is modelled as an accumulation in the
+float64) and then rounded, once, to its format, by the format's rounding (numdev.numerics.formats:
+numerics.prob=bf16:sr rounds P stochastically with 16 random bits, bf16:sr8 with 8, bf16:rtz toward
+zero). The stochastic stages draw from one torch.Generator per StageFormats, seeded by `seed`
+(numerics.seed), in the order the computation rounds: a rerun with the same seed gives the same bits. So a matmul is modelled as an accumulation in the
 working precision rounded to the stage's format, as tensor cores accumulate in FP32.
 
 Presets name the common combinations for a run precision p:
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from numdev.numerics.formats import FloatFormat, parse_format, round_to
+from numdev.numerics.formats import FloatFormat, parse_format, round_to, with_random_source
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
 PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
@@ -73,8 +76,14 @@ class StageFormats:
     exp: str = "aten"
     row_sum: str = "aten"
     matmul: str = "aten"
+    seed: int = 0  # of the random integers of every stochastic stage
 
     def __post_init__(self):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"numerics.seed={self.seed!r} must be a non-negative integer below 2^63")
+        source = torch.Generator().manual_seed(self.seed)
+        for stage in STAGES:
+            object.__setattr__(self, stage, with_random_source(getattr(self, stage), source))
         if self.input_scaling not in INPUT_SCALINGS:
             raise ValueError(
                 f"unknown input_scaling {self.input_scaling!r}: use one of {', '.join(INPUT_SCALINGS)}"
@@ -87,6 +96,11 @@ class StageFormats:
                              "set numerics.matmul=aten")
 
     @property
+    def nearest_only(self) -> bool:
+        """Every stage rounds to nearest even (the fused kernels and compiled steps do nothing else)."""
+        return all(getattr(self, s).nearest for s in STAGES)
+
+    @property
     def working_dtype(self) -> torch.dtype:
         """float32 when every stage's format fits in it, else float64."""
         if all(getattr(self, s).fits_in(torch.float32) for s in STAGES):
@@ -95,9 +109,11 @@ class StageFormats:
 
     def describe(self) -> dict:
         """A flat, JSON-ready description for result records."""
-        out = {s: getattr(self, s).name for s in STAGES}
+        out = {s: getattr(self, s).spec for s in STAGES}
         out.update(preset=self.preset, precision=self.precision, input_scaling=self.input_scaling,
                    exp=self.exp, row_sum=self.row_sum, matmul=self.matmul)
+        if not self.nearest_only:
+            out["seed"] = self.seed
         return out
 
 
@@ -108,6 +124,7 @@ def stage_formats(
     exp: str | None = None,
     row_sum: str | None = None,
     matmul: str | None = None,
+    seed: int = 0,
     **overrides,
 ) -> StageFormats:
     """Formats from a preset and a run precision; any stage given in `overrides` (not None) wins.
@@ -138,9 +155,10 @@ def stage_formats(
     return StageFormats(
         **chosen,
         preset=f"{preset}+custom" if is_custom else preset,
-        precision=run.name,
+        precision=run.spec,
         input_scaling=input_scaling,
         **arithmetic,
+        seed=seed,
     )
 
 

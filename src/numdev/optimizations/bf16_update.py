@@ -34,11 +34,12 @@ import functools
 import torch
 
 from numdev.config.schema import SEED_LIMIT
+from numdev.numerics.formats import parse_format, round_stochastic
 from numdev.optimizations.base import Optimization
 
 UPDATES = ("nearest", "kahan", "stochastic")
 LOW_BITS = 1 << 16  # the fp32 bits a bf16 drops
-_HIGH_MASK = -LOW_BITS  # 0xFFFF0000 as an int32
+_BF16_SR = parse_format("bf16:sr16")
 REFUSED = ("amsgrad", "foreach", "fused", "capturable", "differentiable")  # AdamW paths this update is not written for
 
 
@@ -48,14 +49,12 @@ def random_bits(shape, generator: torch.Generator) -> torch.Tensor:
 
 
 def stochastic_round_bf16(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """fp32 x rounded to bf16 stochastically with the given bits (int32 in [0, 2^16), x's shape): the
-    bits are added to the low 16 bits of x's fp32 pattern, which are then cleared; inf and NaN are
-    returned as they are (the addition would turn a NaN with its payload in the low bits into inf)."""
+    """fp32 x rounded to bf16 stochastically with the given bits (int32 in [0, 2^16), x's shape):
+    numdev.numerics.formats' stochastic rounding to bf16:sr16 (the bits added to the low 16 bits of x's
+    fp32 pattern, which are then cleared; inf and NaN returned as they are)."""
     if x.dtype != torch.float32:
         raise TypeError(f"stochastic rounding to bf16 takes float32, not {x.dtype}")
-    raw = x.view(torch.int32)
-    rounded = ((raw + bits.to(device=x.device, dtype=torch.int32)) & _HIGH_MASK).view(torch.float32)
-    return torch.where(torch.isfinite(x), rounded, x).bfloat16()  # exact: the low 16 bits are 0
+    return round_stochastic(x, _BF16_SR, bits).bfloat16()  # exact: the low 16 bits are 0
 
 
 class BF16AdamW(torch.optim.AdamW):
