@@ -193,3 +193,22 @@ def test_gemm_accumulator_rounding_is_one_choice():
         gemm_formats("bf16", accum="e8m13:sr", accum_rounding="toward_zero")
     sr = [emulated_matmul(a, b, gemm_formats("bf16", accum="e8m7:sr", order="sequential", seed=s)) for s in (0, 0, 1)]
     assert torch.equal(sr[0], sr[1]) and not torch.equal(sr[0], sr[2])
+
+
+def test_training_takes_a_stage_rounding_from_the_shell_seeded_by_seed_rounding():
+    """attention.formats.prob=bf16:sr is a key of the training config (not a '+' key nothing reads), and
+    its random integers are seeded by seed.rounding: the attention module built from the config rounds P
+    stochastically, the same seed the same bits, another seed other bits."""
+    from helpers import compose_train
+    from hydra.utils import instantiate
+
+    def attention(*overrides):
+        return instantiate(compose_train("attention=flash_emulated", "attention.formats.prob=bf16:sr", *overrides).attention)
+
+    first = attention("seed.rounding=4")
+    assert first.formats.prob.spec == "bf16:sr16" and first.formats.seed == 4 and first.formats.score.nearest
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(3))
+    with torch.no_grad():
+        out = [a(q, k, v) for a in (first, attention("seed.rounding=4"), attention("seed.rounding=5"))]
+    assert torch.equal(out[0], out[1]) and not torch.equal(out[0], out[2])
