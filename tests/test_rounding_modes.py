@@ -212,3 +212,21 @@ def test_training_takes_a_stage_rounding_from_the_shell_seeded_by_seed_rounding(
     with torch.no_grad():
         out = [a(q, k, v) for a in (first, attention("seed.rounding=4"), attention("seed.rounding=5"))]
     assert torch.equal(out[0], out[1]) and not torch.equal(out[0], out[2])
+
+
+def test_a_bench_seeds_measurement_draws_the_same_random_integers_alone_or_after_others(tmp_path):
+    """numdev-bench with a stochastic stage: seed 1's records are the same whether seed 0 ran before it in
+    the same process or not (each input seed restarts the stream: numerics.seed and the input seed)."""
+    from hydra import compose, initialize_config_module
+
+    from numdev.bench.runner import run_bench
+
+    def metrics(seeds):
+        with initialize_config_module(config_module="numdev.conf.bench", version_base="1.3"):
+            cfg = compose(config_name="bench", overrides=["numerics.prob=bf16:sr", "numerics.accum=bf16:sr4", "shape.seq_q=96",
+                                                          "shape.dim=16", f"seeds={seeds}"])
+        return {(r["method"], r["seed"]): r["metrics"] for r in run_bench(cfg, log=lambda *_: None) if r["kind"] == "vs_golden"}
+
+    both, alone = metrics("[0,1]"), metrics("[1]")
+    assert both[("flash", 1)] == alone[("flash", 1)] and both[("baseline", 1)] == alone[("baseline", 1)]
+    assert both[("flash", 0)] != both[("flash", 1)]

@@ -14,12 +14,13 @@ from numdev.bench.inputs import GENERATORS, Shape
 from numdev.bench.metrics import deviation
 from numdev.bench.runner import warn_nonfinite
 from numdev.figures.bias import PAIR_LABEL, STAGES
+from numdev.numerics.formats import stream_seed
 from numdev.numerics.stages import stage_formats
 
 
-def single_stage(stage: str, precision: str):
+def single_stage(stage: str, precision: str, seed: int = 0):
     """Every stage in fp64 except `stage` (or 'stats+accum': both), which is in the run precision."""
-    return stage_formats("paper", "fp64", **{s: precision for s in stage.split("+")})
+    return stage_formats("paper", "fp64", seed=seed, **{s: precision for s in stage.split("+")})
 
 
 class Sweep:
@@ -41,11 +42,12 @@ class Sweep:
             common = {"experiment": cfg.get("experiment_name"), "shape": asdict(shape), "causal": causal,
                       "precision": precision, "inputs": self.inputs, "variant": self.variant}
             for seed in (int(s) for s in cfg.seeds):
-                q, k, v = GENERATORS[self.inputs](quantize=True)(shape, seed, stage_formats("paper", precision).input)
+                stream = stream_seed(cfg.numerics.get("seed") or 0, seed)  # stochastic stages: each seed its own random integers
+                q, k, v = GENERATORS[self.inputs](quantize=True)(shape, seed, stage_formats("paper", precision, seed=stream).input)
                 golden = golden_attention(q, k, v, causal=causal)
-                runs = {"whole": FlashEmulated(stage_formats("paper", precision), self.block_r, self.block_c, variant=self.variant),
-                        "baseline": Baseline(stage_formats("paper", precision))}
-                runs.update({s: FlashEmulated(single_stage(s, precision), self.block_r, self.block_c, variant=self.variant)
+                runs = {"whole": FlashEmulated(stage_formats("paper", precision, seed=stream), self.block_r, self.block_c, variant=self.variant),
+                        "baseline": Baseline(stage_formats("paper", precision, seed=stream))}
+                runs.update({s: FlashEmulated(single_stage(s, precision, stream), self.block_r, self.block_c, variant=self.variant)
                              for s in (*STAGES, PAIR_LABEL)})
                 for label, backend in runs.items():
                     start = time.perf_counter()

@@ -16,7 +16,7 @@ from numdev.bench import memory
 from numdev.bench.inputs import Shape
 from numdev.bench.metrics import deviation
 from numdev.config.schema import BENCH, validate
-from numdev.numerics.stages import round_input
+from numdev.numerics.stages import StageFormats, round_input
 from numdev.runs.provenance import gib
 
 
@@ -56,6 +56,9 @@ def run_bench(cfg: DictConfig, log=print, emit=None) -> list[dict]:
             emit(record)
 
     for seed in cfg.seeds:
+        for stochastic in (formats, *(getattr(m, "formats", None) for m in methods.values())):
+            if isinstance(stochastic, StageFormats):
+                stochastic.reseed(int(seed))  # each seed's random integers (stochastic stages) its own stream
         q, k, v = generator(shape, int(seed), formats.input)
         _check_inputs(q, k, v, formats)
         golden = golden_attention(q, k, v, causal=cfg.causal)

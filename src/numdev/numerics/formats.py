@@ -224,6 +224,12 @@ def _parse_rounding(spec: str, mode: str) -> Rounding:
     return Rounding("stochastic", bits)
 
 
+def stream_seed(seed: int, stream: int) -> int:
+    """The seed of random stream `stream` (e.g. an input seed) under a configured seed: a measurement's
+    random integers depend on both, not on what ran before it in the same process."""
+    return (int(seed) * 0x9E3779B97F4A7C15 + int(stream) * 0xBF58476D1CE4E5B9 + 1) % (1 << 63)
+
+
 def with_random_source(fmt: FloatFormat, source: torch.Generator) -> FloatFormat:
     """fmt drawing its stochastic rounding's random integers from `source` (unchanged if not stochastic)."""
     if fmt.rounding.mode != "stochastic":

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from numdev.numerics.formats import FloatFormat, parse_format, round_to, with_random_source
+from numdev.numerics.formats import FloatFormat, parse_format, round_to, stream_seed, with_random_source
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
 PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
@@ -94,6 +94,13 @@ class StageFormats:
         if self.matmul == "blas" and self.input.name not in ("bf16", "fp16"):
             raise ValueError(f"numerics.matmul=blas takes bf16 or fp16 inputs, not {self.input.name}: "
                              "set numerics.matmul=aten")
+
+    def reseed(self, stream: int) -> None:
+        """Restart the stochastic stages' random integers at stream `stream` of this seed (the bench: each
+        input seed's measurement its own stream, whatever ran before it)."""
+        source = next((getattr(self, s).rounding.source for s in STAGES if getattr(self, s).rounding.source is not None), None)
+        if source is not None:
+            source.manual_seed(stream_seed(self.seed, stream))
 
     @property
     def nearest_only(self) -> bool:
