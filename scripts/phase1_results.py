@@ -109,7 +109,8 @@ def findings_sentence(figures: dict) -> str:
     machine = machine_line(fig4["provenance"], commit=False) if fig4.get("provenance") else "machine not recorded"
     return (
         f"**Phase 1 — one attention call in bf16, against an FP64 golden value: Flash's largest error is {paper} the "
-        f"Baseline's in the paper's setting (all-positive inputs, every stage in bf16, 64 key/value blocks), but "
+        f"Baseline's in one chosen cell of the paper-like setting (all-positive inputs, every stage in bf16, 64 key/value "
+        f"blocks pinned; by SRAM size and N under the paper's own tile rule: docs/microbenchmark.md#sram-map), but "
         f"{real} eager PyTorch's in a real kernel's (FP32 statistics and accumulator, PyTorch's CPU tiles).**\n\n"
         f"From `{fig4['command']}` on {machine} (Fig. 4; spread over seeds as labelled"
         + (f"; from {seeds} seeds a range, and {RANGE_NO_VERDICT}: `seeds=[{','.join(map(str, range(MIN_CI)))}]` "
