@@ -138,7 +138,10 @@ def main(argv=None) -> None:
     parser.add_argument("--write-docs", action="store_true", help="write docs/results/sram_map.{json,png} and the docs block")
     args = parser.parse_args(argv)
     sweep_dir = args.sweep if args.sweep is not None else run(args.outputs)
-    result = summarise(sweep_dir)
+    try:
+        result = summarise(sweep_dir)
+    except (OSError, ValueError) as error:  # no such sweep, or records gather refuses (named file and line)
+        raise SystemExit(f"sram_map.py: {error}") from None
     if not result["cells"]:
         raise SystemExit(f"sram_map.py: {sweep_dir} holds no paper_like records of Flash and the Baseline")
     if args.write_docs:

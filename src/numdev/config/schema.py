@@ -21,11 +21,11 @@ from dataclasses import dataclass, field, fields
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from numdev.numerics.formats import SEED_LIMIT
 from numdev.runs.harm_summary import CLAIMS, PRIMARY_OUTCOME
 from numdev.stats.equivalence import TESTS
 
 _ABSENT = object()
-SEED_LIMIT = 2**64  # torch.manual_seed takes 64 bits; a seed beyond is refused naming its key
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ import torch
 ROUNDINGS = ("nearest", "zero", "stochastic")
 _SUFFIXES = {"rne": "nearest", "rtz": "zero", "sr": "stochastic"}
 DEFAULT_RANDOM_BITS = 16
+SEED_LIMIT = 2**64  # torch.manual_seed takes 64 bits; a seed beyond is refused naming its key
 MAX_RANDOM_BITS = 32
 
 

@@ -33,8 +33,7 @@ import functools
 
 import torch
 
-from numdev.config.schema import SEED_LIMIT
-from numdev.numerics.formats import parse_format, round_stochastic
+from numdev.numerics.formats import SEED_LIMIT, parse_format, round_stochastic
 from numdev.optimizations.base import Optimization
 
 UPDATES = ("nearest", "kahan", "stochastic")

@@ -22,10 +22,11 @@ from omegaconf import DictConfig
 from numdev.attention.registry import BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.objective import objective_of
-from numdev.config.schema import SEED_LIMIT, TRAIN, validate
+from numdev.config.schema import TRAIN, validate
 from numdev.models.attention import AttentionCall
 from numdev.models.gpt import BYTE_VOCABULARY
 from numdev.models.perturb import apply_init_perturbation, parse_perturbation
+from numdev.numerics.formats import SEED_LIMIT
 from numdev.optimizations import Optimization
 from numdev.runs import record
 from numdev.runs.atomic import remove_temporaries
