@@ -143,7 +143,10 @@ def main(argv=None) -> None:
     parser.add_argument("--outputs", type=Path, default=REPO / "outputs", help="where the bench runs go (default outputs/)")
     parser.add_argument("--write-docs", action="store_true", help="write docs/results/rounding_modes.json and the docs block")
     args = parser.parse_args(argv)
-    paths = {label: run(args.outputs, label) for label in RUNS}
+    try:
+        paths = {label: run(args.outputs, label) for label in RUNS}
+    except subprocess.CalledProcessError as error:  # numdev-bench said why on stderr, in one line
+        raise SystemExit(f"rounding_results.py: {' '.join(error.cmd[2:5])} ... failed (exit {error.returncode}): see its message above") from None
     result = {"provenance": provenance(seeds=list(range(10)), threads=1), "commands": RUNS, "runs": {k: str(v.parent) for k, v in paths.items()}, **summarise(paths)}
     if args.write_docs:
         write_json(RESULT, result)

@@ -137,7 +137,10 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep", type=Path, default=None, help="summarise this earlier sweep instead of running one")
     parser.add_argument("--write-docs", action="store_true", help="write docs/results/sram_map.{json,png} and the docs block")
     args = parser.parse_args(argv)
-    sweep_dir = args.sweep if args.sweep is not None else run(args.outputs)
+    try:
+        sweep_dir = args.sweep if args.sweep is not None else run(args.outputs)
+    except subprocess.CalledProcessError as error:  # numdev-bench said why on stderr, in one line
+        raise SystemExit(f"sram_map.py: the sweep failed (exit {error.returncode}): see numdev-bench's message above") from None
     try:
         result = summarise(sweep_dir)
     except (OSError, ValueError) as error:  # no such sweep, or records gather refuses (named file and line)
