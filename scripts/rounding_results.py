@@ -3,6 +3,8 @@
     .venv/bin/python scripts/rounding_results.py                 # runs the four bench commands, prints JSON
     .venv/bin/python scripts/rounding_results.py --write-docs    # also docs/results/rounding_modes.json and
                                                                  # the rounding-results block of docs/microbenchmark.md
+    .venv/bin/python scripts/rounding_results.py --write-docs --runs-from docs/results/rounding_modes.json
+                                                                 # summarise those runs again (they stay under outputs/)
 
 Four `numdev-bench` runs (the bench's own loop, records and inputs; nothing measured here):
   gemm_k with bf16 operands summed one product at a time in a bf16 accumulator (e8m7) or a 14-bit one
@@ -87,7 +89,7 @@ def summarise(paths: dict[str, Path]) -> dict:
         signed = by(records(paths[f"gemm {inputs}"]), lambda r: r["shape"]["k"] if "shape" in r else r["k"], "mean_signed")
         for label, fmt in ACCUMULATORS.items():
             for k in sorted({size for (_, size) in err}):
-                near, sr, rtz = (err[(f"{fmt}_{m.replace(' ', '_')}", k)] for m in MODES)
+                near, rtz, sr = (err[(f"{fmt}_{m.replace(' ', '_')}", k)] for m in MODES)  # MODES' order
                 ratio = stats.log_ratio_interval(*paired(sr, near))
                 out["gemm"].append({
                     "inputs": inputs, "accumulator": label, "k": k, "seeds": len(near),
@@ -142,12 +144,18 @@ def main(argv=None) -> None:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--outputs", type=Path, default=REPO / "outputs", help="where the bench runs go (default outputs/)")
     parser.add_argument("--write-docs", action="store_true", help="write docs/results/rounding_modes.json and the docs block")
+    parser.add_argument("--runs-from", type=Path, default=None,
+                        help="summarise the runs an earlier result JSON names (its 'runs') instead of running them again")
     args = parser.parse_args(argv)
     try:
-        paths = {label: run(args.outputs, label) for label in RUNS}
+        paths = ({label: run(args.outputs, label) for label in RUNS} if args.runs_from is None
+                 else {label: Path(d) / "results.jsonl" for label, d in json.loads(args.runs_from.read_text())["runs"].items()})
     except subprocess.CalledProcessError as error:  # numdev-bench said why on stderr, in one line
         raise SystemExit(f"rounding_results.py: {' '.join(error.cmd[2:5])} ... failed (exit {error.returncode}): see its message above") from None
-    result = {"provenance": provenance(seeds=list(range(10)), threads=1), "commands": RUNS, "runs": {k: str(v.parent) for k, v in paths.items()}, **summarise(paths)}
+    except (OSError, KeyError, ValueError) as error:
+        raise SystemExit(f"rounding_results.py: --runs-from {args.runs_from}: {error!r}") from None
+    first = json.loads(next(iter(paths.values())).read_text().splitlines()[0])
+    result = {"provenance": first["provenance"], "summarised": provenance(threads=1)["git"], "commands": RUNS, "runs": {k: str(v.parent) for k, v in paths.items()}, **summarise(paths)}
     if args.write_docs:
         write_json(RESULT, result)
         replace_block(DOC, "rounding-results", markdown(result))
