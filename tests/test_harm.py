@@ -347,7 +347,7 @@ def test_the_learning_rate_control_is_ten_times_the_studys():
 
 
 def test_every_claimed_role_states_a_known_claim_and_flash_tiles():
-    for role in ("acc_e5m2", "acc_e4m3", "acc_e5m1", "acc_e5m0", "bf16_true", "bf16_kahan", "biased_1e-1", "lr_x10", "ulp",
+    for role in ("acc_e5m2", "acc_e4m3", "acc_e5m1", "acc_e5m0", "bf16_true", "bf16_kahan", "bf16_sr", "biased_1e-1", "lr_x10", "ulp",
                  "opt_compile"):
         cfg = compose_train("experiment=harm", f"study={role}", "run_dir=/tmp/x", smoke=False)
         assert cfg.study.claim in effects.CLAIMS, role
