@@ -151,7 +151,12 @@ def gemm_formats(preset: str = "fp32", **overrides) -> GemmFormats:
         raise ValueError(f"unknown gemm field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(allowed))}")
     chosen = {**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}}
     custom = any(v is not None and PRESETS[preset].get(k) != v for k, v in overrides.items())
-    formats = {f: parse_format(chosen.pop(f)) for f in FORMAT_FIELDS}
+    formats = {}
+    for f in FORMAT_FIELDS:
+        try:
+            formats[f] = parse_format(chosen.pop(f))
+        except ValueError as error:
+            raise ValueError(f"gemm.{f}: {error}") from None
     return GemmFormats(**formats, **chosen, preset=f"{preset}+custom" if custom else preset)
 
 

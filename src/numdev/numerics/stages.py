@@ -145,14 +145,14 @@ def stage_formats(
         raise ValueError(
             f"unknown stage(s) {', '.join(sorted(unknown))}: the stages are {', '.join(STAGES)}"
         )
-    run = parse_format(precision)
+    run = _parsed("precision", precision)
     chosen = {s: run for s in STAGES}
     # Real kernels never hold the accumulator in less than FP32, nor in more than FP64.
     if not (run.exponent_bits > 8 or run.mantissa_bits > 23):
         chosen.update({s: parse_format("fp32") for s in _FP32_STAGES[preset]})
     for stage, spec in overrides.items():
         if spec is not None:
-            chosen[stage] = parse_format(spec)
+            chosen[stage] = _parsed(stage, spec)
     # The cpu_sdpa preset models the kernel's arithmetic where it is modelled: 16-bit inputs.
     kernel = preset == "cpu_sdpa" and run.name in ("bf16", "fp16")
     arithmetic = {"exp": "fexp_u20", "row_sum": "lanes", "matmul": "blas"} if kernel else dict.fromkeys(ARITHMETIC, "aten")
@@ -167,6 +167,14 @@ def stage_formats(
         **arithmetic,
         seed=seed,
     )
+
+
+def _parsed(key: str, spec) -> FloatFormat:
+    """parse_format, its error naming the setting (numerics.<key> in the bench, attention.formats.<key> in training)."""
+    try:
+        return parse_format(spec)
+    except ValueError as error:
+        raise ValueError(f"the {key} format: {error}") from None
 
 
 def round_input(x: torch.Tensor, formats: StageFormats) -> torch.Tensor:
