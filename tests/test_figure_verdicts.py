@@ -295,3 +295,18 @@ def test_a_stored_figure_summary_is_rejudged_under_the_house_rule(tmp_path):
     assert {k: v for k, v in new.items() if k not in ("status", "verdict", "parts", "caption")} == \
         {k: v for k, v in old.items() if k not in ("status", "verdict", "parts", "caption")}
     assert rejudged(new) == new
+
+
+def test_fig5_a_max_quantised_to_the_outputs_ulp_is_not_judged_for_growth(tmp_path):
+    """A real kernel's max |flash − baseline| on a 16-bit output is one ulp at every N: that part is not
+    measurable (the metric cannot move), not a failure of the claim; mean and std still judge growth, and
+    a max that does move (two seeds' values apart) is still judged."""
+    rows = _fig5_rows(0.5)
+    for r in rows:
+        if r["kind"] == "pair" and r["setting"] == "real_kernel":
+            r["metrics.max_abs"] = 2.0**-8
+    parts = fig5.summarise(rows, tmp_path)["parts"]
+    assert parts["real_kernel max |Δ|"]["status"] == NOT_MEASURABLE and "ulps" in parts["real_kernel max |Δ|"]["detail"]
+    assert parts["real_kernel mean |Δ|"]["status"] == HOLDS and parts["paper_like max |Δ|"]["status"] == HOLDS
+    flat = fig5.summarise(_fig5_rows(0.0), tmp_path)["parts"]
+    assert flat["real_kernel max |Δ|"]["status"] == FAILS  # flat but not quantised: evidence against growth

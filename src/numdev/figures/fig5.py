@@ -35,6 +35,23 @@ FIGURE = Figure(
 )
 
 
+QUANTISED_VALUES = 2  # a max |Δ| taking no more distinct values than this over every N and seed is quantised
+
+
+def _quantised(series, label: str):
+    """A max |Δ| quantised to the output's ulps (a 16-bit output: max |flash − baseline| is one or two
+    ulps at every N) cannot show growth, whatever the deviation does: not measurable, and the mean and
+    std parts judge the claim. None when the values are not so quantised."""
+    values = sorted({float(v) for by_seed in series if by_seed for v in by_seed.values()})
+    if not values or len(values) > QUANTISED_VALUES or len(series) < 3:
+        return None
+    return unmeasurable(
+        f"a max |Δ| with at most {QUANTISED_VALUES} distinct values over every N and seed is quantised to the output's ulps, "
+        "not judged for growth",
+        f"{label} takes only {', '.join(f'{v:.3g}' for v in values)} over {len(series)} lengths and every seed: the output's "
+        "ulps, not a trend (the mean |Δ| and std Δ parts judge growth)")
+
+
 def summarise(rows, out_dir: Path) -> dict:
     pairs, note = split_finite(select(rows, "pair", PAIR))
     golden, note_golden = split_finite(select(rows, "vs_golden"))
@@ -50,7 +67,7 @@ def summarise(rows, out_dir: Path) -> dict:
         for metric, style, label in PAIR_METRICS:
             series = [by[metric].get((setting, n)) for n in lengths]
             band(row_axes[0], lengths, series, style, label=label)
-            parts[f"{setting} {label}"] = trend_verdict(
+            parts[f"{setting} {label}"] = (_quantised(series, label) if metric == "max_abs" else None) or trend_verdict(
                 lengths, curves(dict(zip(lengths, series))), "increasing", what=f"{setting} flash − baseline {label}")
             growth[f"{setting}/{metric}"] = mean(series[-1]) / mean(series[0]) if series[0] and series[-1] else None
         for method, style in (("flash", "o-"), ("baseline", "s--")):
