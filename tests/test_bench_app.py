@@ -56,7 +56,7 @@ def _figure(tmp_path, experiment, *overrides):
 
 def test_fig3_deviation_falls_with_mantissa_bits(tmp_path):
     summary = _figure(tmp_path, "fig3", "shape.seq_q=256")
-    assert summary["status"] == "holds", summary["verdict"]
+    assert summary["status"] == "by construction", summary["verdict"]  # measured, and shown as the check it is
     numbers = summary["max_abs"]
     assert numbers["bf16"] > 5 * numbers["fp16"] > 5 * numbers["fp32"] > 5 * numbers["fp64"]
 

@@ -56,7 +56,8 @@ def _format_rows(slope_sign: float, kernel_bits: float, seeds=SEEDS):
 
 def test_gemm_formats_holds_and_fails(tmp_path):
     good = gemm_formats.summarise(_format_rows(-1.0, 1.0), tmp_path)
-    assert good["status"] == "holds", good["verdict"]
+    assert good["status"] == "partly", good["verdict"]  # its bit-for-bit parts hold; the mantissa trend is a check
+    assert good["parts"]["falls with mantissa bits"]["status"] == "by construction"
     bad = gemm_formats.summarise(_format_rows(+1.0, 0.999), tmp_path)
     assert bad["parts"]["falls with mantissa bits"]["status"] == "fails"
     assert bad["parts"]["scaled_mm bit for bit"]["status"] == "fails"

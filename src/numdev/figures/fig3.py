@@ -22,7 +22,7 @@ from numdev.figures.common import (
 )
 from numdev.figures.plotting import plt, save_png
 from numdev.stats.intervals import replicate_spread
-from numdev.stats.verdicts import trend_verdict
+from numdev.stats.verdicts import as_check, trend_verdict
 
 FIGURE = Figure(
     "fig3",
@@ -52,10 +52,10 @@ def summarise(rows, out_dir: Path) -> dict:
     save_png(fig, out_dir / "fig3.png")
     # Rule: per-seed slope of log max |flash − baseline| on the mantissa bits, t-test over seeds.
     bits = {p: mantissa_bits(p) for p in precisions}
-    verdict = trend_verdict(
+    verdict = as_check(trend_verdict(
         bits, curves({p: by["max_abs"].get(p) for p in precisions}),
         "decreasing", what="max |flash − baseline|", log_x=False, unit="mantissa bit",
-    )
+    ), "an emulator that only rounds differs less with every mantissa bit")
     estimates = {p: replicate_spread(list(by["max_abs"][p].values())) for p in precisions}
     caption = (
         "Max |flash − baseline| per format, mean over seeds [spread]: "

@@ -10,7 +10,7 @@ from numdev.figures.gemm_common import bit_identity_verdict, by_label, kind_of, 
 from numdev.figures.plotting import plt, save_png
 from numdev.numerics.formats import parse_format
 from numdev.stats.intervals import ratio_spread, replicate_spread
-from numdev.stats.verdicts import combine, ratio_verdict, trend_verdict
+from numdev.stats.verdicts import as_check, combine, ratio_verdict, trend_verdict
 
 FIGURE = Figure(
     "gemm_formats",
@@ -60,8 +60,9 @@ def summarise(rows, out_dir: Path) -> dict:
         for label in family:
             for seed, value in err[label].items():
                 curves.setdefault(seed, {})[label] = value
-        parts["falls with mantissa bits"] = trend_verdict({label: bits[label] for label in family}, curves, "decreasing",
-                                                          what="max |C − C_fp64|", log_x=False, unit="mantissa bit")
+        parts["falls with mantissa bits"] = as_check(
+            trend_verdict({label: bits[label] for label in family}, curves, "decreasing", what="max |C − C_fp64|", log_x=False,
+                          unit="mantissa bit"), "a product of operands rounded to fewer bits errs more")
     for label in names:
         if kinds[label] in ("scaled_mm", "compiled"):
             parts[f"{label} bit for bit"] = bit_identity_verdict(rows, label)

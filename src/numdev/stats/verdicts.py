@@ -288,6 +288,16 @@ def by_construction(rule: str, why: str) -> Verdict:
     return Verdict(BY_CONSTRUCTION, rule, why)
 
 
+def as_check(verdict: Verdict, why: str) -> Verdict:
+    """A claim the instrument makes true by how it is built (a rounding-only emulator's error must fall
+    with mantissa bits), measured anyway as a check of the code: when the data agree it is "by
+    construction" (neutral, never support for the paper's claim); when they contradict it, it fails (a
+    bug, not a finding); an undecided check stays undecided."""
+    if verdict.status != HOLDS:
+        return verdict
+    return Verdict(BY_CONSTRUCTION, f"a check of the code, not a finding ({why}); measured by: {verdict.rule}", verdict.detail)
+
+
 def combine(parts: dict[str, Verdict]) -> Verdict:
     """A claim of several parts: holds only if every part holds; fails if none holds and one fails.
 
