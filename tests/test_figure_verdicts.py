@@ -310,3 +310,30 @@ def test_fig5_a_max_quantised_to_the_outputs_ulp_is_not_judged_for_growth(tmp_pa
     assert parts["real_kernel mean |Δ|"]["status"] == HOLDS and parts["paper_like max |Δ|"]["status"] == HOLDS
     flat = fig5.summarise(_fig5_rows(0.0), tmp_path)["parts"]
     assert flat["real_kernel max |Δ|"]["status"] == FAILS  # flat but not quantised: evidence against growth
+
+
+def test_reconcile_counts_two_names_for_the_same_numbers_once():
+    """The cpu_sdpa model gives PyTorch's CPU kernel's bits: its ratio to eager PyTorch's Baseline is the
+    kernel's, and the two are one part (one piece of evidence), not two that hold together; a kernel whose
+    numbers differ is its own part."""
+    from numdev.figures import reconcile
+    from numdev.stats.intervals import replicate_spread
+
+    def cell(*values):
+        e = replicate_spread(list(values))
+        return {"max_abs": e, "mean_abs": e}
+
+    key = reconcile._key
+    r = {key(inputs="uniform", variant="fa1", formats="paper", tiles=t): cell(*v)
+         for t, v in (("16", (3.0, 3.1, 3.2, 3.05, 3.15)), ("64", (2.0, 2.1, 2.2, 2.05, 2.15)))}
+    kernel, model = ("sdpa_flash", "uniform", "None", "None", "None"), ("cpu_sdpa", "uniform", "None", "None", "None")
+    r[kernel] = r[model] = cell(0.5, 0.5, 0.5, 0.5, 0.5)
+    eager = {kernel: cell(0.8, 0.85, 0.9, 0.82, 0.88), model: cell(0.8, 0.85, 0.9, 0.82, 0.88)}
+    parts = reconcile.sentences(r, "64", {"16": 16, "64": 64}, {}, eager)[0]
+    merged = [name for name in parts if "below eager" in name]
+    assert merged == ["cpu_sdpa emulation = PyTorch's CPU flash kernel (the same numbers: one piece of evidence) below eager "
+                      "PyTorch's Baseline"] and parts[merged[0]].status == HOLDS
+    eager[model] = cell(0.7, 0.75, 0.72, 0.74, 0.71)
+    parts = reconcile.sentences(r, "64", {"16": 16, "64": 64}, {}, eager)[0]
+    assert sorted(name for name in parts if "below eager" in name) == [
+        "PyTorch's CPU flash kernel below eager PyTorch's Baseline", "cpu_sdpa emulation below eager PyTorch's Baseline"]
