@@ -328,10 +328,10 @@ def test_reconcile_counts_two_names_for_the_same_numbers_once():
          for t, v in (("16", (3.0, 3.1, 3.2, 3.05, 3.15)), ("64", (2.0, 2.1, 2.2, 2.05, 2.15)))}
     kernel, model = ("sdpa_flash", "uniform", "None", "None", "None"), ("cpu_sdpa", "uniform", "None", "None", "None")
     r[kernel] = r[model] = cell(0.5, 0.5, 0.5, 0.5, 0.5)
-    eager = {kernel: cell(0.8, 0.85, 0.9, 0.82, 0.88), model: cell(0.8, 0.85, 0.9, 0.82, 0.88)}
+    eager = {kernel: cell(0.8, 0.85, 0.9, 0.82, 0.88), model: cell(0.8, 0.85, 0.9, 0.82, 0.8801)}  # 1e-6 of outputs apart
     parts = reconcile.sentences(r, "64", {"16": 16, "64": 64}, {}, eager)[0]
     merged = [name for name in parts if "below eager" in name]
-    assert merged == ["cpu_sdpa emulation = PyTorch's CPU flash kernel (the same numbers: one piece of evidence) below eager "
+    assert merged == ["cpu_sdpa emulation = PyTorch's CPU flash kernel (the same numbers to 1e-3: one piece of evidence) below eager "
                       "PyTorch's Baseline"] and parts[merged[0]].status == HOLDS
     eager[model] = cell(0.7, 0.75, 0.72, 0.74, 0.71)
     parts = reconcile.sentences(r, "64", {"16": 16, "64": 64}, {}, eager)[0]
