@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README, DOC = ROOT / "README.md", ROOT / "docs" / "harm.md"
 EXTENSION = ("numdev-train experiment=harm_confirm study=reference,biased_1e-1,bf16_true,bf16_kahan,acc_e5m2 "
              "hydra.sweep.dir=<a copy of the confirmation's study without its reference runs>, then "
-             "numdev-train experiment=harm_confirm study=acc_e5m0 hydra.sweep.dir=<the same copy>")
+             "numdev-train experiment=harm_confirm study=acc_e5m0 hydra.sweep.dir=<the same copy>, then "
+             "numdev-train experiment=harm_confirm study=flash_paper,flash_kernel study.replicate=5,6,7,8,9 "
+             "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=1")
 STUDIES = {  # --which -> its committed summary, docs/harm.md's block, README.md's block (None: not in README), its experiment, the command
     "harm": (ROOT / "docs" / "results" / "harm_summary.json", "harm-results", None, "harm", None),
     "harm_confirm": (ROOT / "docs" / "results" / "harm_confirm_summary.json", "harm-confirm-results", "harm-answer", "harm_confirm", None),
