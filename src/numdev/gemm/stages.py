@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from numdev.numerics.formats import SEED_LIMIT, FloatFormat, Rounding, parse_format, with_random_source
+from numdev.numerics.formats import FloatFormat, Rounding, parse_format, seeded
 from numdev.numerics.scaling import BLOCK_SCALES, SCALINGS
 
 ORDERS = ("sequential", "matmul")
@@ -79,12 +79,9 @@ class GemmFormats:
     def __post_init__(self):
         if self.accum_rounding not in ACCUM_ROUNDING:
             raise ValueError(f"gemm.accum_rounding={self.accum_rounding!r}: use one of {', '.join(ACCUM_ROUNDING)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
-            raise ValueError(f"gemm.seed={self.seed!r} must be a non-negative integer below 2^64 (a 64-bit seed)")
         _accum_rounding(self)
-        source = torch.Generator().manual_seed(self.seed)
-        for name in FORMAT_FIELDS:
-            object.__setattr__(self, name, with_random_source(getattr(self, name), source))
+        for name, fmt in seeded({f: getattr(self, f) for f in FORMAT_FIELDS}, self.seed, "gemm.seed").items():
+            object.__setattr__(self, name, fmt)
         if self.chunk == 0:
             object.__setattr__(self, "chunk", None)  # 0: the whole of K
         if self.scaling not in SCALINGS:

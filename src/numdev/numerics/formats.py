@@ -231,6 +231,17 @@ def stream_seed(seed: int, stream: int) -> int:
     return (int(seed) * 0x9E3779B97F4A7C15 + int(stream) * 0xBF58476D1CE4E5B9 + 1) % (1 << 63)
 
 
+def seeded(formats: dict[str, FloatFormat], seed, key: str) -> dict[str, FloatFormat]:
+    """The formats of one computation (stage or GEMM formats) with one torch.Generator, seeded by `seed`
+    (the config key `key`), shared by every stochastic one; unchanged (no generator) when none is."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"{key}={seed!r} must be a non-negative integer below 2^64 (a 64-bit seed)")
+    if all(f.rounding.mode != "stochastic" for f in formats.values()):
+        return formats
+    source = torch.Generator().manual_seed(seed)
+    return {name: with_random_source(f, source) for name, f in formats.items()}
+
+
 def with_random_source(fmt: FloatFormat, source: torch.Generator) -> FloatFormat:
     """fmt drawing its stochastic rounding's random integers from `source` (unchanged if not stochastic)."""
     if fmt.rounding.mode != "stochastic":
@@ -273,9 +284,9 @@ _WIDTH = {torch.float32: (8, 23), torch.float64: (11, 52)}
 def _round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     if fmt.rounding.mode == "zero":
         return _truncate(x, fmt)
-    if fmt.rounding.mode == "stochastic":
+    if fmt.rounding.mode == "stochastic":  # the integers drawn here are in range: no check on this path
         bits = torch.randint(0, 1 << fmt.rounding.random_bits, tuple(x.shape), generator=fmt.rounding.source, dtype=torch.int64)
-        return round_stochastic(x, fmt, bits.to(x.device))
+        return _stochastic(x, fmt, bits.to(x.device))
     return _round_nearest(x, fmt)
 
 
@@ -325,6 +336,12 @@ def round_stochastic(x: torch.Tensor, fmt: FloatFormat | str, bits: torch.Tensor
     bits = torch.as_tensor(bits, device=x.device).to(torch.int64)
     if bits.numel() and (int(bits.min()) < 0 or int(bits.max()) >= 1 << n):
         raise ValueError(f"random bits for {fmt.spec} lie in [0, 2^{n}), got {int(bits.min())}..{int(bits.max())}")
+    return _stochastic(x, fmt, bits)
+
+
+def _stochastic(x: torch.Tensor, fmt: FloatFormat, bits: torch.Tensor) -> torch.Tensor:
+    """round_stochastic without its checks (bits: int64, in range, broadcastable to x)."""
+    n = fmt.rounding.random_bits
     if x.dtype == torch.float32 and fmt.has_inf and fmt.exponent_bits == 8 and n == 23 - fmt.mantissa_bits:
         # The n dropped bits themselves: add the random integer to them and clear them (a carry is the
         # rounding away, into the next binade or to inf), as hardware does; the generic rule gives the same.

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from numdev.numerics.formats import SEED_LIMIT, FloatFormat, parse_format, round_to, stream_seed, with_random_source
+from numdev.numerics.formats import FloatFormat, parse_format, round_to, seeded, stream_seed
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
 PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
@@ -79,11 +79,8 @@ class StageFormats:
     seed: int = 0  # of the random integers of every stochastic stage
 
     def __post_init__(self):
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
-            raise ValueError(f"numerics.seed={self.seed!r} must be a non-negative integer below 2^64 (a 64-bit seed)")
-        source = torch.Generator().manual_seed(self.seed)
-        for stage in STAGES:
-            object.__setattr__(self, stage, with_random_source(getattr(self, stage), source))
+        for stage, fmt in seeded({s: getattr(self, s) for s in STAGES}, self.seed, "numerics.seed").items():
+            object.__setattr__(self, stage, fmt)
         if self.input_scaling not in INPUT_SCALINGS:
             raise ValueError(
                 f"unknown input_scaling {self.input_scaling!r}: use one of {', '.join(INPUT_SCALINGS)}"
