@@ -2,9 +2,12 @@
 
   input    A's elements, after scaling (numdev.numerics.scaling)
   weight   B's elements, after scaling
-  scaling  none, tensor (one amax scale per operand), row (one per row of A and per column of B)
-           or block (OCP MX: `block` consecutive elements along K share an E8M0 scale; block_scale
-           floor as the OCP MX v1.0 spec, or ceil: rounded up so no element saturates)
+  scaling  none, tensor (one amax scale per operand), row (one per row of A and per column of B),
+           block (OCP MX: `block` consecutive elements along K share an E8M0 scale; block_scale
+           floor as the OCP MX v1.0 spec, ceil: rounded up so no element saturates, or rceil:
+           NVIDIA's round-up of the float32 quotient), nvfp4 (`block` = 16 elements along K share an
+           e4m3 scale, each operand one float32 tensor scale) or tile (DeepSeek-V3's FP8 recipe: A in
+           1 x `block` tiles along K, B in `block` x `block_n` blocks, one amax scale each)
   product  each a_ik * b_kj, rounded to this format (order=sequential only; products of 8/16-bit
            operands are exact in fp32)
   accum    the running sum inside a chunk of `chunk` consecutive products (N_c)
@@ -30,7 +33,13 @@ and three arithmetic choices:
   scale_at  output: tensor/row scales multiply the promoted sum (cuBLASLt's FP8 GEMM: D = a_s b_s (A B));
             operands: they multiply the operands before the product (torch._scaled_mm's CPU path).
             Block scales are powers of two applied to the operands per block (exact), as MX hardware
-            applies them per block before the FP32 accumulation.
+            applies them per block before the FP32 accumulation. nvfp4 at output: the e4m3 block
+            scales multiply the elements (exact: 2 x 4 significant bits) and the two tensor scales
+            multiply the promoted sum (as cuBLASLt's alpha); at operands: the operands dequantised
+            in float32 as torchao's emulated NVFP4 matmul. tile at output: each chunk of `block`
+            products (chunk = block) is summed, multiplied by fp32(a_s b_s) of its tiles and added in
+            the promote format (DeepSeek-V3's promotion on CUDA cores; DeepGEMM); at operands:
+            dequantised in float32.
 
 Presets (`gemm_formats(preset, ...)`, the Hydra target; any field given overrides the preset):
   fp32        everything FP32, matmul order (an FP32 BLAS GEMM)
@@ -40,6 +49,9 @@ Presets (`gemm_formats(preset, ...)`, the Hydra target; any field given override
               promoted to FP32 every 128 products (DeepSeek-V3's account of Hopper's FP8 GEMM: "around
               14 bits" of accumulation, promotion every N_c = 128)
   mxfp8, mxfp6, mxfp4   MX block scaling (32 along K) with e4m3 / e2m3 / e2m1 elements, FP32 accumulation
+  nvfp4       e2m1 elements in 16-element blocks with e4m3 scales and a float32 tensor scale per operand
+  fp8_block   DeepSeek-V3's FP8 GEMM: e4m3 operands, A in 1 x 128 tiles and B in 128 x 128 blocks,
+              accumulated in e8m13 truncating, each 128-product chunk dequantised and promoted to FP32
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ class GemmFormats:
     scaling: str = "none"
     block: int = 32
     block_scale: str = "floor"
+    block_n: int = 128  # tile scaling: the columns of B one weight block spans (DeepSeek-V3: 128)
     chunk: int | None = None
     order: str = "matmul"
     scale_at: str = "output"
@@ -92,9 +105,15 @@ class GemmFormats:
             raise ValueError(f"gemm.order={self.order!r}: use one of {', '.join(ORDERS)}")
         if self.scale_at not in SCALE_AT:
             raise ValueError(f"gemm.scale_at={self.scale_at!r}: use one of {', '.join(SCALE_AT)}")
-        for name, value in (("chunk", self.chunk), ("block", self.block)):
+        for name, value in (("chunk", self.chunk), ("block", self.block), ("block_n", self.block_n)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"gemm.{name}={value!r} must be a positive integer" + (" (or 0: the whole of K)" if name == "chunk" else ""))
+        if self.scaling == "tile" and self.scale_at == "output":
+            if self.chunk is None:
+                object.__setattr__(self, "chunk", self.block)
+            elif self.chunk != self.block:
+                raise ValueError(f"gemm.chunk={self.chunk} with tile scaling at the output: each chunk's sum is dequantised by its "
+                                 f"tiles' scales, so chunk must equal gemm.block={self.block} (or set gemm.scale_at=operands)")
 
     @property
     def working_dtype(self) -> torch.dtype:
@@ -108,6 +127,8 @@ class GemmFormats:
         out = {f: getattr(self, f).spec for f in FORMAT_FIELDS}
         out.update(scaling=self.scaling, block=self.block, block_scale=self.block_scale, chunk=self.chunk, order=self.order,
                    scale_at=self.scale_at, accum_rounding=self.accum_rounding, preset=self.preset)
+        if self.scaling == "tile":
+            out["block_n"] = self.block_n
         if any(getattr(self, f).rounding.mode == "stochastic" for f in FORMAT_FIELDS):
             out["seed"] = self.seed
         return out
@@ -135,6 +156,9 @@ PRESETS = {
     "mxfp8": {**_FP32, "input": "fp8_e4m3", "weight": "fp8_e4m3", "scaling": "block"},
     "mxfp6": {**_FP32, "input": "fp6_e2m3", "weight": "fp6_e2m3", "scaling": "block"},
     "mxfp4": {**_FP32, "input": "fp4_e2m1", "weight": "fp4_e2m1", "scaling": "block"},
+    "nvfp4": {**_FP32, "input": "fp4_e2m1", "weight": "fp4_e2m1", "scaling": "nvfp4", "block": 16},
+    "fp8_block": {**_FP32, "input": "fp8_e4m3", "weight": "fp8_e4m3", "scaling": "tile", "block": 128, "block_n": 128,
+                  "accum": "e8m13", "accum_rounding": "toward_zero", "chunk": 128, "order": "sequential"},
 }
 
 
@@ -142,7 +166,7 @@ def gemm_formats(preset: str = "fp32", **overrides) -> GemmFormats:
     """Formats from a preset; every override that is not None wins (the Hydra target)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown gemm preset {preset!r}: use one of {', '.join(PRESETS)}")
-    allowed = set(FORMAT_FIELDS) | {"scaling", "block", "block_scale", "chunk", "order", "scale_at", "accum_rounding", "seed"}
+    allowed = set(FORMAT_FIELDS) | {"scaling", "block", "block_scale", "block_n", "chunk", "order", "scale_at", "accum_rounding", "seed"}
     unknown = set(overrides) - allowed
     if unknown:
         raise ValueError(f"unknown gemm field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(allowed))}")
