@@ -19,7 +19,7 @@ from numdev.attention import FlashEmulated, golden_attention
 from numdev.attention.flash_emulated import TIE_BETA, tie_shifted_max
 from numdev.numerics.stages import stage_formats
 from numdev.optimizations.float8_linear import E4M3, E5M2, Float8Linear, Float8Training, route, scaled_mm, to_float8
-from numdev.optimizations.mx_linear import MXLinear, quantize
+from numdev.optimizations.mx_linear import MXLinear, MXTraining, Recipe
 from numdev.train.run import train
 from numdev.weights.store import load_snapshot
 
@@ -224,6 +224,10 @@ def test_an_mx_block_with_an_outlier_scales_as_the_specification_says():
     assert abs(float(q[40]) - 0.01) <= 0.01 * 2**-4  # its own block keeps e4m3's 3 mantissa bits
 
 
+def quantize(x, fmt, block, axis):
+    return Recipe(block=block).quantize(x, fmt, axis)
+
+
 def test_mx_blocks_run_along_the_axis_and_a_ragged_block_is_its_own():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 48, generator=g)
@@ -240,6 +244,42 @@ def test_mx_linear_multiplies_the_quantised_operands():
     x = torch.randn(10, 64, generator=g)
     expected = quantize(x, "e4m3", 32, -1) @ quantize(linear.weight.detach(), "e4m3", 32, -1).t() + linear.bias.detach()
     torch.testing.assert_close(layer(x).detach(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("recipe", [Recipe("e2m1", "e2m1", 16, "nvfp4"), Recipe("e4m3", "e4m3", 128, "tile"),
+                                    Recipe("e4m3", "e5m2", 32, "block", "rceil")])
+def test_block_scaled_linears_compute_all_three_gemms_on_their_recipe(recipe):
+    """Forward q(x) q(W)ᵀ, grad_x = q(g) q(W), grad_W = q(g)ᵀ q(x) with each operand quantised by
+    numdev.numerics.scaling directly (the weight in square tiles for DeepSeek-V3's recipe), against
+    the layer's autograd."""
+    from numdev.numerics.scaling import quantize as q
+
+    g = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(256, 160, bias=False)
+    layer = MXLinear.from_linear(linear, recipe)
+    x = torch.randn(200, 256, generator=g, requires_grad=True)
+    grad = torch.randn(200, 160, generator=g)
+    out = layer(x)
+    out.backward(grad)
+    fmt, gfmt = {"e2m1": "fp4_e2m1", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}[recipe.fmt], {"e2m1": "fp4_e2m1", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}[recipe.grad_fmt]
+    w = linear.weight.detach()
+    across = recipe.block if recipe.scaling == "tile" else 1
+    args = (recipe.scaling, recipe.block)
+    xd = x.detach()
+    assert torch.equal(out.detach(), q(xd, fmt, *args, -1, recipe.block_scale) @ q(w, fmt, *args, -1, recipe.block_scale, across).t())
+    assert torch.equal(x.grad, q(grad, gfmt, *args, -1, recipe.block_scale) @ q(w, fmt, *args, 0, recipe.block_scale, across))
+    assert torch.equal(linear.weight.grad, q(grad, gfmt, *args, 0, recipe.block_scale).t() @ q(xd, fmt, *args, 0, recipe.block_scale))
+    relative = (out.detach() - xd @ w.t()).norm() / (xd @ w.t()).norm()
+    assert relative < {"e2m1": 0.2, "e4m3": 0.06}[recipe.fmt]  # e2m1: 1 mantissa bit; e4m3: 3
+
+
+def test_block_scaled_linears_refuse_settings_that_do_not_go_together():
+    with pytest.raises(ValueError, match="optimization.block_scale='rceil'.*only with scaling=block"):
+        MXTraining("x", scaling="nvfp4", block_scale="rceil")
+    with pytest.raises(ValueError, match="optimization.scaling='mx'"):
+        MXTraining("x", scaling="mx")
+    with pytest.raises(ValueError, match="optimization.fmt='fp4'"):
+        MXTraining("x", fmt="fp4")
 
 
 # ----------------------------------------------------------------------------- Qiu & Yao's tie fix
