@@ -145,15 +145,27 @@ def test_fig6_square_tiles_are_measured_where_b_r_can_matter(tmp_path):
 # --- FA3 Table 3: flash RMSE below baseline at each format --------------------------------------
 
 
-def _fa3_rows(ratio, seeds=SEEDS):
-    return [_row("vs_golden", m, s, {"rmse": _jitter(base * (ratio if m == "flash" else 1), s)}, numerics__precision=p)
+def _fa3_rows(ratio, seeds=SEEDS, fa3=None):
+    rows = [_row("vs_golden", m, s, {"rmse": _jitter(base * (ratio if m == "flash" else 1), s)}, numerics__precision=p)
             for p, base in (("fp16", 3e-4), ("fp8_e4m3", 2e-2)) for m in ("baseline", "flash") for s in seeds]
+    if fa3 is not None:
+        rows += [_row("vs_golden", "fa3", s, {"rmse": _jitter(2e-2 * fa3, s)}, numerics__precision="fp8_e4m3") for s in seeds]
+    return rows
 
 
 @pytest.mark.parametrize("ratio, seeds, status", [(0.6, SEEDS, HOLDS), (1.5, SEEDS, FAILS), (0.6, (0,), NOT_MEASURABLE)])
 def test_fa3_verdict(tmp_path, ratio, seeds, status):
     summary = fa3_table3.summarise(_fa3_rows(ratio, seeds), tmp_path)
     assert summary["status"] == status and "| fp16 | flash |" in summary["table"]
+
+
+@pytest.mark.parametrize("fa3, status", [(0.38, HOLDS), (0.5, HOLDS), (0.9, FAILS), (0.1, FAILS)])
+def test_fa3_size_is_judged_against_the_papers_ratio(tmp_path, fa3, status):
+    """FA3 (block quantisation + incoherent processing) at 0.38x the baseline's RMSE is the paper's size;
+    and so is 0.5x (the band: 1.5x the paper's ratio either side); 0.9x is an improvement in the right
+    direction but not FA3's (a positive control for the size rule), 0.1x too good to be FA3's."""
+    part = fa3_table3.summarise(_fa3_rows(0.6, fa3=fa3), tmp_path)["parts"]["fp8_e4m3 fa3: FA3's size"]
+    assert part["status"] == status, part
 
 
 def test_registry_lists_every_figure_once_with_its_module():

@@ -14,7 +14,7 @@ import torch
 from numdev.attention.checks import causal_mask, round_masked
 from numdev.attention.registry import AttentionBackend, one_block, register
 from numdev.numerics.formats import round_to
-from numdev.numerics.stages import StageFormats, stage_formats, working_input
+from numdev.numerics.stages import StageFormats, prepared_inputs, stage_formats
 
 
 @register("baseline")
@@ -32,7 +32,7 @@ class Baseline(AttentionBackend):
     def forward(self, q, k, v, scale, causal):
         f = self.formats
         out_dtype = q.dtype
-        q, k, v = (working_input(t, f) for t in (q, k, v))
+        q, k, v = prepared_inputs(q, k, v, f)
         products = round_to(q @ k.transpose(-1, -2), f.score)  # (B, H, Nq, Nk)
         scores = round_to(products * scale, f.score)
         if causal:

@@ -46,7 +46,7 @@ from numdev.attention.checks import round_masked, same_bits
 from numdev.attention.registry import AttentionBackend, blocks_of, register
 from numdev.attention.tiles import resolve_tiles
 from numdev.numerics.formats import FloatFormat, round_to
-from numdev.numerics.stages import StageFormats, stage_formats, working_input
+from numdev.numerics.stages import StageFormats, prepared_inputs, stage_formats, working_input
 
 VARIANTS = ("fa2", "fa1")
 _NEG_INF = float("-inf")
@@ -123,7 +123,7 @@ class FlashEmulated(AttentionBackend):
     def forward(self, q, k, v, scale, causal):
         f = self.formats
         out_dtype = q.dtype
-        q, k, v = (working_input(t, f) for t in (q, k, v))
+        q, k, v = prepared_inputs(q, k, v, f)
         n_q, n_k = q.shape[2], k.shape[2]
         tiles = self.last_tiles = self.tiles(n_q, n_k, q.shape[-1])
         scale = torch.tensor(scale, dtype=q.dtype)  # rounded once, as ATen rounds a Python scalar
@@ -317,7 +317,7 @@ def _kernel_model_fits(f: StageFormats, variant: str, entry: str | None) -> bool
     half = f.input.name
     return (
         f.nearest_only and variant == "fa2" and f.exp == "fexp_u20" and f.row_sum == "lanes" and f.matmul == "blas"
-        and half in ("bf16", "fp16") and f.prob.name == f.output.name == half and f.input_scaling == "none"
+        and half in ("bf16", "fp16") and f.prob.name == f.output.name == half and f.input_scaling == "none" and not f.incoherent
         and all(getattr(f, s).name == "fp32" for s in ("score", "stats", "rescale", "accum"))
         and cpu_kernel.lanes() is not None and cpu_kernel.blas_address(f.input.torch_dtype) != 0
         and (entry != "brgemm" or cpu_kernel.brgemm_address(f.input.torch_dtype) != 0)

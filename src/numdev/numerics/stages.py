@@ -52,7 +52,7 @@ from numdev.numerics.formats import FloatFormat, parse_format, round_to, seeded,
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
 PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
-INPUT_SCALINGS = ("none", "tensor")
+INPUT_SCALINGS = ("none", "tensor", "block")
 ARITHMETIC = {"exp": ("aten", "fexp_u20"), "row_sum": ("aten", "lanes"), "matmul": ("aten", "blas")}
 _HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
 # The stages each preset keeps in FP32 (never below the run precision: an fp64 run keeps fp64).
@@ -72,7 +72,14 @@ class StageFormats:
     precision: str = "custom"
     # "tensor": inputs are divided by a per-tensor scale amax / max_finite before rounding, as
     # FP8 kernels do, so the format's range is used fully; the scale is multiplied back after.
+    # "block": one such scale per block of `input_block` consecutive rows (tokens) x the head dim, per
+    # batch and head (FlashAttention-3's block quantisation: one scale per B_r x d tile of Q, B_c x d of K, V).
     input_scaling: str = "none"
+    input_block: int = 128
+    # FlashAttention-3's incoherent processing: Q and K multiplied by one random orthogonal matrix
+    # M = diag(random signs) H / sqrt(d) (H: the Sylvester Hadamard matrix) before they are rounded;
+    # (QM)(KM)^T = QK^T, and an outlier feature is spread over all d coordinates. Signs from `seed`.
+    incoherent: bool = False
     exp: str = "aten"
     row_sum: str = "aten"
     matmul: str = "aten"
@@ -85,6 +92,10 @@ class StageFormats:
             raise ValueError(
                 f"unknown input_scaling {self.input_scaling!r}: use one of {', '.join(INPUT_SCALINGS)}"
             )
+        if isinstance(self.input_block, bool) or not isinstance(self.input_block, int) or self.input_block < 1:
+            raise ValueError(f"numerics.input_block={self.input_block!r} must be a positive integer (FA3's tiles: 128)")
+        if not isinstance(self.incoherent, bool):
+            raise ValueError(f"numerics.incoherent={self.incoherent!r} must be true or false")
         for key, choices in ARITHMETIC.items():
             if getattr(self, key) not in choices:
                 raise ValueError(f"numerics.{key}={getattr(self, key)!r} is not one of {', '.join(choices)}")
@@ -116,6 +127,10 @@ class StageFormats:
         out = {s: getattr(self, s).spec for s in STAGES}
         out.update(preset=self.preset, precision=self.precision, input_scaling=self.input_scaling,
                    exp=self.exp, row_sum=self.row_sum, matmul=self.matmul)
+        if self.input_scaling == "block":
+            out["input_block"] = self.input_block
+        if self.incoherent:
+            out["incoherent"] = True
         if not self.nearest_only:
             out["seed"] = self.seed
         return out
@@ -125,6 +140,8 @@ def stage_formats(
     preset: str = "paper",
     precision: str = "bf16",
     input_scaling: str = "none",
+    input_block: int = 128,
+    incoherent: bool = False,
     exp: str | None = None,
     row_sum: str | None = None,
     matmul: str | None = None,
@@ -161,6 +178,8 @@ def stage_formats(
         preset=f"{preset}+custom" if is_custom else preset,
         precision=run.spec,
         input_scaling=input_scaling,
+        input_block=input_block,
+        incoherent=incoherent,
         **arithmetic,
         seed=seed,
     )
@@ -175,12 +194,41 @@ def _parsed(key: str, spec) -> FloatFormat:
 
 
 def round_input(x: torch.Tensor, formats: StageFormats) -> torch.Tensor:
-    """Round an attention input to the input format (with per-tensor scaling if configured)."""
+    """Round an attention input to the input format (with per-tensor or per-block scaling if configured)."""
     if formats.input_scaling == "none":
         return round_to(x, formats.input)
-    amax = x.detach().abs().amax()
+    magnitude = x.detach().abs()
+    if formats.input_scaling == "tensor":
+        amax = magnitude.amax()
+    else:  # per (batch, head) block of input_block rows x the head dim; the last block may be shorter
+        n, block = x.shape[-2], formats.input_block
+        padded = torch.nn.functional.pad(magnitude, (0, 0, 0, -n % block))
+        amax = padded.unflatten(-2, (-1, block)).amax(dim=(-2, -1), keepdim=True)
+        amax = amax.repeat_interleave(block, dim=-3).flatten(-3, -2)[..., :n, :]
     scale = torch.where(amax > 0, amax / formats.input.max_finite, torch.ones_like(amax))
     return round_to(x / scale, formats.input) * scale
+
+
+def incoherence(dim: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """FlashAttention-3's random orthogonal matrix M = diag(s) H / sqrt(dim): H the Sylvester Hadamard
+    matrix, s random signs drawn from `seed` (dim must be a power of two)."""
+    if dim < 1 or dim & (dim - 1):
+        raise ValueError(f"numerics.incoherent=true needs a power-of-two head dim (a Hadamard matrix), got {dim}")
+    hadamard = torch.ones(1, 1, dtype=torch.float64)
+    while hadamard.shape[0] < dim:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1), torch.cat([hadamard, -hadamard], 1)], 0)
+    signs = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(seed), dtype=torch.int64) * 2 - 1
+    return (signs[:, None].double() * hadamard / dim ** 0.5).to(dtype)
+
+
+def prepared_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, formats: StageFormats):
+    """Q, K, V as every emulated attention takes them: incoherent processing of Q and K if configured
+    (in float64 for float64 inputs, else float32), then working_input's rounding."""
+    if formats.incoherent:
+        wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+        m = incoherence(q.shape[-1], formats.seed, wide).to(q.device)
+        q, k = q.to(wide) @ m, k.to(wide) @ m
+    return tuple(working_input(t, formats) for t in (q, k, v))
 
 
 
