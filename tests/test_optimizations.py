@@ -324,7 +324,10 @@ def test_every_optimization_has_a_role_in_the_catalogue():
     for name in OPTIMIZATIONS:
         target = yaml.safe_load((REPO / "conf" / "train" / "optimization" / f"{name}.yaml").read_text())["_target_"]
         precisions = get_class(target).precisions
-        if precisions is not None and precision not in precisions:
+        if getattr(get_class(target), "extra", None):  # needs an optional extra: its own catalogue
+            other = yaml.safe_load((REPO / "conf" / "train" / "experiment" / "optimizations_torchao.yaml").read_text())
+            assert f"opt_{name}" in other["hydra"]["sweeper"]["params"]["study"].split(",") and f"opt_{name}" not in SWEEP
+        elif precisions is not None and precision not in precisions:
             assert f"opt_{name}" not in SWEEP, f"opt_{name} cannot run at the catalogue's precision {precision}"
         elif name != "none":
             assert f"opt_{name}" in SWEEP, f"conf/train/optimization/{name}.yaml has no role opt_{name} in experiment=optimizations"

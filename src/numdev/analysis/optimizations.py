@@ -42,7 +42,7 @@ PHASE1_BATCH = 8
 NOT_ONE_CALL = "phase 1: not one call (changes the whole training step)"
 HELDOUT = "heldout_loss"  # numdev.analysis.study.DOWNSTREAM's outcome the table reads
 YARDSTICK = "data"  # the control whose |Δ| to the reference is the seed-to-seed yardstick
-GEMM_OPTIMIZATIONS = ("matmul_bf16", "fp8_linear", "mxfp8_linear", "nvfp4_linear", "fp8_block_linear")
+GEMM_OPTIMIZATIONS = ("matmul_bf16", "fp8_linear", "mxfp8_linear", "nvfp4_linear", "fp8_block_linear", "torchao_fp8", "torchao_mxfp8")
 EMULATED_BACKENDS = ("flash_emulated", "baseline", "output_noise")
 
 

@@ -87,10 +87,15 @@ class SortedSets:
 def parameter_state(named_parameters) -> dict[str, torch.Tensor]:
     """name -> float32, contiguous CPU copy, from (name, tensor) pairs (a copy even of float32 CPU
     parameters: listeners keep the state of a step after training has moved on)."""
-    return {
-        name: p.detach().to(device="cpu", dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
-        for name, p in named_parameters
-    }
+    return {name: _plain_copy(p.detach()) for name, p in named_parameters}
+
+
+def _plain_copy(t: torch.Tensor) -> torch.Tensor:
+    """A float32, contiguous CPU copy as a plain torch.Tensor: a tensor subclass (torchao's weight
+    wrappers) is copied element by element into one, as safetensors and the distances need."""
+    if type(t) is torch.Tensor:
+        return t.to(device="cpu", dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
+    return torch.empty(t.shape, dtype=torch.float32).copy_(t)
 
 
 class SnapshotWriter:
