@@ -15,7 +15,9 @@ gradients, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 
 import torch
 from torch import nn
@@ -26,9 +28,22 @@ RECIPES = {"float8_tensorwise": "torchao Float8Linear (tensorwise dynamic, e4m3/
            "mxfp8_emulated_rceil": "torchao MXFP8 training (emulated kernels, RCEIL scales)"}
 
 
+@contextlib.contextmanager
+def _quiet():
+    """torchao 0.18 registers Enum constants in a way torch 2.14 deprecates: a warning per Enum on import."""
+    logger = logging.getLogger("torch.utils._pytree")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _torchao(name: str):
     try:
-        import torchao
+        with _quiet():
+            import torchao
     except ImportError:
         raise ValueError(f"optimization={name} calls torchao, which is not installed: pip install -e '.[torchao]' "
                          "(or pick numdev's emulation of the same recipe: fp8_linear, mxfp8_linear)") from None
@@ -65,14 +80,14 @@ class TorchaoTraining(Optimization):
                              f"{ALIGN[self.recipe]} for torchao to convert")
         self.left = sum(type(m) is nn.Linear for m in model.modules()) - count
         if self.recipe == "float8_tensorwise":
-            from torchao.float8 import convert_to_float8_training
-
+            with _quiet():
+                from torchao.float8 import convert_to_float8_training
             convert_to_float8_training(model, module_filter_fn=chosen)
         else:
-            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-            from torchao.quantization import quantize_
-            from torchao.quantization.quantize_.common import KernelPreference
-
+            with _quiet():
+                from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+                from torchao.quantization import quantize_
+                from torchao.quantization.quantize_.common import KernelPreference
             config = MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED, out_dtype=torch.float32)
             quantize_(model, config, filter_fn=chosen)
             for name, module in model.named_modules():  # torchao asserts mid-step on a ragged token count: say it first
@@ -87,9 +102,10 @@ class TorchaoTraining(Optimization):
 
 
 def _rows_in_blocks(optimization: str, module_name: str, module, args) -> None:
-    """torchao's MXFP8 weight gradient blocks the token dimension by 32: refuse another count in one line."""
+    """torchao's MXFP8 weight gradient blocks the token dimension by 32: refuse another count in one line
+    (a forward without gradients, as sampling's, quantises along K only and takes any count)."""
     x = args[0]
     rows = x.numel() // x.shape[-1]
-    if rows % ALIGN["mxfp8_emulated_rceil"]:
+    if torch.is_grad_enabled() and rows % ALIGN["mxfp8_emulated_rceil"]:
         raise ValueError(f"optimization={optimization}: torchao's MXFP8 training blocks the tokens by 32, and {module_name} "
                          f"got {rows}; use a data.batch_size (x tokens) that is a multiple of 32, or optimization=mxfp8_linear")
