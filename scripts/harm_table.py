@@ -33,6 +33,8 @@ EXTENSION = ("numdev-train experiment=harm_confirm study=reference,biased_1e-1,b
              "hydra.sweep.dir=<a copy of the confirmation's study without its reference runs>, then "
              "numdev-train experiment=harm_confirm study=acc_e5m0 hydra.sweep.dir=<the same copy>, then "
              "numdev-train experiment=harm_confirm study=flash_paper,flash_kernel study.replicate=5,6,7,8,9 "
+             "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=1, then "
+             "numdev-train experiment=harm_confirm study=opt_compile,bf16_sr study.replicate=5,6,7,8,9 "
              "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=1")
 STUDIES = {  # --which -> its committed summary, docs/harm.md's block, README.md's block (None: not in README), its experiment, the command
     "harm": (ROOT / "docs" / "results" / "harm_summary.json", "harm-results", None, "harm", None),

@@ -72,3 +72,17 @@ def test_linears_torchao_cannot_take_stay_plain_and_are_counted():
     assert opt.describe(model)["replaced"] == 1 and opt.describe(model)["plain_linear_left"] == 1
     with pytest.raises(ValueError, match="optimization.recipe='mx': use one of"):
         TorchaoTraining("x", "mx")
+
+
+class _Wrapped(torch.Tensor):
+    """A tensor subclass, as torchao wraps its MXFP8 weights: weights_only loading refuses its class."""
+
+
+def test_a_checkpoint_holding_a_tensor_subclass_is_stored_plain_and_loads(tmp_path):
+    from numdev.train.checkpoint_io import load_checkpoint, save_checkpoint
+
+    weight = torch.randn(4, 8).as_subclass(_Wrapped)
+    save_checkpoint({"state_dict": {"model.w": weight}, "global_step": 3}, tmp_path / "last.ckpt")
+    loaded = load_checkpoint(tmp_path / "last.ckpt")
+    assert type(loaded["state_dict"]["model.w"]) is torch.Tensor
+    assert torch.equal(loaded["state_dict"]["model.w"], weight.as_subclass(torch.Tensor)) and loaded["global_step"] == 3

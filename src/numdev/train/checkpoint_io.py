@@ -35,6 +35,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from numdev.runs.atomic import read_bounded, write_bytes, write_json
 from numdev.runs.layout import checkpoint_digest_path
+from numdev.weights.store import plain
 
 
 class CheckpointError(ValueError):
@@ -44,13 +45,25 @@ class CheckpointError(ValueError):
 def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
     path = Path(path)
     buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
+    torch.save(_plain_tensors(checkpoint), buffer)
     data = buffer.getvalue()
     digest = checkpoint_digest_path(path)
     previous, previous_bytes = (_file_sha256(path), path.stat().st_size) if path.is_file() else (None, None)
     write_json(digest, {"sha256": hashlib.sha256(data).hexdigest(), "previous": previous, "bytes": len(data),
                         "previous_bytes": previous_bytes})
     write_bytes(path, data)
+
+
+def _plain_tensors(value):
+    """The checkpoint with every tensor subclass (torchao's weight wrappers) stored as a plain tensor, so it
+    loads with weights_only=True; loading copies the values back into the model's own parameters."""
+    if isinstance(value, torch.Tensor):
+        return plain(value)
+    if isinstance(value, dict):
+        return type(value)((k, _plain_tensors(v)) for k, v in value.items())  # dict, OrderedDict (state dicts)
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_plain_tensors(v) for v in value)
+    return value
 
 
 def _file_sha256(path: Path) -> str:

@@ -87,15 +87,18 @@ class SortedSets:
 def parameter_state(named_parameters) -> dict[str, torch.Tensor]:
     """name -> float32, contiguous CPU copy, from (name, tensor) pairs (a copy even of float32 CPU
     parameters: listeners keep the state of a step after training has moved on)."""
-    return {name: _plain_copy(p.detach()) for name, p in named_parameters}
+    return {name: plain(p.detach()).to(device="cpu", dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
+            for name, p in named_parameters}
 
 
-def _plain_copy(t: torch.Tensor) -> torch.Tensor:
-    """A float32, contiguous CPU copy as a plain torch.Tensor: a tensor subclass (torchao's weight
-    wrappers) is copied element by element into one, as safetensors and the distances need."""
-    if type(t) is torch.Tensor:
-        return t.to(device="cpu", dtype=torch.float32, copy=True, memory_format=torch.contiguous_format)
-    return torch.empty(t.shape, dtype=torch.float32).copy_(t)
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """t as a plain torch.Tensor: a tensor subclass (torchao's weight wrappers, which safetensors and a
+    weights_only checkpoint cannot hold) is copied element by element into one of its dtype and device."""
+    if type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) and type(t.data) is torch.Tensor:
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out.copy_(t.detach())  # in place: `out` stays a plain tensor whatever copy_ returns under the subclass's dispatch
+    return out
 
 
 class SnapshotWriter:
