@@ -32,7 +32,8 @@ layers use it). Six scalings, each over `axis` (the reduction axis of a matrix p
           t = fp32(amax) / (448 * max_finite); per block s = e4m3(clamp(fp32(fp32(block_amax /
           max_finite) / t), 2^-6, 448)); elements = round_to(clamp(x * fp32(fp32(1 / t) / s),
           +-max_finite)). Dequantised as elements * fp32(t * s) (torchao's get_hp_scales). An all-zero
-          tensor gets t = 1 (torchao would divide by zero).
+          tensor gets t = 1 (torchao would divide by zero); a NaN anywhere makes t, and so the whole
+          tensor, NaN (as torchao's). `block` other than 16 is a generalisation, not NVFP4.
   tile    DeepSeek-V3's FP8 recipe (torchao's blockwise_fp8_training): one torchao amax scale (as
           `row`) per tile of `block` elements along `axis` by `across` slices across it: 1 x 128 for
           activations and gradients, 128 x 128 for weights (across > 1 needs a 2-D tensor; the other
