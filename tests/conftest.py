@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -161,8 +162,20 @@ def _test_threads(workers: int) -> int:
 THREADS = 1  # set once the session starts (pytest_configure), from NUMDEV_TEST_THREADS or the workers
 
 
+def _check_marker_expression(config) -> None:
+    """`-m` names only registered markers: a typo (`-m unti`) would select nothing and exit 5 unexplained."""
+    expression = config.option.markexpr or ""
+    known = {line.split(":")[0].strip() for line in config.getini("markers")} | {"parametrize", "skip", "skipif", "xfail",
+                                                                                 "usefixtures", "filterwarnings", "timeout", "xdist_group"}
+    unknown = sorted(set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expression)) - known - {"and", "or", "not"})
+    if unknown:
+        raise pytest.UsageError(f"-m {expression!r}: no marker named {', '.join(unknown)}; the tiers are unit, cli, faults "
+                                "(and slow, gpu: pyproject.toml's markers)")
+
+
 def pytest_configure(config):
     global THREADS
+    _check_marker_expression(config)
     config.pluginmanager.register(GroupCheck(), "numdev-group-check")
     THREADS = _test_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))  # set in xdist's workers
     # Inherited by every process a test starts (torch's default thread count follows OMP_NUM_THREADS).
