@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -173,9 +174,16 @@ def _check_marker_expression(config) -> None:
                                 "(and slow, gpu: pyproject.toml's markers)")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config):
     global THREADS
     _check_marker_expression(config)
+    # SIGTERM (a CI runner's stop, `kill`) ends the run as Ctrl-C does: fixtures tear down and the commands
+    # tests started are stopped (tests/helpers.py's die_with_parent covers a run killed outright)
+    signal.signal(signal.SIGTERM, _interrupt)
     config.pluginmanager.register(GroupCheck(), "numdev-group-check")
     THREADS = _test_threads(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))  # set in xdist's workers
     # Inherited by every process a test starts (torch's default thread count follows OMP_NUM_THREADS).

@@ -89,11 +89,22 @@ def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
 
 
 # -- real command lines -------------------------------------------------------------------------------
+def die_with_parent() -> None:
+    """preexec_fn: the command gets SIGTERM when the test process that started it dies, however it dies
+    (a killed test run leaves no numdev command running; Linux's PR_SET_PDEATHSIG, a no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def run_cli(module: str, *args: str, cwd: Path, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run a numdev console command the way a user does (python -m keeps it on this venv)."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     result = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+        preexec_fn=die_with_parent,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"{module} {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
@@ -105,7 +116,8 @@ def run_numdev(program: str, *args: str, cwd: Path, timeout: int = 300, env: dic
     its end, its output captured."""
     from numdev.cli.commands import argv
 
-    return subprocess.run([*argv(program), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([*argv(program), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+                          preexec_fn=die_with_parent)
 
 
 def start_numdev(program: str, *args: str, cwd: Path, new_session: bool = False, env: dict | None = None) -> subprocess.Popen:
