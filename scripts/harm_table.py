@@ -35,7 +35,10 @@ EXTENSION = ("numdev-train experiment=harm_confirm study=reference,biased_1e-1,b
              "numdev-train experiment=harm_confirm study=flash_paper,flash_kernel study.replicate=5,6,7,8,9 "
              "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=1, then "
              "numdev-train experiment=harm_confirm study=opt_compile,bf16_sr study.replicate=5,6,7,8,9 "
-             "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=1")
+             "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=1, then "
+             "numdev-train experiment=harm_confirm study=delta_3e-1,data,acc_e4m3 study.replicate=5,6,7,8,9 "
+             "hydra.sweep.dir=<the same copy> hydra.launcher.n_jobs=2 (stopped by SIGINT after acc_e4m3's replicates 5 and 6, "
+             "whose runs were moved out of the study), then numdev-study --partial <the same copy>")
 STUDIES = {  # --which -> its committed summary, docs/harm.md's block, README.md's block (None: not in README), its experiment, the command
     "harm": (ROOT / "docs" / "results" / "harm_summary.json", "harm-results", None, "harm", None),
     "harm_confirm": (ROOT / "docs" / "results" / "harm_confirm_summary.json", "harm-confirm-results", "harm-answer", "harm_confirm", None),
