@@ -36,9 +36,10 @@ def test_every_role_is_one_file_and_the_study_sweeps_each_once():
     the same order; the harm study sweeps its own roles and names the ones that extend it (study.more_roles)."""
     order, low_floor, full = _sweep("flash_stability_early"), _sweep("flash_stability_lowfloor"), _sweep("flash_stability")
     catalogue = _sweep("optimizations")  # experiment=optimizations (docs/optimizations.md)
+    torchao = _sweep("optimizations_torchao")  # torchao's own linears beside numdev's emulations
     harm_config = yaml.safe_load((REPO / "conf" / "train" / "experiment" / "harm.yaml").read_text())
     harm = _sweep("harm") + list(harm_config["study"]["more_roles"])
-    assert set(order) | set(low_floor) | set(catalogue) | set(harm) == {p.stem for p in ROLE_FILES}, \
+    assert set(order) | set(low_floor) | set(catalogue) | set(torchao) | set(harm) == {p.stem for p in ROLE_FILES}, \
         "a role file no study sweeps, or a sweep naming no file"
     for sweep in (order, low_floor, full, catalogue):
         assert len(set(sweep)) == len(sweep) and sweep[:2] == ["truth", "reference"]
