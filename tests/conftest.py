@@ -46,6 +46,7 @@ TIERS = {
     "cli": (
         "test_custom_model.py::test_the_user_model_goes_through_the_harm_study_unchanged",
         "test_language_model.py::test_the_language_model_goes_through_the_optimizations_study_unchanged",
+        "test_ties.py::test_the_script_writes_its_json_and_refuses_bad_arguments",
         "test_hf_model.py::test_a_hugging_face_model_goes_through_the_harm_study_unchanged",
         "test_bench_app.py",
         "test_cli.py",

@@ -25,7 +25,6 @@ equal values bit for bit).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,8 +34,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from numdev.attention import Eager
-from numdev.runs import schemas
+from numdev.analysis.run_model import rebuilt, saved_config
 from numdev.runs.layout import RunDir
 from numdev.train.callbacks.heldout import (
     HELDOUT_BATCH_SIZE,
@@ -44,8 +42,6 @@ from numdev.train.callbacks.heldout import (
     HELDOUT_SEED,
     heldout_targets,
 )
-from numdev.train.distributed import precision_plugin
-from numdev.train.run import build_model, build_module, build_optimization
 from numdev.weights.store import list_snapshots, load_snapshot
 
 DISAGREEMENT_RULE = (
@@ -169,7 +165,7 @@ def evaluation_error(run_a: str | Path, run_b: str | Path) -> dict:
     pa, ra = a.read_heldout_predictions()
     pb, rb = b.read_heldout_predictions()
     _refuse_other_sets(a, b, ra, rb, "the held-out predictions were")
-    cfg = _config(b)
+    cfg = saved_config(b)
     make = getattr(instantiate(cfg.data), "heldout_dataset", None)
     if make is None:
         raise ValueError(f"{b.config}: its data has no held-out split")
@@ -243,10 +239,6 @@ def _continuation_churn(a: RunDir, b: RunDir) -> dict:
 
 
 # -- linear mode connectivity -------------------------------------------------------------------------
-def _config(run: RunDir):
-    return OmegaConf.create(schemas.read_saved_config(run.config))
-
-
 def _final_step(run: RunDir, record: dict | None) -> int:
     steps = list_snapshots(run.path)
     if not steps:
@@ -255,20 +247,6 @@ def _final_step(run: RunDir, record: dict | None) -> int:
         raise ValueError(f"{run.heldout}: evaluated at step {record['step']}, but the last snapshot is step {steps[-1]}: "
                          "the final weights are not the ones the held-out loss was computed with")
     return steps[-1]
-
-
-@contextlib.contextmanager
-def _threads(count):
-    """torch's thread count as the run had it (`threads`), restored afterwards: sums split by thread differ."""
-    if count is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(int(count))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _check_alphas(alphas: Sequence[float]) -> list[float]:
@@ -300,7 +278,7 @@ def loss_barrier(run_a: str | Path, run_b: str | Path, alphas: Sequence[float] =
         raise ValueError(f"attention={attention!r}: use {' or '.join(ATTENTIONS)}")
     interior = _check_alphas(alphas)
     a, b = RunDir(run_a), RunDir(run_b)
-    cfg_a, cfg = _config(a), _config(b)
+    cfg_a, cfg = saved_config(a), saved_config(b)
     if OmegaConf.to_container(cfg_a.model) != OmegaConf.to_container(cfg.model):
         raise ValueError(f"{a.config} and {b.config}: different models: weights interpolate only between runs of one model")
     records = {}
@@ -316,27 +294,15 @@ def loss_barrier(run_a: str | Path, run_b: str | Path, alphas: Sequence[float] =
     steps = {"a": _final_step(a, records["a"]), "b": _final_step(b, records["b"])}
     weights_a, weights_b = load_snapshot(a.path, steps["a"]), load_snapshot(b.path, steps["b"])
 
-    optimization = build_optimization(cfg)
-    with optimization.active(), _threads(cfg.get("threads")):
-        backend = optimization.attention(instantiate(cfg.attention) if attention == "run_b" else Eager(precision=cfg.precision.name))
-        plugin = precision_plugin(cfg)
-        model = plugin.convert_module(optimization.model(build_model(cfg, backend))).to(device)
-        parameters = dict(model.named_parameters())
-        if set(parameters) != set(weights_a) or set(weights_a) != set(weights_b):
-            raise ValueError(f"{a.index} and {b.index}: the snapshots' parameters are not the model's of {b.config}")
-        data = instantiate(cfg.data)
-        make = getattr(data, "heldout_dataset", None)
-        if make is None:
-            raise ValueError(f"{b.config}: data {type(data).__name__} has no held-out split: no held-out loss to evaluate")
-        dataset = make(num_images)
-        module = build_module(cfg, model).to(device)  # the run's objective evaluates, as its held-out callback did
+    with rebuilt(b.path, attention="run" if attention == "run_b" else "eager", device=device, config=cfg) as run_model:
+        for name, weights in (("a", weights_a), ("b", weights_b)):
+            if set(weights) != {n for n, _ in run_model.model.named_parameters()}:
+                raise ValueError(f"{(a if name == 'a' else b).index}: the snapshot's parameters are not the model's of {b.config}")
+        dataset = run_model.heldout_dataset(num_images)
 
         def loss_at(state: dict[str, torch.Tensor]) -> tuple[float, str]:
-            with torch.no_grad():
-                for name, parameter in parameters.items():
-                    parameter.copy_(state[name])
-            result = module.heldout(dataset, seed=seed, batch_size=batch_size, forward_context=plugin.forward_context,
-                                    keep_predictions=False)
+            run_model.load(state)
+            result = run_model.heldout(dataset, seed=seed, batch_size=batch_size)
             return result.loss, result.inputs_sha256
 
         loss_a, inputs = loss_at(weights_a)
@@ -345,6 +311,7 @@ def loss_barrier(run_a: str | Path, run_b: str | Path, alphas: Sequence[float] =
             losses.append(loss_at({name: torch.lerp(weights_a[name], weights_b[name], alpha) for name in weights_a})[0])
         loss_b = loss_at(weights_b)[0]
         losses.append(loss_b)
+        backend = run_model.backend
     for name, run in (("a", a), ("b", b)):
         recorded = (records[name] or {}).get("inputs_sha256")
         if recorded and recorded != inputs:

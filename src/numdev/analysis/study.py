@@ -262,7 +262,7 @@ def analyse(study_dir: str | Path, log=print, against_truth: bool = True, partia
         "calibration": early.calibration(curves["reference"], roles_info, under_test) if EARLY_METRIC in metrics else {},
         "downstream": downstream(runs),
         "shadow": _shadow_summary(RunDir(first_run(runs[under_test])["dir"])) if under_test else None,
-        "loss_curves": {role: {str(r): _loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
+        "loss_curves": {role: {str(r): loss_curve(run["dir"]) for r, run in by_rep.items()} for role, by_rep in runs.items()},
         "samples": {role: _samples(first_run(by_rep)) for role, by_rep in runs.items() if (first_run(by_rep)["dir"] / SAMPLES).is_file()},
     }
     if any(kind_of(by_rep) == "optimization" for by_rep in runs.values()):  # experiment=optimizations: the table
@@ -493,7 +493,7 @@ def _samples(run: dict) -> dict:
     return {"path": str(run["dir"] / SAMPLES), "replicate": run["replicate"], "scores": scores}
 
 
-def _loss_curve(run_dir: Path) -> dict | None:
+def loss_curve(run_dir: Path) -> dict | None:
     """The training loss from the run's TensorBoard events: in the run directory (a study), a
     directory of its own below it (numdev.train.tensorboard) or tensorboard/ (older runs); its tag
     is loss/train (train/loss in older runs)."""
