@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from numdev.analysis.run_model import saved_config
 from numdev.analysis.study import loss_curve
 from numdev.analysis.ties import BIAS_RULE, TIE_RULE, snapshot_ties
+from numdev.cli.errors import interrupted
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.report.docblocks import replace_block
 from numdev.runs.atomic import write_text
@@ -63,6 +64,13 @@ def read_run(path: Path, windows: int, heldout: int) -> dict:
     nonfinite = [e for e in events if e["kind"].startswith("nonfinite")]
     steps = snapshot_ties(path, windows=windows, heldout=heldout)
     losses = [s["heldout_loss"] for s in steps]
+    recorded = run.read_heldout() if run.heldout.is_file() else None
+    same_set = recorded is not None and recorded.get("images") == heldout and recorded.get("step") == steps[-1]["step"]
+    matches = recorded["heldout_loss"] == losses[-1] if same_set else None
+    if matches is False:  # an edited config.yaml, or another machine's arithmetic: the numbers are not the run's own
+        print(f"warning: {path}: the held-out loss of step {steps[-1]['step']} evaluated here ({losses[-1]:.6f}) is not "
+              f"heldout.json's ({recorded['heldout_loss']:.6f}): config.yaml was edited or this machine computes "
+              "otherwise", file=sys.stderr)
     grows = losses[-1] > GROWTH * min(losses)
     return {
         "run": str(path), "label": _label(config), "status": record.get("status"), "final_step": record.get("final_step"),
@@ -70,7 +78,7 @@ def read_run(path: Path, windows: int, heldout: int) -> dict:
         "spikes": len(spikes), "largest_spike": max((e.get("magnitude", 0) for e in spikes), default=None),
         "nonfinite_first_step": min((e["step"] for e in nonfinite), default=None),
         "heldout_min": min(losses), "heldout_last": losses[-1],
-        "explodes": bool(spikes or nonfinite or grows), "train_loss": loss_curve(path), "steps": steps,
+        "explodes": bool(spikes or nonfinite or grows), "heldout_json_matches": matches, "train_loss": loss_curve(path), "steps": steps,
     }
 
 
@@ -173,4 +181,4 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:
-        sys.exit(130)
+        interrupted(Path(__file__).name)

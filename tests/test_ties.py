@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -136,6 +137,14 @@ def test_the_search_reads_every_snapshot_of_a_bf16_flash_run(bf16_flash_run):
 def test_the_search_refuses_what_it_cannot_read(bf16_flash_run, tmp_path):
     with pytest.raises(ValueError, match=r"no snapshot at step\(s\) \[3\]"):
         snapshot_ties(bf16_flash_run, steps=[3])
+    with pytest.raises(ValueError, match=r"windows=100000, heldout=64: more held-out windows than"):
+        snapshot_ties(bf16_flash_run, windows=100000)
+    forged = tmp_path / "forged"
+    shutil.copytree(bf16_flash_run, forged)
+    config = forged / "config.yaml"
+    config.write_text(config.read_text().replace("threads: 1", "threads: -4"))
+    with pytest.raises(ValueError, match=r"config.yaml: threads=-4 must be a positive integer"):
+        snapshot_ties(forged)
     other = tmp_path / "baseline"
     train_run(*SMALL, "trainer.max_steps=2", run_dir=other, smoke=False)
     with pytest.raises(ValueError, match="attention=flash_emulated"):

@@ -41,6 +41,8 @@ def torch_threads(count) -> Iterator[None]:
     if count is None:
         yield
         return
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"threads={count!r} must be a positive integer (or null)")
     previous = torch.get_num_threads()
     torch.set_num_threads(int(count))
     try:
@@ -89,7 +91,10 @@ def rebuilt(run_dir: str | Path, attention: str = "run", device: str = "cpu", co
     run = RunDir(run_dir)
     cfg = saved_config(run) if config is None else config
     optimization = build_optimization(cfg)
-    with optimization.active(), torch_threads(cfg.get("threads")):
+    threads = cfg.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"{run.config}: threads={threads!r} must be a positive integer or null: the saved config was edited")
+    with optimization.active(), torch_threads(threads):
         backend = optimization.attention(instantiate(cfg.attention) if attention == "run" else Eager(precision=cfg.precision.name))
         plugin = precision_plugin(cfg)
         model = plugin.convert_module(optimization.model(build_model(cfg, backend))).to(device)

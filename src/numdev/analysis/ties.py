@@ -173,7 +173,11 @@ def snapshot_ties(run_dir: str | Path, windows: int = 16, heldout: int = 64, ste
                              "the tie search reads numdev's flash emulator's scores (attention=flash_emulated)")
         name_attention_layers(run_model.model)
         calls = [m for m in run_model.model.modules() if isinstance(m, AttentionCall)]
-        full, probed = run_model.heldout_dataset(heldout), run_model.heldout_dataset(windows)
+        try:
+            full, probed = run_model.heldout_dataset(heldout), run_model.heldout_dataset(windows)
+        except ValueError as error:  # the data module names its own config key; say which argument asked too much
+            raise ValueError(f"windows={windows}, heldout={heldout}: more held-out windows than {run.config}'s data has "
+                             f"({error})") from None
         for step in chosen:
             run_model.load(load_snapshot(run.path, step))
             loss = run_model.heldout(full, seed=seed, batch_size=heldout).loss
