@@ -165,3 +165,34 @@ def test_the_script_writes_its_json_and_refuses_bad_arguments(bf16_flash_run, tm
     for bad, message in (([str(tmp_path / "nowhere")], "nowhere"), ([str(bf16_flash_run), "--windows", "0"], "--windows")):
         result = _script(*bad)
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_fix_keeps_gradients_finite_when_it_shifts_a_large_tied_maximum():
+    """A row whose last block ties a maximum of 45.5: the fix exponentiates against 91, the row sum is
+    ~e^-45 < 2^-64, and 1/l's gradient as autograd orders it, -g (r r), overflowed to inf (the NaN that
+    stopped a 3000-step run at step 815). The gradients must be finite and FP64 attention's, to bf16's
+    precision; the forward's bits are those of the call without gradients."""
+    from numdev.attention import golden_attention
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 1, 64, 16, generator=g)
+    k = torch.randn(1, 1, 64, 16, generator=g)
+    v = torch.randn(1, 1, 64, 16, generator=g)
+    q[..., 63, :] = 0.0
+    q[..., 63, 0] = 14.0
+    k[..., 60, :] = k[..., 61, :] = 0.0
+    k[..., 60, 0] = k[..., 61, 0] = 13.0  # q.k = 182, scaled by 1/4: a tie at 45.5 in the last key block
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    upstream = torch.randn(1, 1, 64, 16, generator=g) * 1e-3
+    fix = FlashEmulated(stage_formats("paper", "bf16"), block_r=16, block_c=16, tie_fix=True)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = fix(*leaves, causal=True)
+    with torch.no_grad():
+        assert torch.equal(out, fix(q, k, v, causal=True))
+    out.backward(upstream.to(out.dtype))
+    wide = [t.double().requires_grad_(True) for t in (q, k, v)]
+    golden_attention(*wide, causal=True).backward(upstream.double())
+    for got, expected in zip(leaves, wide):
+        assert torch.isfinite(got.grad).all()
+        error = (got.grad.double() - expected.grad).norm() / expected.grad.norm()
+        assert error < 0.05, float(error)

@@ -266,7 +266,7 @@ class FlashEmulated(AttentionBackend):
         f = self.formats
         if self.variant == "fa2":
             row_sum = row_sum.masked_fill(row_sum == 0, 1.0)  # rows that saw no key
-            inverse_sum = round_to(1.0 / row_sum, f.stats)
+            inverse_sum = round_to(_Reciprocal.apply(row_sum) if row_sum.requires_grad else 1.0 / row_sum, f.stats)
             return round_to(out * inverse_sum, f.output)
         return round_to(out, f.output)
 
@@ -400,6 +400,24 @@ def _native_checked(formats: StageFormats, variant: str) -> bool:
                               "not using them", stacklevel=3)
                 return False
     return True
+
+
+class _Reciprocal(torch.autograd.Function):
+    """1 / l with the gradient -(g r) r instead of autograd's -g (r r): the same derivative, but r r
+    overflows float32 once l < 2^-64, and a row sum that small is what Qiu & Yao's tie fix makes when a
+    tied maximum m > ~44 is shifted to 2m (P = exp(S - 2m) ~ e^-m). Autograd's order turned such a row
+    into an infinite gradient and NaN in the amax's backward; the forward's bits are 1.0 / l's."""
+
+    @staticmethod
+    def forward(ctx, row_sum):
+        result = 1.0 / row_sum
+        ctx.save_for_backward(result)
+        return result
+
+    @staticmethod
+    def backward(ctx, grad):
+        (result,) = ctx.saved_tensors
+        return -(grad * result) * result
 
 
 def _row_chunks(n_q: int, chunk_rows: int) -> list[slice]:
