@@ -50,8 +50,7 @@ def emulated_matmul(a: torch.Tensor, b: torch.Tensor, formats: GemmFormats) -> t
 def _tile_scales(qa, qb, work):
     """The dequantising multiplier of chunk i of output (m, n): fp32(a_s[m, i] b_s[i, n]), as a function
     of i returning an (M, N) tensor (A's tiles are rows; B's blocks span block_n columns)."""
-    sa = qa.scale.float()  # (M, chunks)
-    sb = qb.scale.float().repeat_interleave(qb.across, dim=1)[:, :qb.elements.shape[1]]  # (chunks, N)
+    sa, sb = qa.chunk_scale().float(), qb.chunk_scale().float()  # (M, chunks), (chunks, N)
     return lambda i: (sa[:, i, None] * sb[None, i, :]).to(work)
 
 

@@ -98,10 +98,12 @@ class Quantized:
         scale = self.scale
         if self.outer is not None and outer:
             scale = (self.outer.float() * scale.float()).to(scale.dtype)  # torchao's get_hp_scales
-        if self.across > 1:
-            other = 1 - self.axis
-            scale = _expand(scale, self.across, other, self.elements.shape[other])
-        return _expand(scale, self.block, self.axis, self.elements.shape[self.axis])
+        return _spread(scale, self.elements.shape, self.block, self.axis, self.across)
+
+    def chunk_scale(self) -> torch.Tensor:
+        """The block scales with one entry per block along `axis` (a GEMM's chunk of K) and repeated
+        over the other axis's `across` (tile scaling's 128 x 128 blocks): (M, chunks) or (chunks, N)."""
+        return _spread(self.scale, self.elements.shape, 1, self.axis, self.across)
 
     def dequantize(self) -> torch.Tensor:
         if self.scaling == "none":
@@ -137,7 +139,7 @@ def quantize_parts(x: torch.Tensor, fmt: FloatFormat | str, scaling: str = "tens
     if scaling in ("tensor", "row", "tile"):
         if scaling == "tile":
             s = _tile_scale(x, fmt, block, across, axis)
-            multiplier = Quantized(x, s, fmt, scaling, block, axis, across).expanded_scale()
+            multiplier = _spread(s, x.shape, block, axis, across)
         else:
             s = multiplier = tensor_scale(x, fmt, axis=None if scaling == "tensor" else axis)
         elements = round_to(_saturate(x * multiplier.to(x.dtype), fmt), fmt)
@@ -230,6 +232,15 @@ def e8m0_bits(exponent: torch.Tensor) -> torch.Tensor:
 
 def _expand(per_block: torch.Tensor, block: int, axis: int, n: int) -> torch.Tensor:
     return per_block.repeat_interleave(block, dim=axis).narrow(axis, 0, n)
+
+
+def _spread(scale: torch.Tensor, shape, block: int, axis: int, across: int = 1) -> torch.Tensor:
+    """A 2-d per-block scale broadcast to `shape`: each entry over `block` elements along `axis` (block=1:
+    kept per block) and over `across` along the other axis (1: one scale per row or column)."""
+    if across > 1:
+        other = 1 - axis
+        scale = _expand(scale, across, other, shape[other])
+    return scale if block == 1 else _expand(scale, block, axis, shape[axis])
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
