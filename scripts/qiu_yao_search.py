@@ -150,13 +150,23 @@ def figure(result: dict, path: Path) -> None:
 
 def main() -> None:
     parser = ScriptParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories of numdev-train with attention=flash_emulated")
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories of numdev-train with attention=flash_emulated")
     parser.add_argument("--windows", type=at_least(1), default=16, help="held-out windows the tie and bias measures read")
     parser.add_argument("--heldout", type=at_least(1), default=64, help="held-out windows of the held-out loss")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--train-machine", default=None, help="the machine the runs trained on, for the docs (default: this one)")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--docs-only", action="store_true", help=f"rewrite the figure and the docs block from {RESULT.relative_to(REPO)}, reading no run")
     args = parser.parse_args()
+    if args.docs_only:
+        if args.runs:
+            parser.error("--docs-only reads the committed JSON: give no run directories with it")
+        result = json.loads(RESULT.read_text(encoding="utf-8"))
+        figure(result, FIGURE)
+        replace_block(DOC, "qiu-yao", block(result))
+        return
+    if not args.runs:
+        parser.error("give one or more run directories (or --docs-only)")
     for path in args.runs:
         if not (path / "run.json").is_file():
             parser.error(f"{path}: no run.json: not a numdev-train run directory")
