@@ -196,3 +196,18 @@ def test_the_fix_keeps_gradients_finite_when_it_shifts_a_large_tied_maximum():
         assert torch.isfinite(got.grad).all()
         error = (got.grad.double() - expected.grad).norm() / expected.grad.norm()
         assert error < 0.05, float(error)
+
+
+def test_the_reciprocals_gradient_is_autograds_where_it_does_not_overflow():
+    from numdev.attention.flash_emulated import _Reciprocal
+
+    g = torch.Generator().manual_seed(6)
+    row_sum = torch.rand(4096, generator=g) * 100 + 2.0 ** -60  # from 2^-60 to 100: r r stays finite
+    upstream = torch.randn(4096, generator=g)
+    ours, theirs = row_sum.clone().requires_grad_(True), row_sum.clone().requires_grad_(True)
+    _Reciprocal.apply(ours).backward(upstream)
+    (1.0 / theirs).backward(upstream)
+    assert torch.equal(ours.grad, theirs.grad)
+    tiny = torch.tensor([1e-25], requires_grad=True)
+    _Reciprocal.apply(tiny).backward(torch.tensor([1e-30]))
+    assert math.isclose(float(tiny.grad), -1e-30 / 1e-50, rel_tol=1e-5)  # finite where autograd's is -inf

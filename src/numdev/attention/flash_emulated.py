@@ -403,10 +403,11 @@ def _native_checked(formats: StageFormats, variant: str) -> bool:
 
 
 class _Reciprocal(torch.autograd.Function):
-    """1 / l with the gradient -(g r) r instead of autograd's -g (r r): the same derivative, but r r
-    overflows float32 once l < 2^-64, and a row sum that small is what Qiu & Yao's tie fix makes when a
-    tied maximum m > ~44 is shifted to 2m (P = exp(S - 2m) ~ e^-m). Autograd's order turned such a row
-    into an infinite gradient and NaN in the amax's backward; the forward's bits are 1.0 / l's."""
+    """1 / l, whose gradient is autograd's -g (r r) except where r r overflows float32 (l < 2^-64):
+    there -(g r) r, the same derivative in an order that stays finite. A row sum that small is what
+    Qiu & Yao's tie fix makes when a tied maximum m > ~44 is shifted to 2m (P = exp(S - 2m) ~ e^-m);
+    autograd's order turned such a row into an infinite gradient and NaN in the amax's backward.
+    Everywhere else (every row without the fix: its l >= 1) the bits are autograd's, forward and back."""
 
     @staticmethod
     def forward(ctx, row_sum):
@@ -417,7 +418,8 @@ class _Reciprocal(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (result,) = ctx.saved_tensors
-        return -(grad * result) * result
+        square = result * result
+        return torch.where(torch.isfinite(square), -grad * square, -(grad * result) * result)
 
 
 def _row_chunks(n_q: int, chunk_rows: int) -> list[slice]:
