@@ -19,6 +19,7 @@ number is one run's, a range of one with no interval and no verdict symbol.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -40,18 +41,19 @@ FIGURE = REPO / "docs" / "results" / "qiu_yao_gpt_tiny.png"
 DOC = REPO / "docs" / "workloads.md"
 GROWTH = 1.5
 EXPLODE_RULE = (
-    "a run explodes when it records a non-finite loss, gradient or attention output, or a loss spike (a training loss "
+    "A run explodes when it records a non-finite loss, gradient or attention output, or a loss spike (a training loss "
     "above 4x its running average: the instability monitor's), or when its held-out loss at the last snapshot exceeds "
     f"{GROWTH}x its lowest held-out loss over the snapshots"
 )
-TABLE_STEPS = (0, 100, 250, 500, 1000, 1500, 2000, 2500, 3000)
+TABLE_STEPS = (0, 100, 200, 500, 1000, 1500, 2000, 2500, 3000)
 
 
 def _label(config: dict) -> str:
     attention = config.get("attention") or {}
     formats = (attention.get("formats") or {}).get("preset", "?")
     optimization = (config.get("optimization") or {}).get("name") or "none"
-    return f"flash ({formats} formats), {config.get('precision', {}).get('name', '?')}" + (
+    lr = ((config.get("optim") or {}).get("optimizer") or {}).get("lr", "?")
+    return f"flash ({formats} formats), {config.get('precision', {}).get('name', '?')}, lr {lr:g}" + (
         "" if optimization == "none" else f" + {optimization}")
 
 
@@ -63,7 +65,7 @@ def read_run(path: Path, windows: int, heldout: int) -> dict:
     spikes = [e for e in events if e["kind"] == "loss_spike"]
     nonfinite = [e for e in events if e["kind"].startswith("nonfinite")]
     steps = snapshot_ties(path, windows=windows, heldout=heldout)
-    losses = [s["heldout_loss"] for s in steps]
+    losses = [s["heldout_loss"] if math.isfinite(s["heldout_loss"]) else math.inf for s in steps]  # non-finite: exploded
     recorded = run.read_heldout() if run.heldout.is_file() else None
     same_set = recorded is not None and recorded.get("images") == heldout and recorded.get("step") == steps[-1]["step"]
     matches = recorded["heldout_loss"] == losses[-1] if same_set else None
@@ -71,7 +73,7 @@ def read_run(path: Path, windows: int, heldout: int) -> dict:
         print(f"warning: {path}: the held-out loss of step {steps[-1]['step']} evaluated here ({losses[-1]:.6f}) is not "
               f"heldout.json's ({recorded['heldout_loss']:.6f}): config.yaml was edited or this machine computes "
               "otherwise", file=sys.stderr)
-    grows = losses[-1] > GROWTH * min(losses)
+    grows = losses[-1] > GROWTH * min(losses)  # inf > anything: a non-finite last held-out loss explodes
     return {
         "run": str(path), "label": _label(config), "status": record.get("status"), "final_step": record.get("final_step"),
         "stop_reason": record.get("stop_reason"), "threads": record.get("threads"),
@@ -82,8 +84,12 @@ def read_run(path: Path, windows: int, heldout: int) -> dict:
     }
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.2f}%"
+def _pct(x: float | None) -> str:
+    return "non-finite" if x is None else f"{100 * x:.2f}%"
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "non-finite" if x is None or not math.isfinite(x) else format(x, spec)
 
 
 def block(result: dict) -> str:
@@ -100,24 +106,27 @@ def block(result: dict) -> str:
     for r in runs:
         lines.append(f"| {r['label']} | {r['status']} | {r['final_step']} | {r['spikes']} | "
                      f"{'none' if r['nonfinite_first_step'] is None else 'from step ' + str(r['nonfinite_first_step'])} | "
-                     f"{r['heldout_min']:.4f}, {r['heldout_last']:.4f} | {'yes' if r['explodes'] else 'no'} |")
+                     f"{_num(r['heldout_min'], '.4f')}, {_num(r['heldout_last'], '.4f')} | {'yes' if r['explodes'] else 'no'} |")
     lines += [
         "",
         "| step | run | held-out loss | row tie rate | block tie rate | P·V bias (rel.) | P·V rel. RMS | bias share | "
-        "column share (null) | out bias vs FP64 (rel.) | key cosine |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "column share (null) | out bias vs FP64 (rel.) | key cosine | largest score |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for step in TABLE_STEPS:
+    shown = sorted(set(TABLE_STEPS) | {r["steps"][-1]["step"] for r in runs})  # and where each run ended
+    for step in shown:
         for r in runs:
             row = next((s for s in r["steps"] if s["step"] == step), None)
             if row is None:
                 continue
             a = row["all"]
             lines.append(
-                f"| {step} | {r['label']} | {row['heldout_loss']:.4f} | {_pct(a['row_tie_rate'])} | {_pct(a['block_tie_rate'])} | "
-                f"{a['pv_bias']:+.2e} | {a['pv_rel_rms']:.2e} | {a['pv_bias_share']:.3f} | {a['pv_column_share']:.3f} "
-                f"({a['pv_column_null']:.3f}) | {a['out_bias']:+.2e} | {a['key_cosine']:.3f} |")
-    lines += ["", f"Rules: {TIE_RULE}. {BIAS_RULE}. Pooled over the 4 layers' calls on the first "
+                f"| {step} | {r['label']} | {_num(row['heldout_loss'], '.4f')} | {_pct(a['row_tie_rate'])} | "
+                f"{_pct(a['block_tie_rate'])} | {_num(a['pv_bias'], '+.2e')} | {_num(a['pv_rel_rms'], '.2e')} | "
+                f"{_num(a['pv_bias_share'], '.3f')} | {_num(a['pv_column_share'], '.3f')} ({a['pv_column_null']:.3f}) | "
+                f"{_num(a['out_bias'], '+.2e')} | {_num(a['key_cosine'], '.3f')} | {_num(a['score_max'], '.1f')} |")
+    layers = len(runs[0]["steps"][0]["layers"])
+    lines += ["", f"Rules: {TIE_RULE}. {BIAS_RULE}. Pooled over the {layers} attention layers' calls on the first "
               f"{result['windows']} held-out windows; held-out loss over {result['heldout']} windows. {EXPLODE_RULE}."]
     return "\n".join(lines)
 
@@ -129,13 +138,20 @@ def figure(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = (("heldout_loss", "held-out loss"), ("row_tie_rate", "row tie rate"), ("block_tie_rate", "block tie rate"),
-              ("pv_bias", "P·V bias (rel.)"), ("pv_column_share", "P·V column share"), ("key_cosine", "key cosine"))
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+              ("pv_bias", "P·V bias (rel.)"), ("pv_column_share", "P·V column share"), ("key_cosine", "key cosine"),
+              ("score_max", "largest scaled score"), ("train_loss", "training loss"))
+    fig, axes = plt.subplots(2, 4, figsize=(16, 6.5), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, panels):
         for r in result["runs"]:
+            if key == "train_loss":
+                curve = r["train_loss"] or {"steps": [], "loss": []}
+                ax.plot(curve["steps"], curve["loss"], lw=0.8, label=r["label"])
+                continue
             steps = [s["step"] for s in r["steps"]]
             values = [s[key] if key == "heldout_loss" else s["all"][key] for s in r["steps"]]
             ax.plot(steps, values, marker=".", label=r["label"])
+        if key == "score_max":
+            ax.axhline(88.7, color="grey", ls=":", label="e^-m below float32's smallest normal")
         if key == "pv_column_share":
             ax.axhline(result["runs"][0]["steps"][0]["all"]["pv_column_null"], color="grey", ls=":", label="independent errors")
         if key == "pv_bias":
@@ -146,6 +162,17 @@ def figure(result: dict, path: Path) -> None:
     fig.suptitle("Qiu & Yao's mechanism looked for: gpt_tiny, bf16, numdev's flash emulator (one run per arm)")
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _finite(value):
+    """NaN and infinities (a run that exploded) as null: the JSON stays strict."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def main() -> None:
@@ -177,7 +204,7 @@ def main() -> None:
     result = {"runs": runs, "windows": args.windows, "heldout": args.heldout, "tie_rule": TIE_RULE, "bias_rule": BIAS_RULE,
               "explode_rule": EXPLODE_RULE, "provenance": provenance(threads=None)}
     result["train_machine"] = args.train_machine or machine_line(result["provenance"], commit=False)
-    text = json.dumps(result, indent=1)
+    text = json.dumps(_finite(result), indent=1, allow_nan=False)
     print(text)
     if args.out:
         write_text(args.out, text + "\n")

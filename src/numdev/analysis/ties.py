@@ -21,7 +21,10 @@ on the first `windows` held-out inputs at every snapshot step (TIE_RULE, BIAS_RU
   `pv_column_null` = 1 / sqrt(rows per column), its size for independent zero-mean errors;
 - `out_bias`: the signed mean of O - O64 (numdev.attention.golden_attention, FP64) relative to
   rms(O64): the whole call's bias;
-- `key_cosine`: the mean cosine similarity of two distinct keys of a sequence (per batch and head).
+- `key_cosine`: the mean cosine similarity of two distinct keys of a sequence (per batch and head);
+- `score_max`: the largest scaled score of any row (as rounded to the score format): the fix
+  exponentiates against 2m, so a tied maximum m above ~44 makes a row sum below 2^-64 and one above
+  ~88 a row sum below float32's smallest normal number, whose reciprocal overflows.
 
 Beside them the held-out loss of the snapshot (the run's own evaluation, numdev.analysis.run_model)
 and, from the run's records, its training loss, loss spikes and non-finite events.
@@ -60,7 +63,7 @@ BIAS_RULE = (
     "|mean(O - O')| / rms(O - O'); pv_column_share = rms over (head, feature) columns of the column's mean of O - O' "
     "over the batch's rows, / rms(O - O'), beside pv_column_null = 1/sqrt(rows per column); out_bias = "
     "mean(O - O64) / rms(O64) against FP64 attention; key_cosine = mean cosine similarity of distinct keys of a "
-    "sequence"
+    "sequence; score_max = the largest scaled score of any row"
 )
 FP32 = parse_format("fp32")
 _SUMS = ("rows", "row_ties", "pairs", "block_ties", "pv_sum", "pv_sq", "pv_col_sq", "pv_cols", "pv_count",
@@ -90,7 +93,8 @@ def _tie_counts(backend: FlashEmulated, q, k, causal: bool) -> dict[str, torch.T
         row_count = row_count * (row_max == new_max) + exact * (visible & (block_max == new_max))
         row_max = new_max
     rows = torch.isfinite(row_max)
-    return {"rows": rows.sum(), "row_ties": ((row_count > 1) & rows).sum(), "pairs": pairs, "block_ties": block_ties}
+    return {"rows": rows.sum(), "row_ties": ((row_count > 1) & rows).sum(), "pairs": pairs, "block_ties": block_ties,
+            "score_max": row_max[rows].max() if rows.any() else torch.tensor(-math.inf)}
 
 
 def call_statistics(backend: FlashEmulated, q, k, v, out, causal: bool) -> dict[str, torch.Tensor]:
@@ -133,6 +137,7 @@ def summarise(sums: dict[str, float]) -> dict[str, float]:
         "pv_column_null": 1.0 / math.sqrt(sums["rows_per_column"]),
         "out_bias": sums["out_sum"] / sums["pv_count"] / math.sqrt(sums["gold_sq"] / sums["pv_count"]),
         "key_cosine": sums["cos_sum"] / sums["cos_count"],
+        "score_max": sums["score_max"],
     }
 
 
@@ -147,12 +152,18 @@ class TieProbe:
         stats = call_statistics(self.backend, q, k, v, out, module.causal)
         kept = self.layers.setdefault(module.layer_name, {})
         for name, value in stats.items():
-            kept[name] = value if name == "rows_per_column" else kept.get(name, 0) + value
+            if name == "rows_per_column":
+                kept[name] = value
+            elif name == "score_max":
+                kept[name] = torch.maximum(kept[name], value) if name in kept else value
+            else:
+                kept[name] = kept.get(name, 0) + value
 
     def results(self) -> dict:
         layers = {name: {key: float(value) for key, value in sums.items()} for name, sums in self.layers.items()}
         pooled = {key: sum(s[key] for s in layers.values()) for key in _SUMS}
         pooled["rows_per_column"] = next(iter(layers.values()))["rows_per_column"]
+        pooled["score_max"] = max(s["score_max"] for s in layers.values())
         return {"all": summarise(pooled), "layers": {name: summarise(s) for name, s in layers.items()}}
 
 
