@@ -158,7 +158,7 @@ def figure(result: dict, path: Path) -> None:
             ax.axhline(0, color="grey", lw=0.8)
         ax.set_title(title)
         ax.set_xlabel("step")
-    axes.flat[0].legend(fontsize=8)
+    axes.flat[-1].legend(fontsize=7, loc="upper right")
     fig.suptitle("Qiu & Yao's mechanism looked for: gpt_tiny, bf16, numdev's flash emulator (one run per arm)")
     fig.savefig(path, dpi=90)
     plt.close(fig)

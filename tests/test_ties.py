@@ -46,13 +46,22 @@ def _direct_counts(q, k, block_c: int, causal: bool) -> dict:
     return {"rows": rows.sum(), "row_ties": row_ties.sum(), "pairs": pairs, "block_ties": block_ties}
 
 
+def _direct_max(q, k, causal: bool) -> float:
+    s = np.einsum("bhqd,bhkd->bhqk", q.double().numpy(), k.double().numpy()) / math.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.arange(s.shape[3])[None, :] > np.arange(s.shape[2])[:, None], -np.inf, s)
+    return float(s.max())
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("block_c", [8, 13, 40])
 def test_tie_counts_are_a_direct_count_of_the_exact_scores(causal, block_c):
     q, k = _small_integers(0, (2, 3, 40, 16)), _small_integers(1, (2, 3, 40, 16))
     backend = FlashEmulated(stage_formats("paper", "bf16"), block_r=8, block_c=block_c)
     qp, kp, _ = prepared_inputs(q, k, k, backend.formats)
-    got = {name: int(value) for name, value in _tie_counts(backend, qp, kp, causal).items()}
+    counts = _tie_counts(backend, qp, kp, causal)
+    assert float(counts.pop("score_max")) == float(torch.tensor(_direct_max(q, k, causal)))
+    got = {name: int(value) for name, value in counts.items()}
     expected = {name: int(value) for name, value in _direct_counts(q, k, block_c, causal).items()}
     assert got == expected
     assert 0 < got["row_ties"] < got["rows"] and 0 < got["block_ties"] < got["pairs"]  # the case exercises both
@@ -112,7 +121,12 @@ def test_the_probe_pools_calls_by_their_sums():
         out = backend(q, k, v, causal=True)
         probe(Call, q, k, v, out)
         for name, value in call_statistics(backend, q, k, v, out, True).items():
-            total[name] = float(value) if name == "rows_per_column" else total.get(name, 0.0) + float(value)
+            if name == "rows_per_column":
+                total[name] = float(value)
+            elif name == "score_max":  # the largest over calls, not a sum
+                total[name] = max(total.get(name, -math.inf), float(value))
+            else:
+                total[name] = total.get(name, 0.0) + float(value)
     assert probe.results()["layers"]["a"] == pytest.approx(summarise(total), rel=1e-12)
 
 
@@ -211,3 +225,15 @@ def test_the_reciprocals_gradient_is_autograds_where_it_does_not_overflow():
     tiny = torch.tensor([1e-25], requires_grad=True)
     _Reciprocal.apply(tiny).backward(torch.tensor([1e-30]))
     assert math.isclose(float(tiny.grad), -1e-30 / 1e-50, rel_tol=1e-5)  # finite where autograd's is -inf
+
+
+def test_the_docs_block_is_the_scripts_from_the_committed_search():
+    from helpers import load_script
+
+    from numdev.report.docblocks import read_block
+
+    search = load_script("qiu_yao_search")
+    result = json.loads(search.RESULT.read_text(encoding="utf-8"))
+    assert read_block(search.DOC, "qiu-yao") == search.block(result).strip()
+    assert {r["label"] for r in result["runs"]} >= {"flash (paper formats), bf16-mixed, lr 0.001",
+                                                     "flash (paper formats), bf16-mixed, lr 0.001 + flash_tie_fix"}
