@@ -66,6 +66,10 @@ def read_run(path: Path, windows: int, heldout: int) -> dict:
     nonfinite = [e for e in events if e["kind"].startswith("nonfinite")]
     steps = snapshot_ties(path, windows=windows, heldout=heldout)
     losses = [s["heldout_loss"] if math.isfinite(s["heldout_loss"]) else math.inf for s in steps]  # non-finite: exploded
+    final = record.get("final_step")
+    if isinstance(final, int) and steps[-1]["step"] != final:  # an index edited or cut short, or a run still going
+        print(f"warning: {path}: its last snapshot is step {steps[-1]['step']} but run.json says it ended at step {final}: "
+              f"{run.index} lists fewer snapshots than the run wrote", file=sys.stderr)
     recorded = run.read_heldout() if run.heldout.is_file() else None
     same_set = recorded is not None and recorded.get("images") == heldout and recorded.get("step") == steps[-1]["step"]
     matches = recorded["heldout_loss"] == losses[-1] if same_set else None
@@ -188,9 +192,15 @@ def main() -> None:
     if args.docs_only:
         if args.runs:
             parser.error("--docs-only reads the committed JSON: give no run directories with it")
-        result = json.loads(RESULT.read_text(encoding="utf-8"))
+        try:
+            result = json.loads(RESULT.read_text(encoding="utf-8"))
+            text = block(result)  # before anything is written: a forged or truncated result is refused whole
+        except (OSError, ValueError) as error:
+            parser.error(f"{RESULT}: {error}")
+        except (KeyError, TypeError, IndexError, AttributeError) as error:
+            parser.error(f"{RESULT}: not a result of this script ({type(error).__name__}: {error}): rerun it on the runs")
         figure(result, FIGURE)
-        replace_block(DOC, "qiu-yao", block(result))
+        replace_block(DOC, "qiu-yao", text)
         return
     if not args.runs:
         parser.error("give one or more run directories (or --docs-only)")
