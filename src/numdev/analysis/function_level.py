@@ -295,9 +295,10 @@ def loss_barrier(run_a: str | Path, run_b: str | Path, alphas: Sequence[float] =
     weights_a, weights_b = load_snapshot(a.path, steps["a"]), load_snapshot(b.path, steps["b"])
 
     with rebuilt(b.path, attention="run" if attention == "run_b" else "eager", device=device, config=cfg) as run_model:
-        for name, weights in (("a", weights_a), ("b", weights_b)):
-            if set(weights) != {n for n, _ in run_model.model.named_parameters()}:
-                raise ValueError(f"{(a if name == 'a' else b).index}: the snapshot's parameters are not the model's of {b.config}")
+        names = {n for n, _ in run_model.model.named_parameters()}
+        for run, weights in ((a, weights_a), (b, weights_b)):  # both checked before anything is evaluated
+            if set(weights) != names:
+                raise ValueError(f"{run.index}: the snapshot's parameters are not the model's of {b.config}")
         dataset = run_model.heldout_dataset(num_images)
 
         def loss_at(state: dict[str, torch.Tensor]) -> tuple[float, str]:

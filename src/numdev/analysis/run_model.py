@@ -37,12 +37,10 @@ def saved_config(run: RunDir) -> DictConfig:
 
 @contextlib.contextmanager
 def torch_threads(count) -> Iterator[None]:
-    """torch's thread count as the run had it (`threads`), restored afterwards: sums split by thread differ."""
+    """torch's thread count as the run had it (`threads`, checked by `rebuilt`), restored afterwards: sums split by thread differ."""
     if count is None:
         yield
         return
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"threads={count!r} must be a positive integer (or null)")
     previous = torch.get_num_threads()
     torch.set_num_threads(int(count))
     try:

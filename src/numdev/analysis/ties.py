@@ -43,9 +43,9 @@ import torch
 from numdev.analysis.run_model import rebuilt
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.attention.checks import causal_mask
-from numdev.attention.flash_emulated import TIE_TOLERANCE
+from numdev.attention.flash_emulated import TIE_TOLERANCE, block_scores
 from numdev.models.attention import AttentionCall, name_attention_layers
-from numdev.numerics.formats import parse_format, round_to
+from numdev.numerics.formats import parse_format
 from numdev.numerics.stages import prepared_inputs
 from numdev.runs.layout import RunDir
 from numdev.weights.store import list_snapshots, load_snapshot
@@ -80,9 +80,8 @@ def _tie_counts(backend: FlashEmulated, q, k, causal: bool) -> dict[str, torch.T
     pairs = block_ties = torch.zeros(())
     for start in range(0, n_k, block_c):
         stop = min(start + block_c, n_k)
-        scores = round_to((q @ k[:, :, start:stop].transpose(-1, -2)) * scale, f.score)
-        if causal:
-            scores = scores.masked_fill(causal_mask(n_q, torch.arange(start, stop), q.device), -math.inf)
+        masked = causal_mask(n_q, torch.arange(start, stop), q.device) if causal else None
+        scores = block_scores(q @ k[:, :, start:stop].transpose(-1, -2), scale, masked, f)
         block_max = scores.amax(dim=-1, keepdim=True)
         visible = torch.isfinite(block_max)
         pairs = pairs + visible.sum()

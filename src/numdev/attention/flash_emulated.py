@@ -444,7 +444,8 @@ def _round_again(x: torch.Tensor, fmt: FloatFormat, held: FloatFormat) -> torch.
     return x if fmt == held else round_to(x, fmt)
 
 
-def _scores(raw_scores, scale, masked, f: StageFormats):
+def block_scores(raw_scores, scale, masked, f: StageFormats):
+    """S = q k^T * scale of one key block in the score format, masked keys -inf (numdev.analysis.ties reads them too)."""
     scores = round_to(raw_scores * scale, f.score)
     return scores if masked is None else scores.masked_fill(masked, _NEG_INF)
 
@@ -469,7 +470,7 @@ def tie_shifted_max(scores: torch.Tensor, block_max: torch.Tensor) -> torch.Tens
 
 
 def _fa2_probs(raw_scores, scale, row_max, masked, *, f: StageFormats, tie_fix: bool = False) -> dict:
-    scores = _scores(raw_scores, scale, masked, f)
+    scores = block_scores(raw_scores, scale, masked, f)
     block_max = scores.amax(dim=-1, keepdim=True)
     if tie_fix:
         block_max = tie_shifted_max(scores, block_max)
@@ -518,7 +519,7 @@ def _fa2_merge_blas(row_max, row_sum, out, block, block_sum, v16, active, start,
 
 
 def _fa1_probs(raw_scores, scale, row_max, masked, *, f: StageFormats) -> dict:
-    scores = _scores(raw_scores, scale, masked, f)
+    scores = block_scores(raw_scores, scale, masked, f)
     block_max = round_masked(scores.amax(dim=-1, keepdim=True), f.stats)
     probs = round_to(compiled.exp(round_masked(scores - _finite_or_zero(block_max), f.score)), f.prob)
     return {"block_max": block_max, "probs": probs, "matmul_probs": probs}
