@@ -1,7 +1,7 @@
 """Resuming never drops a record: the sibling CSV keeps the checkpoint step's row (issue 13, 4a), and
 a deleted weights/index.json is rebuilt from the snapshot files, each verified (4b). Fault injection
 in-process (deterministic); the same with a real SIGKILL of a real numdev-train is
-test_faults.py::test_a_killed_run_refuses_a_second_run_then_resumes_to_the_uninterrupted_runs_snapshots_and_rows."""
+test_faults.py::test_a_run_through_sigkill_sigterm_and_sighup_resumes_to_the_uninterrupted_runs_snapshots_and_rows."""
 
 from __future__ import annotations
 
