@@ -311,6 +311,8 @@ def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
 
     from numdev.config.groups import group_dir
 
+    if len(jobs) == 1:  # one job: its own composition, the one the command's other checks already asked for
+        return [compose(config_name=app, overrides=jobs[0])]
     parser = OverridesParser.create()
     composed: dict[tuple, DictConfig] = {}
     configs = []
