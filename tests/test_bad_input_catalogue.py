@@ -394,6 +394,16 @@ CATALOGUE = [
     Case("train-nonfinite-weights-unchecked", "numdev-train", [*TRAIN, "optim.optimizer.lr=1e30", *ZERO_CHECKS],
          "run failed: nonfinite_weights after step 4 in ", code=1, refused_before_start=False,
          after=_run_status("failed", "nonfinite_weights after step 4")),
+    # a section or a key the run reads deleted (~key): one line before the run's directory exists
+    Case("train-delete-section", "numdev-train", [*TRAIN, "~trainer"], "~trainer: numdev-train reads trainer on every run, "
+         "so deleting it would fail after the run's directory exists: choose another option (trainer=...) or change its keys"),
+    Case("train-delete-scalar", "numdev-train", [*TRAIN, "~threads"], "~threads: numdev-train reads threads on every run, "
+         "so deleting it would fail after the run's directory exists: set a value (threads=...) instead"),
+    Case("train-delete-read-key", "numdev-train", [*TRAIN, "~model.depth"],
+         "the config has no model.depth, which numdev-train reads (~model.depth deleted it?): put it back or set it"),
+    Case("bench-delete-section", "numdev-bench", [*BENCH, "~shape"], "~shape: numdev-bench reads shape on every run"),
+    Case("bench-delete-read-key", "numdev-bench", [*BENCH, "~shape.batch"],
+         "the config has no shape.batch, which numdev-bench reads (~shape.batch deleted it?)"),
     # 2. collisions: a second live run in one directory
     Case("train-live-run-directory", "numdev-train", TRAIN, "{tmp}/run is in use by another live run (process "
          f"{os.getpid()}): wait for it to end, or give this run its own directory (hydra.run.dir=...)", setup=_live_run),

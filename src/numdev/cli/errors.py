@@ -8,7 +8,7 @@ import re
 import sys
 
 from hydra.errors import InstantiationException
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue
 
 from numdev.runs.atomic import WriteError
 
@@ -74,6 +74,8 @@ def user_facing(program: str, unexpected_key=None):
                 _exit(program, cause)
             except MissingMandatoryValue as error:  # a ??? left in an option file (model=custom's model._target_)
                 _exit(program, _unset(error))
+            except (ConfigAttributeError, ConfigKeyError) as error:  # a key the run reads is not in its config
+                _exit(program, missing_key(program, error, sys.argv[1:]))
             except USER_ERRORS as error:
                 _exit(program, error)
             except RunFailed as error:
@@ -88,6 +90,13 @@ def user_facing(program: str, unexpected_key=None):
         return wrapper
 
     return decorate
+
+
+def missing_key(program: str, error: ConfigAttributeError | ConfigKeyError, args: list[str]) -> str:
+    """A key the run reads that its config lacks, as one line (a `~key` on the command line is the usual cause)."""
+    deleted = " ".join(a for a in args if a.startswith("~"))
+    return (f"the config has no {error.full_key or error.key}, which {program} reads"
+            f"{f' ({deleted} deleted it?)' if deleted else ''}: put it back or set it ({program} --cfg job shows every key)")
 
 
 def _unset(error: MissingMandatoryValue) -> str:

@@ -211,7 +211,7 @@ def override_mistake(app: str, args: list[str]) -> str | None:
 
     from numdev.cli.commands import script
 
-    candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    candidates = command_overrides(args)
     missing = searchpath_missing(candidates)
     if missing:
         return missing
@@ -222,7 +222,7 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     if {"--help", "-h"} & set(args) and any(o.is_sweep_override() for o in overrides):
         return ("--help with a sweep (a,b,c): Hydra's help cannot read sweeps and would fail on them; "
                 "drop -m and give one value of each to see the groups and that job's config")
-    unknown = unknown_top_level_key(app, overrides)
+    unknown = unknown_top_level_key(app, overrides) or deleted_section(app, overrides)
     if unknown:
         return unknown
     mine = app_defaults(app)
@@ -357,6 +357,28 @@ def _leaf_paths(app: str) -> dict[str, list[str]]:
         if isinstance(option, str) and path.is_file() and not is_global(group, app):
             walk(_load(path), f"{group}.")
     return paths
+
+
+def command_overrides(args: list[str]) -> list[str]:
+    """The Hydra overrides of a command line: key=value, +key=value, ++key=value and ~key[=value]
+    (a deletion need not have a value); not its flags (-m, --cfg job, ...)."""
+    return [a for a in args if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+
+
+def deleted_section(app: str, overrides) -> str | None:
+    """`~trainer`, `~attention`, `~threads`: a whole section of the app's config deleted. The app reads
+    every one of them, so the run would fail with a traceback after its directory exists; deeper keys
+    (`~model.width`, for a user's model that takes no width) are left to the checks of the config."""
+    groups, primary = set(app_defaults(app)), _load(conf_dir() / app / f"{app}.yaml")
+    for o in overrides:
+        top = o.key_or_group.split("@")[0]
+        if not o.is_delete() or "." in top or top not in top_level_keys(app) | groups:
+            continue
+        fix = (f"choose another option ({top}=...) or change its keys ({top}.<key>=...)" if top in groups
+               else f"change its keys ({top}.<key>=...)" if isinstance(primary.get(top), dict) else f"set a value ({top}=...)")
+        return (f"{o.input_line}: numdev-{app} reads {top} on every run, so deleting it would fail after the run's "
+                f"directory exists: {fix} instead (numdev-{app} --cfg job shows every key)")
+    return None
 
 
 def unknown_top_level_key(app: str, overrides) -> str | None:

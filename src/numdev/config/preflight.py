@@ -72,14 +72,15 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException, InstantiationException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-    from numdev.cli.errors import USER_ERRORS, one_line
-    from numdev.config.groups import config_module
+    from numdev.cli.errors import USER_ERRORS, missing_key, one_line
+    from numdev.config.groups import command_overrides, config_module
 
     if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
         return None
     compose = compose or Composer()
-    given = [a for a in args if "=" in a and not a.startswith("-")]
+    given = command_overrides(args)
     try:
         parsed = OverridesParser.create().parse_overrides(given)
     except HydraException:
@@ -89,7 +90,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
             jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
             if jobs is None:
                 return None
-            added = _added_key_problem(app, parsed, compose)
+            added = _added_key_problem(app, parsed, compose) or _deleted_key_problem(app, parsed, compose)
             if added:
                 return added
             configs = _configs(app, jobs, compose)
@@ -105,6 +106,8 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
                 check(cfg)
             except InstantiationException as error:  # a constructor refused a value: its own message
                 raise (error.__cause__ if isinstance(error.__cause__, USER_ERRORS) else ValueError(one_line(error))) from None
+            except (ConfigAttributeError, ConfigKeyError) as error:  # a key the run reads is not there (~key deleted it?)
+                raise ValueError(missing_key(f"numdev-{app}", error, given)) from None
         except USER_ERRORS as error:
             if not multirun:
                 return one_line(error)
@@ -124,13 +127,13 @@ def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str |
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from numdev.config.groups import config_module
+    from numdev.config.groups import command_overrides, config_module
 
     if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
         return None
     compose = compose or Composer()
     try:
-        parsed = OverridesParser.create().parse_overrides([a for a in args if "=" in a and not a.startswith("-")])
+        parsed = OverridesParser.create().parse_overrides(command_overrides(args))
         with initialize_config_module(config_module=config_module(app), version_base="1.3"):
             jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
             if jobs is None:
@@ -374,6 +377,39 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         listed = f"its settings are {', '.join(known) or 'none'} " if len(known) <= 12 else ""
         return (f"{o.input_line}: {owner} has no setting {name}, so nothing would read it: {hint}"
                 f"{listed}(numdev-{app} --cfg job shows every key)")
+    return None
+
+
+def _deleted_key_problem(app: str, parsed, compose) -> str | None:
+    """`~model.depth`: a key deleted from a node whose constructor needs it (no default), which would
+    fail after the run's directory exists. A key the constructor does not take (`~model.width` for a
+    user's model without one) or takes with a default may go."""
+    import inspect
+
+    deleted = [o for o in parsed if o.is_delete() and o.package is None and "." in o.key_or_group
+               and not o.key_or_group.startswith("hydra")]
+    if not deleted:
+        return None
+    try:
+        base = compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
+    except Exception:  # noqa: BLE001 - Hydra says why when it runs
+        return None
+    from hydra.utils import get_object
+
+    for o in deleted:
+        parent, name = o.key_or_group.rsplit(".", 1)
+        node = OmegaConf.select(base, parent, default=None)
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        if target is None:
+            continue  # no constructor to ask: the config's checks read it
+        try:
+            parameter = inspect.signature(get_object(str(target))).parameters.get(name)
+        except Exception:  # noqa: BLE001 - not importable or no signature: the constructor will say
+            continue
+        if parameter is not None and parameter.default is inspect.Parameter.empty and parameter.kind not in (
+                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            return (f"{o.input_line}: {parent} ({target}) needs {name} (it has no default), so the run would fail after "
+                    f"its directory exists: set it ({o.key_or_group}=...) instead of deleting it")
     return None
 
 
