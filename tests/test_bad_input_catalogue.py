@@ -399,8 +399,8 @@ CATALOGUE = [
          "so deleting it would fail after the run's directory exists: choose another option (trainer=...) or change its keys"),
     Case("train-delete-scalar", "numdev-train", [*TRAIN, "~threads"], "~threads: numdev-train reads threads on every run, "
          "so deleting it would fail after the run's directory exists: set a value (threads=...) instead"),
-    Case("train-delete-read-key", "numdev-train", [*TRAIN, "~model.depth"],
-         "the config has no model.depth, which numdev-train reads (~model.depth deleted it?): put it back or set it"),
+    Case("train-delete-read-key", "numdev-train", [*TRAIN, "~optim.optimizer"],
+         "the config has no optim.optimizer, which numdev-train reads (~optim.optimizer deleted it?): put it back or set it"),
     Case("bench-delete-section", "numdev-bench", [*BENCH, "~shape"], "~shape: numdev-bench reads shape on every run"),
     Case("bench-delete-read-key", "numdev-bench", [*BENCH, "~shape.batch"],
          "the config has no shape.batch, which numdev-bench reads (~shape.batch deleted it?)"),

@@ -72,6 +72,24 @@ def _integer(data: DictConfig, key: str) -> int:
     return value
 
 
+def _model_integer(model: DictConfig, key: str) -> int:
+    """model.<key>, or the default its constructor gives it when the key is absent (`~model.depth`):
+    the size the model will be built with."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    if key in model:
+        return int(model[key])
+    try:
+        default = inspect.signature(get_object(str(model.get("_target_")))).parameters[key].default
+    except Exception:  # noqa: BLE001 - no constructor to ask, or it does not take the key
+        default = inspect.Parameter.empty
+    if default is inspect.Parameter.empty or isinstance(default, bool) or not isinstance(default, int):
+        raise ValueError(f"model.{key} is not set and {model.get('_target_')} gives it no default: set model.{key}=...")
+    return default
+
+
 def _size_keys(model: DictConfig) -> str:
     """The model's size settings as key=value, for the message (what to lower)."""
     for keys in _LM_KEYS + (("hidden", "depth"),):
@@ -95,16 +113,16 @@ def estimate(cfg: DictConfig, backend, parameters: int | None = None) -> Estimat
         parameters = count_parameters(cfg, backend) if parameters is None else parameters
         return Estimate(parameters, parameters * PARAMETER_BYTES, 0)
     batch, resolution = _integer(data, "batch_size"), _integer(data, "resolution")
-    image_tokens = (resolution // int(model.patch)) ** 2
+    image_tokens = (resolution // _model_integer(model, "patch")) ** 2
     text = model.text
     caption_tokens = int(text.context_length)
-    per_block = image_tokens * int(model.hidden) * SAVED_PER_TOKEN
+    per_block = image_tokens * _model_integer(model, "hidden") * SAVED_PER_TOKEN
     if materialised:
-        per_block += int(model.heads) * image_tokens * (image_tokens + caption_tokens)
+        per_block += _model_integer(model, "heads") * image_tokens * (image_tokens + caption_tokens)
     per_text_layer = caption_tokens * int(text.width) * SAVED_PER_TOKEN
     if materialised:
         per_text_layer += int(text.heads) * caption_tokens * caption_tokens
-    values = batch * (int(model.depth) * per_block + int(text.layers) * per_text_layer + 3 * 3 * resolution * resolution)
+    values = batch * (_model_integer(model, "depth") * per_block + int(text.layers) * per_text_layer + 3 * 3 * resolution * resolution)
     parameters = count_parameters(cfg, backend) if parameters is None else parameters
     return Estimate(parameters, parameters * PARAMETER_BYTES, values * value_bytes)
 
