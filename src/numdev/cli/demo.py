@@ -7,7 +7,7 @@
    from 3 seeds each spread is a range, which carries no verdict (numdev.stats.verdicts): those
    verdicts read "not measurable", and the demo says so;
 2. the harm study at demo size (numdev-train experiment=harm_demo: dit_study at 16x16 with Flash in
-   key/value blocks of 2, 200 steps, 2 replicates of 7 roles: the reference, Flash, bf16 vs fp32, the
+   key/value blocks of 2, 150 steps, 2 replicates of 7 roles: the reference, Flash, bf16 vs fp32, the
    ulp control, learning rate x10 and two rungs of the noise ladder; from 2 replicates
    every effect is a range and no claim gets a verdict, so the demo's answer is withheld by design:
    the full study, experiment=harm, 5 replicates, is docs/harm.md's);
@@ -125,7 +125,7 @@ def _train_sweep(step: str, overrides: tuple[str, ...], name: str, output_root: 
 
 
 def run_study(output_root: Path) -> Path:
-    log.info(f"[study] {study_command(output_root)} (the harm study at demo size: 7 roles x 2 replicates of 200 steps; "
+    log.info(f"[study] {study_command(output_root)} (the harm study at demo size: 7 roles x 2 replicates of 150 steps; "
              "effects are ranges of 2, so no claim gets a verdict and the answer is withheld: the full study is "
              "experiment=harm)")
     return _train_sweep("study", STUDY, STUDY_NAME, output_root)
