@@ -384,8 +384,6 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
     """`~model.depth`: a key deleted from a node whose constructor needs it (no default), which would
     fail after the run's directory exists. A key the constructor does not take (`~model.width` for a
     user's model without one) or takes with a default may go."""
-    import inspect
-
     deleted = [o for o in parsed if o.is_delete() and o.package is None and "." in o.key_or_group
                and not o.key_or_group.startswith("hydra")]
     if not deleted:
@@ -394,18 +392,11 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
         base = compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
     except Exception:  # noqa: BLE001 - Hydra says why when it runs
         return None
-    from hydra.utils import get_object
-
     for o in deleted:
         parent, name = o.key_or_group.rsplit(".", 1)
         node = OmegaConf.select(base, parent, default=None)
         target = node.get("_target_") if isinstance(node, DictConfig) else None
-        if target is None:
-            continue  # no constructor to ask: the config's checks read it
-        try:
-            parameter = inspect.signature(get_object(str(target))).parameters.get(name)
-        except Exception:  # noqa: BLE001 - not importable or no signature: the constructor will say
-            continue
+        parameter = constructor_parameter(target, name) if target is not None else None  # no constructor: the checks read it
         if parameter is not None and parameter.default is inspect.Parameter.empty and parameter.kind not in (
                 inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             return (f"{o.input_line}: {parent} ({target}) needs {name} (it has no default), so the run would fail after "
@@ -413,16 +404,19 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
     return None
 
 
-def _open_mapping(target, name: str) -> bool:
-    """Whether `_target_` takes its argument `name` as a whole mapping (annotated dict), whose keys it checks itself."""
+def constructor_parameter(target, name: str) -> inspect.Parameter | None:
+    """The parameter `name` of a `_target_`'s constructor (None: not importable, no signature, or no such parameter)."""
     from hydra.utils import get_object
 
-    if target is None:
-        return False
     try:
-        parameter = inspect.signature(get_object(str(target))).parameters.get(name)
-    except Exception:  # noqa: BLE001 - not importable or no signature: treated as a closed node
-        return False
+        return inspect.signature(get_object(str(target))).parameters.get(name)
+    except Exception:  # noqa: BLE001 - not importable or no signature: the constructor will say
+        return None
+
+
+def _open_mapping(target, name: str) -> bool:
+    """Whether `_target_` takes its argument `name` as a whole mapping (annotated dict), whose keys it checks itself."""
+    parameter = constructor_parameter(target, name) if target is not None else None
     annotation = parameter.annotation if parameter is not None else None
     return annotation is dict or (isinstance(annotation, str) and (annotation == "dict" or annotation.startswith("dict[")))
 

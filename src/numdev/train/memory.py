@@ -77,14 +77,12 @@ def _model_integer(model: DictConfig, key: str) -> int:
     the size the model will be built with."""
     import inspect
 
-    from hydra.utils import get_object
+    from numdev.config.preflight import constructor_parameter
 
     if key in model:
         return int(model[key])
-    try:
-        default = inspect.signature(get_object(str(model.get("_target_")))).parameters[key].default
-    except Exception:  # noqa: BLE001 - no constructor to ask, or it does not take the key
-        default = inspect.Parameter.empty
+    parameter = constructor_parameter(model.get("_target_"), key)
+    default = parameter.default if parameter is not None else inspect.Parameter.empty
     if default is inspect.Parameter.empty or isinstance(default, bool) or not isinstance(default, int):
         raise ValueError(f"model.{key} is not set and {model.get('_target_')} gives it no default: set model.{key}=...")
     return default
