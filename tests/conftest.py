@@ -42,6 +42,8 @@ TIERS = {
         "test_sweep_lifecycle.py::test_a_run_stops_waiting_for_a_dead_reference",
         "test_sweep_lifecycle.py::test_a_run_waiting_for_its_reference_honours_sigterm",
         "test_reliability_3.py::test_a_sweep_killed_outright_leaves_no_worker_behind",
+        "test_gpu_call.py::test_a_step_past_its_limit_is_stopped_with_its_group_and_the_call_goes_on",
+        "test_gpu_call.py::test_sigterm_to_the_call_stops_the_running_step_and_writes_the_record",
     ),
     "cli": (
         "test_custom_model.py::test_the_user_model_goes_through_the_harm_study_unchanged",
@@ -57,6 +59,8 @@ TIERS = {
         "test_bad_input_catalogue.py::test_a_mistake_is_one_line_from_the_real_command",
         "test_early.py::test_flash_is_told_apart_from_the_ulp_control_at_step_2_in_bf16",
         "test_early.py::test_the_ladder_recovers_a_planted_eps",
+        "test_gpu_call.py::test_the_whole_call_rehearses_on_the_cpu",
+        "test_lr_edge.py",
         "test_gpu_kernels_script.py::test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline",
         "test_gemm.py::test_gemm_k_figure_end_to_end",
         "test_gemm.py::test_gemm_formats_figure_end_to_end",

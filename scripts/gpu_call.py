@@ -1,0 +1,243 @@
+"""The one prepared GPU call of issue 37: each measurement in order of importance, each under its own time limit.
+
+    python3 scripts/gpu_call.py --out $OUT --commit <sha>             # on the lent GPU (docs/gpu.md: the call)
+    python3 scripts/gpu_call.py --device cpu --out /tmp/rehearsal     # here: the same steps, reduced, on the CPU
+
+Steps, in this order (docs/gpu.md says why): `correctness` (pytest -m gpu: the Triton kernel, every
+FlashAttention kernel installed, training with each backend), `kernels_bf16` and `kernels_fp16`
+(scripts/gpu_kernels.py: the emulator against SDPA flash and cuDNN bit for bit, the Fig. 4 ratio with
+real kernels), `triton` and `triton_causal` (scripts/bench_triton.py: TFLOP/s beside SDPA flash and
+cuDNN), `lr_edge` (a learning-rate sweep, eager against Flash: experiment=lr_edge) and
+`lr_edge_summary` (scripts/lr_edge.py). Each step runs as its own process group under a limit of
+min(its budget, what is left of --budget); a step past its limit gets SIGTERM, then SIGKILL 10 s
+later; a step that would start with less than its minimum left is skipped. Every step writes under
+--out and the call's record, <out>/gpu_call.json (command, limit, seconds, exit status, whether it
+timed out, its log and its outputs per step; provenance), is rewritten atomically after every step,
+so a call stopped at the machine's limit still returns what it finished. Logs: <out>/logs/<step>.log.
+A SIGTERM or SIGINT to this script stops the running step's whole group and writes the record.
+Exit status: 0 when every step ran and exited 0 (in a --device cpu rehearsal pytest's 5, "no GPU
+test selected", counts as 0), else 1 (a step failed, timed out or was skipped); 2 for a bad argument.
+
+--device cpu rehearses the same code paths at sizes that take seconds here: pytest selects no GPU test
+(the files must still import), gpu_kernels.py runs on PyTorch's CPU flash kernel, bench_triton.py runs
+numdev's Triton kernel in Triton's interpreter, and the sweep trains a small model for a few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from numdev.cli.commands import argv
+from numdev.cli.script_args import ScriptParser, at_least
+from numdev.runs.atomic import write_text
+from numdev.runs.provenance import provenance
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_TESTS = ["tests/test_triton_kernel.py", "tests/test_flash_attn_backend.py", "tests/test_cli.py"]
+LR_GRID = "3e-2,1e-1,1e-2,3e-1,3e-3,1,1e-3"  # from the middle out: a sweep cut short keeps the likely edge
+GRACE_S = 10  # SIGTERM, then SIGKILL this much later
+
+
+@dataclass
+class Step:
+    name: str
+    budget_s: int  # its limit when that much of the call is left
+    command: list[str]
+    min_s: int = 20  # skipped when less than this is left
+    outputs: list[str] = field(default_factory=list)  # under --out
+    ok_codes: tuple[int, ...] = (0,)
+    collect: Path | None = None  # a sweep kept outside --out: its jobs' small records are copied under <out>/<name>_runs
+
+
+RECORDS = ("run.json", "config.yaml", "heldout.json", "instability.json", "app.log", "continuations.json")
+
+
+def collect_records(sweep: Path, into: Path) -> list[str]:
+    """Copy each job's small records (kB; not its checkpoint, snapshots or predictions, tens of MB) from
+    `sweep` to `into`/<job>/: what comes back from the GPU machine beside the summary."""
+    import shutil
+
+    copied = []
+    for job in sorted(p for p in sweep.iterdir() if p.is_dir()) if sweep.is_dir() else []:
+        for name in RECORDS:
+            if (job / name).is_file():
+                (into / job.name).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(job / name, into / job.name / name)
+                copied.append(f"{into.name}/{job.name}/{name}")
+    return copied
+
+
+def steps(device: str, out: Path, workers: int) -> list[Step]:
+    py = sys.executable
+    script = lambda name: str(REPO / "scripts" / name)  # noqa: E731
+    sweep = Path("/tmp") / f"numdev_lr_edge_{os.getpid()}"  # checkpoints and predictions stay on the machine
+    if device == "cuda":
+        kernel_grid: list[str] = ["--workers", str(workers)]
+        triton_grid = ["--seq", "1024", "4096", "16384"]
+        edge = ["trainer=gpu", f"optim.optimizer.lr={LR_GRID}"]
+        pytest_extra = ["-n", "8"]
+    else:  # the rehearsal: the same commands at sizes of seconds
+        kernel_grid = ["--device", "cpu", "--n", "256", "1024", "--dims", "64", "--seeds", "0", "1",
+                       "--heads", "2", "--compare-heads", "2", "--workers", str(workers)]
+        triton_grid = ["--device", "cpu"]
+        edge = ["optim.optimizer.lr=1e-2,10", "model.context_length=128", "model.hidden=64", "trainer.max_steps=12",
+                "data.batch_size=4", "callbacks.heldout.num_images=8", "threads=1"]
+        pytest_extra = []
+    return [
+        Step("correctness", 150, [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *pytest_extra,
+                                  f"--junitxml={out / 'pytest_gpu.xml'}", *GPU_TESTS],
+             outputs=["pytest_gpu.xml"], ok_codes=(0,) if device == "cuda" else (0, 5)),
+        Step("kernels_bf16", 110, [py, script("gpu_kernels.py"), "--dtypes", "bf16", *kernel_grid,
+                                   "--out", str(out / "gpu_kernels_bf16.json")], outputs=["gpu_kernels_bf16.json"]),
+        Step("kernels_fp16", 90, [py, script("gpu_kernels.py"), "--dtypes", "fp16", *kernel_grid,
+                                  "--out", str(out / "gpu_kernels_fp16.json")], outputs=["gpu_kernels_fp16.json"]),
+        Step("triton", 80, [py, script("bench_triton.py"), *triton_grid, "--out", str(out / "bench_triton.json")],
+             outputs=["bench_triton.json"]),
+        Step("lr_edge", 150, [*argv("numdev-train"), "-m", "experiment=lr_edge", *edge, "attention=eager,sdpa_flash",
+                              "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}"], min_s=40, collect=sweep),
+        Step("lr_edge_summary", 30, [py, script("lr_edge.py"), str(sweep), "--out", str(out / "lr_edge.json"),
+                                     "--figure", str(out / "lr_edge.png")], min_s=5,
+             outputs=["lr_edge.json", "lr_edge.png"]),
+        Step("triton_causal", 60, [py, script("bench_triton.py"), *triton_grid, "--causal",
+                                   "--out", str(out / "bench_triton_causal.json")], outputs=["bench_triton_causal.json"]),
+    ]
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached this script."""
+
+
+def run_step(step: Step, limit: float, log: Path) -> dict:
+    started = time.perf_counter()
+    with open(log, "wb") as sink:
+        child = subprocess.Popen(step.command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = stopped = False
+        try:
+            child.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except Stopped:
+            stopped = True
+        finally:
+            if child.poll() is None:
+                _end_group(child)
+    record = {"rc": child.returncode, "seconds": round(time.perf_counter() - started, 1), "timed_out": timed_out}
+    if stopped:
+        record["stopped"] = "the call was stopped (SIGTERM or SIGINT) while this step ran"
+    return record
+
+
+def _end_group(child: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def main(argv_=None) -> int:
+    parser = ScriptParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", dest="folder", type=Path, required=True, help="folder for every result, log and gpu_call.json")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--budget", type=at_least(1), default=480, help="seconds for the whole call (default 8 minutes)")
+    parser.add_argument("--only", nargs="+", default=None, help="these steps only, in the call's order")
+    parser.add_argument("--workers", type=at_least(1), default=None,
+                        help="gpu_kernels.py's comparison processes (default: CPUs - 1 on cuda, 2 on cpu)")
+    parser.add_argument("--limit", nargs="+", default=[], metavar="STEP=SECONDS",
+                        help="a step's own limit instead of its budget (e.g. lr_edge=240 in a second call)")
+    parser.add_argument("--commit", default=None, help="the git commit the tree was copied from (the GPU machine has no .git)")
+    args = parser.parse_args(argv_)
+    deadline = time.monotonic() + args.budget
+    workers = args.workers or (max(1, (os.cpu_count() or 2) - 1) if args.device == "cuda" else 2)
+    plan = steps(args.device, args.folder.resolve(), workers)
+    names = [s.name for s in plan]
+    if args.only:
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            parser.error(f"--only {' '.join(unknown)}: no such step (steps: {', '.join(names)})")
+        plan = [s for s in plan if s.name in args.only]
+    for item in args.limit:
+        name, _, seconds = item.partition("=")
+        if name not in names or not seconds.isdigit() or int(seconds) < 1:
+            parser.error(f"--limit {item}: give STEP=SECONDS, a step of {', '.join(names)} and a whole number of seconds >= 1")
+        for step in plan:
+            if step.name == name:
+                step.budget_s, step.min_s = int(seconds), min(step.min_s, int(seconds))
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda but torch sees no CUDA GPU here; rehearse with --device cpu")
+    try:
+        (args.folder / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out {args.folder}: {error.strerror or error}")
+
+    def stop(signum, frame):
+        raise Stopped
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    manifest = {"what": "issue 37's prepared GPU call: each step's limit, time, exit status and outputs",
+                "device": args.device, "rehearsal": args.device == "cpu", "budget_s": args.budget,
+                "commit": args.commit, "workers": workers, "complete": False, "steps": [],
+                "provenance": provenance(threads=None)}
+    record_path = args.folder / "gpu_call.json"
+    write_text(record_path, json.dumps(manifest, indent=1) + "\n")
+    failed = False
+    try:
+        for step in plan:
+            entry = {"name": step.name, "command": " ".join(step.command), "budget_s": step.budget_s,
+                     "log": f"logs/{step.name}.log"}
+            left = deadline - time.monotonic()
+            if left < step.min_s:
+                entry["skipped"] = f"{left:.0f} s of the call left, under this step's minimum of {step.min_s} s"
+                manifest["steps"].append(entry)
+                failed = True  # asked for and not done
+                continue
+            entry["limit_s"] = round(min(step.budget_s, left), 1)
+            print(f"gpu_call: {step.name} (limit {entry['limit_s']:.0f} s)", file=sys.stderr, flush=True)
+            try:
+                entry.update(run_step(step, entry["limit_s"], args.folder / entry["log"]))
+            finally:
+                entry["outputs"] = [name for name in step.outputs if (args.folder / name).is_file()]
+                if step.collect is not None:
+                    entry["outputs"] += collect_records(step.collect, args.folder / f"{step.name}_runs")
+                entry["ok"] = entry.get("rc") in step.ok_codes and not entry.get("timed_out")
+                failed |= not entry["ok"]
+                manifest["steps"].append(entry)
+                write_text(record_path, json.dumps(manifest, indent=1) + "\n")
+            print(f"gpu_call: {step.name}: exit {entry['rc']}, {entry['seconds']} s"
+                  + (" (timed out)" if entry["timed_out"] else ""), file=sys.stderr, flush=True)
+            if "stopped" in entry:
+                raise Stopped
+        manifest["complete"] = True
+    except Stopped:
+        manifest["stopped"] = "SIGTERM or SIGINT: the call ended early"
+        failed = True
+    finally:
+        manifest["seconds"] = round(args.budget - (deadline - time.monotonic()), 1)
+        write_text(record_path, json.dumps(manifest, indent=1) + "\n")
+        if args.device == "cpu":  # a rehearsal leaves nothing in /tmp (the GPU machine's /tmp goes with it)
+            import shutil
+
+            for step in plan:
+                if step.collect is not None:
+                    shutil.rmtree(step.collect, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
