@@ -117,7 +117,8 @@ class Stopped(Exception):
 def run_step(step: Step, limit: float, log: Path) -> dict:
     started = time.perf_counter()
     with open(log, "wb") as sink:
-        child = subprocess.Popen(step.command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(step.command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=_term_with_parent)
         timed_out = stopped = False
         try:
             child.wait(timeout=limit)
@@ -132,6 +133,15 @@ def run_step(step: Step, limit: float, log: Path) -> dict:
     if stopped:
         record["stopped"] = "the call was stopped (SIGTERM or SIGINT) while this step ran"
     return record
+
+
+def _term_with_parent() -> None:
+    """In the step's process: SIGTERM when this script dies, however it dies (even by SIGKILL), so no step
+    outlives the call (Linux's PR_SET_PDEATHSIG; the step then stops what it started, as on a SIGTERM)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _end_group(child: subprocess.Popen) -> None:
@@ -180,8 +190,17 @@ def main(argv_=None) -> int:
 
         if not torch.cuda.is_available():
             parser.error("--device cuda but torch sees no CUDA GPU here; rehearse with --device cpu")
+    record_path = args.folder / "gpu_call.json"
+    if args.folder.is_dir() and any(args.folder.iterdir()):
+        parser.error(f"--out {args.folder} is not empty: give a new or empty folder (a result left there by an "
+                     "earlier call would be taken for this one's)")
     try:
         (args.folder / "logs").mkdir(parents=True, exist_ok=True)
+        os.close(os.open(record_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # a second call into it now is refused
+    except FileExistsError as error:
+        taken = error.filename == str(record_path)
+        parser.error(f"--out {args.folder}: " + ("another gpu_call is writing there" if taken else
+                                                 f"{error.filename} is a file, not a folder"))
     except OSError as error:
         parser.error(f"--out {args.folder}: {error.strerror or error}")
 
@@ -194,7 +213,6 @@ def main(argv_=None) -> int:
                 "device": args.device, "rehearsal": args.device == "cpu", "budget_s": args.budget,
                 "commit": args.commit, "workers": workers, "complete": False, "steps": [],
                 "provenance": provenance(threads=None)}
-    record_path = args.folder / "gpu_call.json"
     write_text(record_path, json.dumps(manifest, indent=1) + "\n")
     failed = False
     try:

@@ -40,6 +40,7 @@ from numdev.runs.schemas import read_saved_config
 INITIAL_LOSS = math.log(256)  # a byte-level model at initialisation predicts ~uniformly: L0 of the LR sensitivity
 FAIL_RULE = ("a run fails (diverges) when it records a non-finite loss, gradient or attention output, stops before "
              "its last step, or ends with a held-out loss no lower than ln 256, a byte model's loss at initialisation")
+BYTE_TEXT = "numdev.data.text.TextDataModule"  # byte tokens, a vocabulary of 256
 SIBLING_KEYS = ("model", "precision", "data", "trainer.max_steps", "seed", "optim.warmup_steps", "optimization")
 
 
@@ -57,6 +58,9 @@ def read_cell(path: Path) -> dict:
     run = RunDir(path)
     record = run.read_record()
     config = read_saved_config(run.config)
+    if _get(config, "data._target_") != BYTE_TEXT:
+        raise ValueError(f"{run.config}: data is {_get(config, 'data._target_')!r}, not {BYTE_TEXT}: the fail rule's ln 256 "
+                         "holds for a language model on bytes (experiment=lr_edge's runs)")
     lr = _get(config, "optim.optimizer.lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"{run.config}: optim.optimizer.lr is {lr!r}, not a positive learning rate")
@@ -121,6 +125,8 @@ def against_eager(cells: list[dict]) -> list[dict]:
 
 def gather(paths: list[Path]) -> dict:
     jobs: list[Path] = []
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise ValueError("a directory is given twice: give each sweep or run once")
     for path in paths:
         if not path.exists():
             raise ValueError(f"{path}: no such directory (a sweep that has not started its first job has none yet)")

@@ -44,6 +44,7 @@ TIERS = {
         "test_reliability_3.py::test_a_sweep_killed_outright_leaves_no_worker_behind",
         "test_gpu_call.py::test_a_step_past_its_limit_is_stopped_with_its_group_and_the_call_goes_on",
         "test_gpu_call.py::test_sigterm_to_the_call_stops_the_running_step_and_writes_the_record",
+        "test_gpu_call.py::test_a_call_killed_outright_leaves_no_step_running",
     ),
     "cli": (
         "test_custom_model.py::test_the_user_model_goes_through_the_harm_study_unchanged",

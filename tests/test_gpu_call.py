@@ -77,6 +77,27 @@ def test_sigterm_to_the_call_stops_the_running_step_and_writes_the_record(tmp_pa
     assert _left(f"numdev_lr_edge_{call.pid}") == []
 
 
+def test_a_call_killed_outright_leaves_no_step_running(tmp_path):
+    call = _call("--out", str(tmp_path), "--only", "lr_edge")
+    log = tmp_path / "logs" / "lr_edge.log"
+    deadline = time.monotonic() + 60
+    while not (log.is_file() and log.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_naming(f"numdev_lr_edge_{call.pid}")  # the sweep runs in its own session
+    call.kill()
+    call.communicate(timeout=30)
+    assert _left(f"numdev_lr_edge_{call.pid}", timeout_s=40) == []  # it got SIGTERM as its parent died
+
+
+def test_a_second_call_into_the_same_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "gpu_call.json").write_text("{}")  # an earlier call's record, or one being written now
+    with pytest.raises(SystemExit) as exit_:
+        load_script("gpu_call").main(["--device", "cpu", "--out", str(tmp_path), "--only", "lr_edge"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "is not empty" in err
+    assert (tmp_path / "gpu_call.json").read_text() == "{}"
+
+
 @pytest.mark.parametrize("args, says", [
     (["--only", "kernels", "--device", "cpu"], "--only kernels: no such step (steps: correctness, kernels_bf16"),
     (["--budget", "0", "--device", "cpu"], "argument --budget: 0 must be >= 1"),

@@ -85,6 +85,10 @@ def test_a_job_the_sweep_did_not_reach_is_listed_not_read(sweep, tmp_path, capsy
      "differs from"),
     (lambda job: (job / "run.json").write_text(json.dumps({**json.loads((job / "run.json").read_text()), "backend": 3})),
      "no 'backend'"),
+    (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("numdev.data.text.TextDataModule",
+                                                                                            "numdev.data.shapes.ShapesDataModule")),
+     "the fail rule's ln 256 holds for a language model on bytes"),
+    (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text()[:200]), "config.yaml"),
 ])
 def test_an_edited_run_is_one_line_naming_it(sweep, tmp_path, capsys, edit, says):
     copy = tmp_path / "sweep"
@@ -100,7 +104,7 @@ def test_two_sweeps_mixed_and_empty_places_are_refused(sweep, tmp_path, capsys):
     copy = tmp_path / "again"
     shutil.copytree(sweep, copy)
     (tmp_path / "empty").mkdir()
-    for paths, says in (([sweep, copy], "two sweeps mixed"), ([tmp_path / "empty"], "neither a run directory"),
+    for paths, says in (([sweep, copy], "two sweeps mixed"), ([sweep, sweep], "given twice"), ([tmp_path / "empty"], "neither a run directory"),
                         ([tmp_path / "nope"], "no such directory")):
         with pytest.raises(SystemExit) as exit_:
             load_script("lr_edge").main([str(p) for p in paths])
