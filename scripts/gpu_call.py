@@ -40,6 +40,8 @@ from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
+REHEARSAL = REPO / "docs" / "results" / "gpu_call_rehearsal_cpu.json"  # --write-docs copies a rehearsal's record here
+DOC, BLOCK = REPO / "docs" / "gpu.md", "gpu-call-rehearsal"
 GPU_TESTS = ["tests/test_triton_kernel.py", "tests/test_flash_attn_backend.py", "tests/test_cli.py"]
 LR_GRID = "3e-2,1e-1,1e-2,3e-1,3e-3,1,1e-3"  # from the middle out: a sweep cut short keeps the likely edge
 GRACE_S = 10  # SIGTERM, then SIGKILL this much later
@@ -110,6 +112,39 @@ def steps(device: str, out: Path, workers: int) -> list[Step]:
     ]
 
 
+WHAT = {
+    "correctness": "pytest -m gpu: the Triton kernel, each FlashAttention kernel installed (forward, dQ/dK/dV), training with each backend",
+    "kernels_bf16": "gpu_kernels.py, bf16: SDPA flash and cuDNN (and any FlashAttention installed) against the emulator bit for bit; Fig. 4 ratio with real kernels",
+    "kernels_fp16": "the same in fp16",
+    "triton": "bench_triton.py: numdev's Triton kernel, TFLOP/s forward and forward+backward beside SDPA flash and cuDNN, perturbed formats",
+    "lr_edge": "numdev-train -m experiment=lr_edge: learning rates x {eager, sdpa_flash}, bf16",
+    "lr_edge_summary": "lr_edge.py: held-out loss against learning rate, the edge and the LR sensitivity per backend",
+    "triton_causal": "bench_triton.py --causal",
+}
+
+
+def table(record: dict) -> str:
+    """docs/gpu.md's block: the call's steps, their limits on the GPU and what the rehearsal here did."""
+    from numdev.runs.provenance import machine_line
+
+    plan = {step.name: step for step in steps("cuda", Path("$OUT"), 15)}
+    lines = [f"Rehearsed with `python scripts/gpu_call.py --device cpu --out <folder> --budget {record['budget_s']}` on "
+             f"{machine_line(record['provenance'])}: {record['seconds']:.0f} s in all, exit "
+             f"{'0' if all(s.get('ok') for s in record['steps']) and record['complete'] else '1'} "
+             f"(the record: docs/results/{REHEARSAL.name}). On the GPU each step's limit is its budget or what is left of 480 s.",
+             "", "| step | what it measures | budget on the GPU (s) | rehearsal here: s, exit, outputs |", "| --- | --- | --- | --- |"]
+    for entry in record["steps"]:
+        if "skipped" in entry:
+            done = f"skipped: {entry['skipped']}"
+        else:
+            files = [name for name in entry.get("outputs", []) if "/" not in name]
+            runs = len({name.split("/")[1] for name in entry.get("outputs", []) if "/" in name})
+            done = (f"{entry['seconds']:.1f} s, exit {entry['rc']}" + (" (timed out)" if entry.get("timed_out") else "")
+                    + (f", {', '.join(files)}" if files else "") + (f", the records of {runs} runs" if runs else ""))
+        lines.append(f"| `{entry['name']}` | {WHAT[entry['name']]} | {plan[entry['name']].budget_s} | {done} |")
+    return "\n".join(lines)
+
+
 class Stopped(Exception):
     """SIGTERM or SIGINT reached this script."""
 
@@ -167,6 +202,8 @@ def main(argv_=None) -> int:
                         help="gpu_kernels.py's comparison processes (default: CPUs - 1 on cuda, 2 on cpu)")
     parser.add_argument("--limit", nargs="+", default=[], metavar="STEP=SECONDS",
                         help="a step's own limit instead of its budget (e.g. lr_edge=240 in a second call)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"after a complete --device cpu rehearsal: copy its record to {REHEARSAL.relative_to(REPO)} and rewrite {DOC.relative_to(REPO)}'s table")
     parser.add_argument("--commit", default=None, help="the git commit the tree was copied from (the GPU machine has no .git)")
     args = parser.parse_args(argv_)
     deadline = time.monotonic() + args.budget
@@ -185,6 +222,8 @@ def main(argv_=None) -> int:
         for step in plan:
             if step.name == name:
                 step.budget_s, step.min_s = int(seconds), min(step.min_s, int(seconds))
+    if args.write_docs and (args.device != "cpu" or args.only or args.limit):
+        parser.error("--write-docs records a whole rehearsal: --device cpu, without --only or --limit")
     if args.device == "cuda":
         import torch
 
@@ -254,6 +293,11 @@ def main(argv_=None) -> int:
             for step in plan:
                 if step.collect is not None:
                     shutil.rmtree(step.collect, ignore_errors=True)
+    if args.write_docs and manifest["complete"]:
+        from numdev.report.docblocks import replace_block
+
+        write_text(REHEARSAL, json.dumps(manifest, indent=1) + "\n")
+        replace_block(DOC, BLOCK, table(manifest))
     return 1 if failed else 0
 
 

@@ -5,6 +5,7 @@ a SIGTERM to the call stops the running step and writes the record, and bad argu
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,7 @@ def test_a_call_killed_outright_leaves_no_step_running(tmp_path):
     call.kill()
     call.communicate(timeout=30)
     assert _left(f"numdev_lr_edge_{call.pid}", timeout_s=40) == []  # it got SIGTERM as its parent died
+    shutil.rmtree(Path("/tmp") / f"numdev_lr_edge_{call.pid}", ignore_errors=True)  # a killed call cannot tidy /tmp
 
 
 def test_a_second_call_into_the_same_folder_is_refused(tmp_path, capsys):
