@@ -425,6 +425,8 @@ CATALOGUE = [
     Case("train-sibling-timeout-type", "numdev-train", [*TRAIN, "sibling.timeout_s=abc"], "sibling.timeout_s='abc' must be a non-negative number"),
     Case("train-bool-string", "numdev-train", [*TRAIN, 'trainer.enable_progress_bar="false"'],
          "trainer.enable_progress_bar='false' must be true or false (unquoted: trainer.enable_progress_bar=false)"),
+    Case("train-deterministic-not-lightnings", "numdev-train", [*TRAIN, "trainer.deterministic=maybe"],
+         "trainer.deterministic='maybe' must be true or false or warn or null"),
     Case("train-threads-zero", "numdev-train", [*TRAIN, "threads=0"], "threads=0 must be a positive integer or null"),
     Case("train-precision-gemm-unknown", "numdev-train", [*TRAIN, "precision=bf16-mixed", "precision.gemm=fastest"],
          "precision.gemm='fastest': use one of auto, native, fp32"),

@@ -30,7 +30,7 @@ _ABSENT = object()
 
 @dataclass(frozen=True)
 class Check:
-    kind: str  # integer | number | boolean | integers | numbers (a list of `count` numbers) | choice | string
+    kind: str  # integer | number | boolean (choices: strings also taken) | integers | numbers (a list of `count` numbers) | choice | string
     min: float | None = None  # inclusive
     above: float | None = None  # exclusive lower bound
     max: float | None = None  # inclusive
@@ -41,7 +41,7 @@ class Check:
 
     def describe(self) -> str:
         if self.kind == "boolean":
-            return "true or false"
+            return "true or false" + "".join(f" or {c}" for c in self.choices) + (" or null" if self.null else "")
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices) + (" or null" if self.null else "")
         if self.kind == "string":
@@ -76,8 +76,8 @@ class Check:
     def ok(self, value) -> bool:
         if value is None:
             return self.null
-        if self.kind == "boolean":
-            return isinstance(value, bool)
+        if self.kind == "boolean":  # (null handled above)
+            return isinstance(value, bool) or (isinstance(value, str) and value in self.choices)
         if self.kind == "choice":
             return isinstance(value, str) and value in self.choices
         if self.kind == "string":
@@ -122,8 +122,9 @@ def number(min: float | None = None, max: float | None = None, above: float | No
     return field(default=None, metadata={"check": Check("number", min=min, max=max, above=above, below=below, null=null)})
 
 
-def boolean():
-    return field(default=None, metadata={"check": Check("boolean")})
+def boolean(*also: str, null: bool = False):
+    """true or false (or one of the strings `also`: Lightning's deterministic takes "warn")."""
+    return field(default=None, metadata={"check": Check("boolean", choices=also, null=null)})
 
 
 def name(null: bool = False):
@@ -232,6 +233,7 @@ class Trainer:
     gradient_clip_val: float | None = number(min=0, null=True)
     enable_progress_bar: bool = boolean()
     enable_model_summary: bool = boolean()
+    deterministic: bool | str | None = boolean("warn", null=True)  # warn: torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @dataclass
