@@ -5,6 +5,7 @@ Prints JSON.
     python scripts/gpu_kernels.py --out $OUT/gpu_kernels.json             # on a GPU: every kernel found
     python scripts/gpu_kernels.py --dtypes bf16 --n 512 4096 16384        # a part of the grid
     python scripts/gpu_kernels.py --device cpu --n 256 1000 --dims 64     # here: PyTorch's CPU flash kernel
+    python scripts/gpu_kernels.py --device cpu --n 1024 2048 --workers 2  # the comparison in 2 processes
 
 Kernels: on CUDA, `sdpa_flash` (PyTorch's SDPA FLASH_ATTENTION: FlashAttention-2's code compiled
 into torch), `sdpa_cudnn` when it runs, and every FlashAttention kernel `flash_attn` finds (fa2, fa3,
@@ -22,13 +23,38 @@ batch x heads x N), then the first --compare-heads heads of batch 0 compared on 
 The summary gives, per kernel, dtype, d, causal and N, the bit-identical share (mean and worst seed)
 and the Fig. 4 ratio (kernel / paper Baseline, max |d|) as a ratio of means over seeds with its
 spread by numdev.stats' rule (95% bootstrap from 5 seeds, else the range of the per-seed ratios).
+
+Where the time goes: the kernels and the golden value run on the device in a moment; the CPU
+comparison (the Baselines and the emulator, ~N^2: ~1 s per cell at N=4096, ~20 s at N=16384 on one
+core) is the slow part. The main process makes each cell's inputs, runs every kernel and the golden
+value, and hands the compared heads and the kernels' outputs to the comparison:
+  - --workers 1: in this process, one cell after another;
+  - --workers W > 1: W processes ("spawn": forking after CUDA starts is unsafe), at most 2W cells in
+    flight (the inputs of the whole grid are never held at once).
+The default is the CPUs less one on cuda (the main process keeps one for the kernels) and 1 on cpu
+(the CPU kernel uses every core itself), lowered where the memory left would not hold that many
+comparisons at the largest N (~24 bytes per score: ~6.5 GB per worker at N=16384 with one compared
+head; the grid records the workers used). The comparison always runs on one torch thread, in this
+process as in a worker: torch's float64 reductions (the metrics' means and stds) change in their
+last bits with the thread count, and with one thread the rows are bit for bit the same for any W.
+Rows are reported in the grid's order (dtype, dim, causal, N, seed, kernel) whatever order the
+workers finish in. With --out the file is rewritten (atomically) after every finished cell with
+"complete": false, so a run stopped by `timeout` keeps what it measured; a SIGTERM or Ctrl-C stops
+the workers (a worker also dies with the main process if that is killed outright: PR_SET_PDEATHSIG)
+and exits 143 (130) with one line; a worker that dies (out of memory) ends the run with one line, exit 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing
+import os
+import signal
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 
 import torch
 
@@ -46,7 +72,6 @@ from numdev.cli.script_args import seed as seed_type
 from numdev.numerics.stages import stage_formats
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
-from numdev.stats.intervals import ratio_interval
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -89,38 +114,69 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.view(torch.int16) == b.view(torch.int16)).double().mean())
 
 
-def cell(device, precision, dim, causal, n, seed, args, real: dict) -> list[dict]:
-    """One record per kernel of `real` ({label: backend}) for one input."""
+def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
+    """One cell's device work, in the main process: the inputs, every kernel of `real` ({label:
+    backend}) on the whole batch and the golden value of the compared heads; what `compare` needs, on
+    the CPU."""
     dtype = DTYPES[precision]
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(args.batch, args.heads, n, dim, generator=g).to(dtype) for _ in range(3))
     part = (slice(0, 1), slice(0, args.compare_heads))
     cq, ck, cv = (t[part].contiguous() for t in (q, k, v))
     golden = golden_attention(*(t.to(device) for t in (cq, ck, cv)), causal=causal).cpu()
-    with torch.no_grad():
-        baselines = {name: Baseline(stage_formats(name, precision))(cq, ck, cv, causal=causal) for name in ("paper", "eager")}
-    base_dev = {name: deviation(out, golden) for name, out in baselines.items()}
-    records = []
+    ran = []
     for label, backend in real.items():
         start = time.perf_counter()
         try:
             with torch.no_grad():
                 out = backend(*(t.to(device) for t in (q, k, v)), causal=causal)
         except Exception as error:  # a kernel that refuses this shape: recorded, the sweep goes on
-            records.append({"kernel": label, "error": str(error).splitlines()[0][:300]})
+            ran.append({"kernel": label, "error": str(error).splitlines()[0][:300]})
             continue
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        out = out[part].cpu()
-        record = {"kernel": label, "describe": backend.describe(), "first_call_s": round(seconds, 4),
+        ran.append({"kernel": label, "describe": backend.describe(), "first_call_s": round(seconds, 4),
+                    "out": out[part].contiguous().cpu()})
+    return {"device": device, "precision": precision, "dim": dim, "causal": causal,
+            "q": cq, "k": ck, "v": cv, "golden": golden, "kernels": ran}
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one thread inside (as in a worker), as it was after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def compare(job: dict) -> list[dict]:
+    """One record per kernel of a prepared cell: the CPU comparison, on one thread (module docstring)."""
+    with one_thread(), torch.no_grad():
+        return _compare(job)
+
+
+def _compare(job: dict) -> list[dict]:
+    device, precision, dim, causal = job["device"], job["precision"], job["dim"], job["causal"]
+    cq, ck, cv, golden = job["q"], job["k"], job["v"], job["golden"]
+    baselines = {name: Baseline(stage_formats(name, precision))(cq, ck, cv, causal=causal) for name in ("paper", "eager")}
+    base_dev = {name: deviation(out, golden) for name, out in baselines.items()}
+    records = []
+    for ran in job["kernels"]:
+        if "error" in ran:
+            records.append(ran)
+            continue
+        label, out = ran["kernel"], ran["out"]
+        record = {"kernel": label, "describe": ran["describe"], "first_call_s": ran["first_call_s"],
                   "vs_golden": deviation(out, golden),
                   "baselines_vs_golden": base_dev,
                   "paper_baseline_vs_kernel_mean_abs": float((baselines["paper"].double() - out.double()).abs().mean()),
                   "emulators": {}}
         for preset, emulator in emulators(label, device, precision, dim, causal).items():
-            with torch.no_grad():
-                emulated = emulator(cq, ck, cv, causal=causal)
+            emulated = emulator(cq, ck, cv, causal=causal)
             gap = float((emulated.double() - out.double()).abs().mean())
             record["emulators"][preset] = {
                 "bit_identical_fraction": bits_equal(emulated, out),
@@ -133,7 +189,128 @@ def cell(device, precision, dim, causal, n, seed, args, real: dict) -> list[dict
     return records
 
 
+def cell(device, precision, dim, causal, n, seed, args, real: dict) -> list[dict]:
+    """One record per kernel of `real` ({label: backend}) for one input."""
+    return compare(prepare(device, precision, dim, causal, n, seed, args, real))
+
+
+# -- the comparison in worker processes -----------------------------------------------------------------
+# A job crosses to a worker as plain bytes (each tensor's raw bits, its dtype and shape): torch's own
+# pickling would share storage through file descriptors and a resource sharer thread.
+def _pack(value):
+    if isinstance(value, torch.Tensor):
+        t = value.contiguous()
+        return ("tensor", str(t.dtype).removeprefix("torch."), tuple(t.shape), t.view(-1).view(torch.uint8).numpy().tobytes())
+    if isinstance(value, dict):
+        return {key: _pack(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_pack(item) for item in value]
+    return value
+
+
+def _unpack(value):
+    if isinstance(value, tuple) and len(value) == 4 and value[0] == "tensor":
+        _, dtype, shape, data = value
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+    if isinstance(value, dict):
+        return {key: _unpack(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unpack(item) for item in value]
+    return value
+
+
+def compare_packed(packed: dict) -> list[dict]:
+    return compare(_unpack(packed))
+
+
+def _worker_start(parent: int) -> None:
+    """A worker's initializer: one torch thread; Ctrl-C (sent to the whole terminal group) left to the
+    main process, which stops the workers; killed with the main process however that dies."""
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the main process died before the line above
+        os._exit(1)
+
+
+def start_pool(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now (shutdown alone waits for running cells)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+
+
+BYTES_PER_SCORE = 28  # a worker's peak at N=4096 and 8192 (bf16, d=128): ~22-24 bytes per score, plus a margin
+WORKER_BASE_BYTES = 0.7e9  # a worker's torch and numdev
+
+
+def memory_workers(args, available: float | None = None) -> int | None:
+    """How many comparisons at the grid's largest N fit in 3/4 of `available` bytes (default: the
+    memory available now; None where unknown, without /proc/meminfo)."""
+    if available is None:
+        try:
+            with open("/proc/meminfo") as handle:
+                available = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError):
+            return None
+    per_worker = WORKER_BASE_BYTES + BYTES_PER_SCORE * args.compare_heads * max(args.n) ** 2
+    return max(1, int(0.75 * available // per_worker))
+
+
+def cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT: the run ends, the workers stopped and the partial --out kept."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopOnSignal:
+    """Inside, the first SIGTERM or SIGINT raises Stopped and later ones are ignored: `timeout` signals
+    the process and then its whole group, and a second signal must not cut the workers' stopping short."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self):
+        self.seen = False
+        self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        if not self.seen:
+            self.seen = True
+            raise Stopped(signum)
+
+    def __exit__(self, *exc):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
 def summarise(rows: list[dict]) -> list[dict]:
+    from numdev.stats.intervals import ratio_interval  # scipy.stats: the main process's alone, not each worker's import
+
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         if "error" not in row:
@@ -170,6 +347,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=at_least(1), default=2)
     parser.add_argument("--heads", type=at_least(1), default=8)
     parser.add_argument("--compare-heads", type=at_least(1), default=1, help="heads of batch 0 compared on the CPU")
+    parser.add_argument("--workers", type=at_least(1), default=None,
+                        help="processes for the CPU comparison (default: CPUs - 1 on cuda, 1 on cpu; "
+                             "fewer where the memory would not hold them; 1: in this process)")
     parser.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -178,39 +358,89 @@ def main(argv=None) -> int:
     if not 1 <= args.compare_heads <= args.heads:
         print(f"gpu_kernels: error: --compare-heads {args.compare_heads} must be 1..--heads ({args.heads})", file=sys.stderr)
         return 2
+    requested = args.workers
+    wanted = requested or (max(1, cpus() - 1) if args.device == "cuda" else 1)
+    fit = memory_workers(args)
+    args.workers = min(wanted, fit) if fit else wanted
+    if args.workers < wanted:
+        print(f"gpu_kernels: {args.workers} workers, not {wanted}: the memory available holds {fit} comparisons "
+              f"at N={max(args.n)}", file=sys.stderr, flush=True)
     torch.backends.cuda.matmul.allow_tf32 = False  # the golden value and nothing else runs matmuls on the GPU
     started = time.perf_counter()
-    rows = []
     real = {precision: kernels(args.device, DTYPES[precision]) for precision in args.dtypes}  # built once
     versions = {label: backend.describe() for found in real.values() for label, backend in found.items()}
+    grid = [(precision, dim, causal, n, seed) for precision in args.dtypes for dim in args.dims
+            for causal in map(bool, args.causal) for n in args.n for seed in args.seeds]
+    finished: dict[int, list[dict]] = {}  # grid index: its rows
+
+    def rows() -> list[dict]:
+        return [row for index in sorted(finished) for row in finished[index]]
 
     def report(complete: bool) -> dict:
+        done = rows()
         return {
             "what": "real FlashAttention kernels against numdev's emulator (bit for bit) and the FP64 golden value",
             "complete": complete,  # false: a partial file, written after each cell so a killed run keeps its rows
             "device": args.device,
-            "grid": {key: value for key, value in vars(args).items() if key != "out"},
+            "grid": {key: value for key, value in vars(args).items() if key != "out"}
+            | ({"workers_requested": requested} if requested not in (None, args.workers) else {}),
             "kernel_versions": versions,
             "tiles": {label: {str(d): t for d, t in tiles.items()} for label, tiles in TILES.items()},
             "provenance": provenance(seeds=args.seeds),
             "seconds": round(time.perf_counter() - started, 1),
-            "summary": summarise(rows),
-            "rows": rows,
+            "summary": summarise(done),
+            "rows": done,
         }
 
-    for precision in args.dtypes:
-        for dim in args.dims:
-            for causal in map(bool, args.causal):
-                for n in args.n:
-                    for seed in args.seeds:
-                        for record in cell(args.device, precision, dim, causal, n, seed, args, real[precision]):
-                            row = {"dtype": precision, "dim": dim, "causal": causal, "n": n, "seed": seed, **record}
-                            rows.append(row)
-                            shares = {p: round(e["bit_identical_fraction"], 6) for p, e in row.get("emulators", {}).items()}
-                            print(f"{precision} d={dim} causal={int(causal)} N={n} seed {seed} {row['kernel']}: "
-                                  f"{row.get('error') or shares}", file=sys.stderr, flush=True)
-                    if args.out:
-                        write_text(args.out, json.dumps(report(False), indent=1) + "\n")
+    def finish(index: int, records: list[dict]) -> None:
+        precision, dim, causal, n, seed = grid[index]
+        finished[index] = [{"dtype": precision, "dim": dim, "causal": causal, "n": n, "seed": seed, **r} for r in records]
+        for row in finished[index]:
+            shares = {p: round(e["bit_identical_fraction"], 6) for p, e in row.get("emulators", {}).items()}
+            print(f"{precision} d={dim} causal={int(causal)} N={n} seed {seed} {row['kernel']}: "
+                  f"{row.get('error') or shares}", file=sys.stderr, flush=True)
+        if args.out:
+            write_text(args.out, json.dumps(report(False), indent=1) + "\n")
+
+    pool = start_pool(args.workers) if args.workers > 1 else None
+    pending: dict = {}  # future: grid index
+
+    def collect(block: bool) -> None:
+        done = wait(pending, return_when=FIRST_COMPLETED)[0] if block else [f for f in pending if f.done()]
+        for future in sorted(done, key=pending.get):
+            finish(pending.pop(future), future.result())
+
+    def kept() -> str:
+        return f"; {len(finished)} of {len(grid)} cells finished, in {args.out} (complete: false)" if args.out and finished else ""
+
+    with StopOnSignal():
+        try:
+            for index, (precision, dim, causal, n, seed) in enumerate(grid):
+                job = prepare(args.device, precision, dim, causal, n, seed, args, real[precision])
+                if pool is None:
+                    finish(index, compare(job))
+                    continue
+                pending[pool.submit(compare_packed, _pack(job))] = index
+                del job
+                collect(block=False)
+                while len(pending) >= 2 * args.workers:
+                    collect(block=True)
+            while pending:
+                collect(block=True)
+            if pool is not None:
+                pool.shutdown(wait=True)
+                pool = None
+        except Stopped as stop:
+            name = signal.Signals(stop.signum).name
+            print(f"gpu_kernels: stopped by {name}{kept()}", file=sys.stderr, flush=True)
+            return 128 + stop.signum
+        except BrokenProcessPool:  # a worker killed (out of memory, a signal to it alone): no traceback
+            print(f"gpu_kernels: error: a comparison worker died (killed: out of memory, or a signal){kept()}; "
+                  "fewer --workers need less memory", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            if pool is not None:
+                stop_pool(pool)
     final = report(True)
     text = json.dumps(final, indent=1)
     if args.out:

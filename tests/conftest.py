@@ -45,6 +45,7 @@ TIERS = {
         "test_gpu_call.py::test_a_step_past_its_limit_is_stopped_with_its_group_and_the_call_goes_on",
         "test_gpu_call.py::test_sigterm_to_the_call_stops_the_running_step_and_writes_the_record",
         "test_gpu_call.py::test_a_call_killed_outright_leaves_no_step_running",
+        "test_gpu_kernels_script.py::test_a_sigterm_stops_the_workers_and_keeps_the_finished_cells",
     ),
     "cli": (
         "test_custom_model.py::test_the_user_model_goes_through_the_harm_study_unchanged",
@@ -63,6 +64,7 @@ TIERS = {
         "test_gpu_call.py::test_the_whole_call_rehearses_on_the_cpu",
         "test_lr_edge.py",
         "test_gpu_kernels_script.py::test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline",
+        "test_gpu_kernels_script.py::test_workers_give_the_rows_of_the_serial_run_bit_for_bit_in_grid_order",
         "test_gemm.py::test_gemm_k_figure_end_to_end",
         "test_gemm.py::test_gemm_formats_figure_end_to_end",
         "test_gemm.py::test_gemm_scaling_figure_end_to_end",

@@ -1,16 +1,19 @@
 """scripts/gpu_kernels.py (the emulator against real kernels, and the Fig. 4 ratio with real kernels),
 run here on PyTorch's CPU flash kernel, the one real kernel a CPU has: the same code measures the
-GPU kernels on a GPU machine. The script runs as a command once; its argument checks in-process."""
+GPU kernels on a GPU machine. The script runs as a command once; its argument checks in-process;
+--workers (the comparison in spawned processes) against the serial run, and stopped by SIGTERM."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_script
+from helpers import die_with_parent, kill_session, load_script, no_process_left, session_processes, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,3 +56,64 @@ def test_bad_heads_are_one_line(capsys):
     assert load_script("gpu_kernels").main(["--device", "cpu", "--heads", "1", "--compare-heads", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--compare-heads 2 must be 1..--heads (1)" in err
+
+
+def _script(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "gpu_kernels.py"), "--device", "cpu", "--dtypes", "bf16", *args]
+
+
+def _without_timing(rows: list[dict]) -> list[dict]:
+    return [{key: value for key, value in row.items() if key != "first_call_s"} for row in rows]
+
+
+def test_workers_give_the_rows_of_the_serial_run_bit_for_bit_in_grid_order(tmp_path):
+    # N=700, d=32, 2 heads: 44800 outputs, past torch's grain for a parallel float64 mean, whose last bits
+    # then follow the thread count. The serial run has 2 threads, the workers 1: the comparison runs on
+    # one thread in both, so every number is the same (without that, the metrics differ in their last bits).
+    grid = ["--n", "700", "96", "--dims", "32", "--seeds", "1", "0", "--heads", "2", "--compare-heads", "2"]
+    reports = {}
+    for workers, threads in ((1, "2"), (2, "1")):
+        out = tmp_path / f"w{workers}.json"
+        result = subprocess.run(_script(*grid, "--workers", str(workers), "--out", str(out)), capture_output=True, text=True,
+                                timeout=600, env={**os.environ, "OMP_NUM_THREADS": threads}, preexec_fn=die_with_parent)
+        assert result.returncode == 0, result.stderr
+        reports[workers] = json.loads(out.read_text())
+        assert reports[workers]["complete"] is True and reports[workers]["grid"]["workers"] == workers
+    serial, parallel = reports[1], reports[2]
+    assert _without_timing(parallel["rows"]) == _without_timing(serial["rows"]) and parallel["summary"] == serial["summary"]
+    # the grid's order (dtype, dim, causal, N as given, seed as given), whichever cell a worker finished first
+    order = [(r["causal"], r["n"], r["seed"]) for r in parallel["rows"]]
+    assert order == [(c, n, s) for c in (False, True) for n in (700, 96) for s in (1, 0)]
+
+
+def test_a_sigterm_stops_the_workers_and_keeps_the_finished_cells(tmp_path):
+    out = tmp_path / "kernels.json"
+    # one quick cell, then cells of seconds each: the workers are busy when the signal comes
+    process = subprocess.Popen(
+        _script("--n", "64", "4096", "--dims", "64", "--causal", "0", "--seeds", "0", "1", "2", "--heads", "2",
+                "--compare-heads", "2", "--workers", "2", "--out", str(out)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        workers = lambda: sum("spawn_main" in line for line in session_processes(process.pid))  # noqa: E731
+        wait_until(lambda: out.exists() and workers() == 2, "a cell finished with both workers up", process, timeout_s=120)
+        os.kill(process.pid, signal.SIGTERM)  # the main process only, as `timeout` signals its child
+        assert process.wait(timeout=60) == 143
+        err = process.stderr.read()
+        assert "Traceback" not in err and "gpu_kernels: stopped by SIGTERM;" in err and "(complete: false)" in err
+        assert no_process_left(process.pid) == []
+        report = json.loads(out.read_text())
+        assert report["complete"] is False and report["rows"] and len(report["rows"]) < 6
+        assert report["rows"][0]["n"] == 64 and report["grid"]["workers"] == 2
+    finally:
+        kill_session(process)
+        process.wait()
+
+
+def test_the_workers_are_as_many_as_the_memory_holds_at_the_largest_n():
+    from argparse import Namespace
+
+    memory_workers = load_script("gpu_kernels").memory_workers
+    # an H200 machine's ~120 GB free: ~8 GB per comparison at N=16384 (one head), so 10 of its 16 CPUs
+    assert memory_workers(Namespace(compare_heads=1, n=[512, 16384]), available=120e9) == 10
+    assert memory_workers(Namespace(compare_heads=1, n=[4096]), available=120e9) > 16
+    assert memory_workers(Namespace(compare_heads=8, n=[16384]), available=16e9) == 1  # never none
