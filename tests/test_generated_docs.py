@@ -133,3 +133,13 @@ def test_no_committed_verdict_rests_on_a_range_of_fewer_than_5_replicates():
         if is_harm_summary(summary):  # the harm study's verdicts are its own (numdev.analysis.harm), made under today's rules
             continue
         assert rejudge(summary) == summary, path.name
+
+
+def test_the_gpu_call_rehearsal_table_is_the_scripts_from_the_committed_record():
+    """docs/gpu.md's table of the GPU call's steps is what gpu_call.py writes from the committed rehearsal,
+    a whole one (every step ran and exited 0)."""
+    call = _script("gpu_call")
+    record = json.loads(call.REHEARSAL.read_text(encoding="utf-8"))
+    assert record["complete"] and record["rehearsal"] and all(step["ok"] for step in record["steps"])
+    assert [step["name"] for step in record["steps"]] == [step.name for step in call.steps("cuda", call.REPO, 1)]
+    assert read_block(call.DOC, call.BLOCK) == call.table(record).strip()
