@@ -81,7 +81,9 @@ def steps(device: str, out: Path, workers: int) -> list[Step]:
     script = lambda name: str(REPO / "scripts" / name)  # noqa: E731
     sweep = Path("/tmp") / f"numdev_lr_edge_{os.getpid()}"  # checkpoints and predictions stay on the machine
     if device == "cuda":
-        kernel_grid: list[str] = ["--workers", str(workers)]
+        # the lent H200 has 128 GiB (KINDS.md) but its memory starts small and grows as it is used: the
+        # workers' cap is sized from the machine, not from MemAvailable at the start
+        kernel_grid: list[str] = ["--workers", str(workers), "--memory-gib", "120"]
         triton_grid = ["--seq", "1024", "4096", "16384"]
         edge = ["trainer=gpu", f"optim.optimizer.lr={LR_GRID}"]
         pytest_extra = ["-n", "8"]

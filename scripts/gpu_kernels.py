@@ -350,6 +350,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=at_least(1), default=None,
                         help="processes for the CPU comparison (default: CPUs - 1 on cuda, 1 on cpu; "
                              "fewer where the memory would not hold them; 1: in this process)")
+    parser.add_argument("--memory-gib", type=at_least(1), default=None,
+                        help="the machine's memory for the workers' cap (default: MemAvailable now; a lent GPU "
+                             "machine's memory starts small and grows as it is used, so give its size there)")
     parser.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -360,7 +363,7 @@ def main(argv=None) -> int:
         return 2
     requested = args.workers
     wanted = requested or (max(1, cpus() - 1) if args.device == "cuda" else 1)
-    fit = memory_workers(args)
+    fit = memory_workers(args, None if args.memory_gib is None else args.memory_gib * 2**30)
     args.workers = min(wanted, fit) if fit else wanted
     if args.workers < wanted:
         print(f"gpu_kernels: {args.workers} workers, not {wanted}: the memory available holds {fit} comparisons "

@@ -117,3 +117,12 @@ def test_the_workers_are_as_many_as_the_memory_holds_at_the_largest_n():
     assert memory_workers(Namespace(compare_heads=1, n=[512, 16384]), available=120e9) == 10
     assert memory_workers(Namespace(compare_heads=1, n=[4096]), available=120e9) > 16
     assert memory_workers(Namespace(compare_heads=8, n=[16384]), available=16e9) == 1  # never none
+
+
+def test_the_memory_to_size_the_workers_by_can_be_given(capsys):
+    """A lent GPU machine's memory starts small and grows as it is used: gpu_call gives its size."""
+    assert load_script("gpu_kernels").main(["--device", "cpu", "--n", "64", "--dims", "16", "--seeds", "0", "--heads", "1",
+                                             "--causal", "0", "--workers", "2", "--memory-gib", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "1 workers, not 2: the memory available holds 1 comparisons at N=64" in captured.err
+    assert json.loads(captured.out)["grid"]["workers"] == 1
