@@ -30,6 +30,7 @@ import math
 import sys
 from pathlib import Path
 
+from numdev.analysis.consistency import config_value
 from numdev.cli.errors import interrupted
 from numdev.cli.script_args import ScriptParser, output_file_problem
 from numdev.runs.atomic import write_bytes, write_text
@@ -44,24 +45,15 @@ BYTE_TEXT = "numdev.data.text.TextDataModule"  # byte tokens, a vocabulary of 25
 SIBLING_KEYS = ("model", "precision", "data", "trainer.max_steps", "seed", "optim.warmup_steps", "optimization")
 
 
-def _get(config: dict, dotted: str):
-    value = config
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
 def read_cell(path: Path) -> dict:
     """One run's row; ValueError (naming the file) when a file it needs is missing or not numdev's."""
     run = RunDir(path)
     record = run.read_record()
     config = read_saved_config(run.config)
-    if _get(config, "data._target_") != BYTE_TEXT:
-        raise ValueError(f"{run.config}: data is {_get(config, 'data._target_')!r}, not {BYTE_TEXT}: the fail rule's ln 256 "
+    if config_value(config, "data._target_") != BYTE_TEXT:
+        raise ValueError(f"{run.config}: data is {config_value(config, 'data._target_')!r}, not {BYTE_TEXT}: the fail rule's ln 256 "
                          "holds for a language model on bytes (experiment=lr_edge's runs)")
-    lr = _get(config, "optim.optimizer.lr")
+    lr = config_value(config, "optim.optimizer.lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"{run.config}: optim.optimizer.lr is {lr!r}, not a positive learning rate")
     backend = record.get("backend")
@@ -85,7 +77,7 @@ def read_cell(path: Path) -> dict:
         "final_train_loss": record.get("final_loss"), "nonfinite_events": nonfinite,
         "loss_spikes": sum(kind == "loss_spike" for kind in kinds), "failed": failed,
         "step_seconds_median": step_seconds.get("median"),
-        "siblings": {key: _get(config, key) for key in SIBLING_KEYS},
+        "siblings": {key: config_value(config, key) for key in SIBLING_KEYS},
         "device": record.get("device"),
     }
 

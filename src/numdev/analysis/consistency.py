@@ -31,7 +31,7 @@ WORKLOAD_KEYS = ("name", "model", "objective", "data.resolution", "data.sequence
 LEARNING_RATE = "optim.optimizer.lr"
 
 
-def _get(config: dict, key: str):
+def config_value(config: dict, key: str):
     """config[key] for a dotted key of a plain (YAML-read) config; None where any part is missing (the objective of
     a config saved before the `objective` group: the diffusion objective it trained, numdev.config.objective)."""
     if key == "objective":
@@ -71,11 +71,11 @@ def check(runs: dict) -> None:
     reference = next((run for run in flat if run["kind"] == "reference"), flat[0])
     base = reference["config"]
     for key in (*WORKLOAD_KEYS, LEARNING_RATE, "study.harm"):
-        expected = _plain(_get(base, key))
+        expected = _plain(config_value(base, key))
         for run in flat:
             if key == LEARNING_RATE and run["kind"] == "positive_control":
                 continue
-            value = _plain(_get(run["config"], key))
+            value = _plain(config_value(run["config"], key))
             if not _same(value, expected):
                 where, value, expected_here = _first_difference(key, value, expected)
                 raise ValueError(f"{run['dir']}: {where} = {value!r}, but {reference['dir']} has {expected_here!r}: "
@@ -95,13 +95,13 @@ def check(runs: dict) -> None:
         ladder = run.get("ladder") or {}
         if ladder.get("name") in ("attention_noise", "init") and ladder.get("size") != "ulp":
             key = "attention.delta" if ladder["name"] == "attention_noise" else "init_perturbation.eps"
-            ran = _get(run["config"], key)
+            ran = config_value(run["config"], key)
             if ran is None or abs(float(ran) - float(ladder["size"])) > 1e-12 * abs(float(ladder["size"])):
                 raise ValueError(f"{run['dir']}: study.ladder.size = {ladder['size']!r} but it ran with {key} = {ran!r}: "
                                  "a rung must say the size it ran with")
     routes: dict[str, tuple] = {}
     for run in flat:
-        precision = _get(run["config"], "precision.name")
+        precision = config_value(run["config"], "precision.name")
         route = (run["record"].get("precision_gemm") or {}).get("route")
         if precision in routes and route != routes[precision][0]:
             raise ValueError(f"{run['dir']}: its {precision} products ran by the {route!r} route but {routes[precision][1]}'s by "
