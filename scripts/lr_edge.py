@@ -172,11 +172,13 @@ def figure(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    for backend in sorted({c["backend"] for c in result["cells"]}):
+    styles = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=5, markerfacecolor="none"),
+              dict(marker="^", linestyle=":", markersize=6, markerfacecolor="none")]  # backends that agree stay visible
+    for index, backend in enumerate(sorted({c["backend"] for c in result["cells"]})):
         rows = [c for c in result["cells"] if c["backend"] == backend and c["complete"]]
         xs = [c["lr"] for c in rows]
         ys = [min(c["heldout_loss"], INITIAL_LOSS) if c["heldout_loss"] is not None and math.isfinite(c["heldout_loss"]) else INITIAL_LOSS for c in rows]
-        (line,) = ax.plot(xs, ys, marker="o", label=backend)
+        (line,) = ax.plot(xs, ys, label=backend, **styles[index % len(styles)])
         failed = [(x, y) for x, y, c in zip(xs, ys, rows) if c["failed"]]
         if failed:
             ax.scatter(*zip(*failed), marker="x", s=80, color=line.get_color(), zorder=3)
