@@ -1511,7 +1511,8 @@ def test_an_added_key_that_reaches_a_constructor_names_the_option(tmp_path, monk
         "data.root is not a setting of the chosen data: it is one of data=folder; "
         "choose that option too (data=folder data.root=...) instead of +data.root"
     )
-    assert unexpected_key("data", "nope") == "data.nope is not a setting of data: remove +data.nope (see --help for the keys it has)"
+    assert unexpected_key("data", "nope") == ("data.nope is not a setting of data: remove +data.nope (or the experiment or config "
+                                              "file that sets it for another option; see --help for the keys it has)")
     # through numdev-train, with the command-line check bypassed (an experiment could add the key)
     monkeypatch.setattr("numdev.config.groups.override_mistake", lambda app, args: None)
     monkeypatch.setattr("numdev.config.preflight.problem", lambda *args: None)

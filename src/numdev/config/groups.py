@@ -460,4 +460,5 @@ def unexpected_key(node: str, name: str) -> str:
     if having:
         return (f"{node}.{name} is not a setting of the chosen {group}: it is one of {' or '.join(f'{group}={h}' for h in having)}; "
                 f"choose that option too ({group}={having[0]} {node}.{name}=...) instead of +{node}.{name}")
-    return f"{node}.{name} is not a setting of {node}: remove +{node}.{name} (see --help for the keys it has)"
+    return (f"{node}.{name} is not a setting of {node}: remove +{node}.{name} (or the experiment or config file that "
+            "sets it for another option; see --help for the keys it has)")
