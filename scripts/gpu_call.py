@@ -25,6 +25,7 @@ numdev's Triton kernel in Triton's interpreter, and the sweep trains a small mod
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from numdev.cli.commands import argv
 from numdev.cli.script_args import ScriptParser, at_least
+from numdev.cli.workers import die_with_parent
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
 
@@ -156,7 +158,7 @@ def run_step(step: Step, limit: float, log: Path) -> dict:
     started = time.perf_counter()
     with open(log, "wb") as sink:
         child = subprocess.Popen(step.command, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=_term_with_parent)
+                                 preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))  # it dies with the call
         timed_out = stopped = False
         try:
             child.wait(timeout=limit)
@@ -171,15 +173,6 @@ def run_step(step: Step, limit: float, log: Path) -> dict:
     if stopped:
         record["stopped"] = "the call was stopped (SIGTERM or SIGINT) while this step ran"
     return record
-
-
-def _term_with_parent() -> None:
-    """In the step's process: SIGTERM when this script dies, however it dies (even by SIGKILL), so no step
-    outlives the call (Linux's PR_SET_PDEATHSIG; the step then stops what it started, as on a SIGTERM)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def _end_group(child: subprocess.Popen) -> None:

@@ -69,6 +69,7 @@ from numdev.attention import (
 from numdev.bench.metrics import deviation
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.cli.script_args import seed as seed_type
+from numdev.cli.workers import die_with_parent
 from numdev.numerics.stages import stage_formats
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
@@ -228,10 +229,7 @@ def _worker_start(parent: int) -> None:
     main process, which stops the workers; killed with the main process however that dies."""
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the main process died before the line above
         os._exit(1)
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from numdev.cli import workers
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -92,12 +94,8 @@ def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
 # -- real command lines -------------------------------------------------------------------------------
 def die_with_parent() -> None:
     """preexec_fn: the command gets SIGTERM when the test process that started it dies, however it dies
-    (a killed test run leaves no numdev command running; Linux's PR_SET_PDEATHSIG, a no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    (a killed test run leaves no numdev command running; numdev.cli.workers.die_with_parent)."""
+    workers.die_with_parent(signal.SIGTERM)
 
 
 def run_cli(module: str, *args: str, cwd: Path, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -42,11 +42,12 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, open_dict
 
+from numdev.cli.workers import die_with_parent
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FORWARD_EVERY_S = 1.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCHDOG_S = 1.0
 
 
@@ -67,13 +68,7 @@ def _die_with_parent(parent: int) -> None:
     daemon thread checks every WATCHDOG_S that its parent is still `parent`, else kills it. A parent
     that died before this ran is caught by the same check at once. The run it was training stays
     "running" with its lock free: resume=auto continues it, and the next sweep end closes it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the thread below alone
+    die_with_parent(signal.SIGKILL)  # not Linux: the thread below alone
 
     def watch() -> None:
         while True:
