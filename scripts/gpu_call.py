@@ -52,6 +52,7 @@ GRACE_S = 10  # SIGTERM, then SIGKILL this much later
 @dataclass
 class Step:
     name: str
+    what: str  # what it measures (docs/gpu.md's table)
     budget_s: int  # its limit when that much of the call is left
     command: list[str]
     min_s: int = 20  # skipped when less than this is left
@@ -98,34 +99,33 @@ def steps(device: str, out: Path, workers: int) -> list[Step]:
         edge = ["optim.optimizer.lr=1e-2,10", "model.hidden=64", "trainer.max_steps=12", "data.batch_size=4", "threads=1"]
         pytest_extra = []
     return [
-        Step("correctness", 150, [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *pytest_extra,
-                                  f"--junitxml={out / 'pytest_gpu.xml'}", *GPU_TESTS],
+        Step("correctness", "pytest -m gpu: the Triton kernel, each FlashAttention kernel installed (forward, dQ/dK/dV), "
+             "training with each backend", 150,
+             [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *pytest_extra,
+              f"--junitxml={out / 'pytest_gpu.xml'}", *GPU_TESTS],
              outputs=["pytest_gpu.xml"], ok_codes=(0,) if device == "cuda" else (0, 5)),
-        Step("kernels_bf16", 110, [py, script("gpu_kernels.py"), "--dtypes", "bf16", *kernel_grid,
-                                   "--out", str(out / "gpu_kernels_bf16.json")], outputs=["gpu_kernels_bf16.json"]),
-        Step("kernels_fp16", 90, [py, script("gpu_kernels.py"), "--dtypes", "fp16", *kernel_grid,
-                                  "--out", str(out / "gpu_kernels_fp16.json")], outputs=["gpu_kernels_fp16.json"]),
-        Step("triton", 80, [py, script("bench_triton.py"), *triton_grid, "--out", str(out / "bench_triton.json")],
+        Step("kernels_bf16", "gpu_kernels.py, bf16: SDPA flash and cuDNN (and any FlashAttention installed) against the "
+             "emulator bit for bit; Fig. 4 ratio with real kernels", 110,
+             [py, script("gpu_kernels.py"), "--dtypes", "bf16", *kernel_grid, "--out", str(out / "gpu_kernels_bf16.json")],
+             outputs=["gpu_kernels_bf16.json"]),
+        Step("kernels_fp16", "the same in fp16", 90,
+             [py, script("gpu_kernels.py"), "--dtypes", "fp16", *kernel_grid, "--out", str(out / "gpu_kernels_fp16.json")],
+             outputs=["gpu_kernels_fp16.json"]),
+        Step("triton", "bench_triton.py: numdev's Triton kernel, TFLOP/s forward and forward+backward beside SDPA flash "
+             "and cuDNN, perturbed formats", 80,
+             [py, script("bench_triton.py"), *triton_grid, "--out", str(out / "bench_triton.json")],
              outputs=["bench_triton.json"]),
-        Step("lr_edge", 150, [*argv("numdev-train"), "-m", "experiment=lr_edge", *edge, "attention=eager,sdpa_flash",
-                              "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}"], min_s=40, collect=sweep),
-        Step("lr_edge_summary", 30, [py, script("lr_edge.py"), str(sweep), "--out", str(out / "lr_edge.json"),
-                                     "--figure", str(out / "lr_edge.png")], min_s=5,
-             outputs=["lr_edge.json", "lr_edge.png"]),
-        Step("triton_causal", 60, [py, script("bench_triton.py"), *triton_grid, "--causal",
-                                   "--out", str(out / "bench_triton_causal.json")], outputs=["bench_triton_causal.json"]),
+        Step("lr_edge", "numdev-train -m experiment=lr_edge: learning rates x {eager, sdpa_flash}, bf16", 150,
+             [*argv("numdev-train"), "-m", "experiment=lr_edge", *edge, "attention=eager,sdpa_flash",
+              "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}"], min_s=40, collect=sweep),
+        Step("lr_edge_summary", "lr_edge.py: held-out loss against learning rate, the edge and the LR sensitivity per "
+             "backend", 30,
+             [py, script("lr_edge.py"), str(sweep), "--out", str(out / "lr_edge.json"), "--figure", str(out / "lr_edge.png")],
+             min_s=5, outputs=["lr_edge.json", "lr_edge.png"]),
+        Step("triton_causal", "bench_triton.py --causal", 60,
+             [py, script("bench_triton.py"), *triton_grid, "--causal", "--out", str(out / "bench_triton_causal.json")],
+             outputs=["bench_triton_causal.json"]),
     ]
-
-
-WHAT = {
-    "correctness": "pytest -m gpu: the Triton kernel, each FlashAttention kernel installed (forward, dQ/dK/dV), training with each backend",
-    "kernels_bf16": "gpu_kernels.py, bf16: SDPA flash and cuDNN (and any FlashAttention installed) against the emulator bit for bit; Fig. 4 ratio with real kernels",
-    "kernels_fp16": "the same in fp16",
-    "triton": "bench_triton.py: numdev's Triton kernel, TFLOP/s forward and forward+backward beside SDPA flash and cuDNN, perturbed formats",
-    "lr_edge": "numdev-train -m experiment=lr_edge: learning rates x {eager, sdpa_flash}, bf16",
-    "lr_edge_summary": "lr_edge.py: held-out loss against learning rate, the edge and the LR sensitivity per backend",
-    "triton_causal": "bench_triton.py --causal",
-}
 
 
 def table(record: dict) -> str:
@@ -146,7 +146,7 @@ def table(record: dict) -> str:
             runs = len({name.split("/")[1] for name in entry.get("outputs", []) if "/" in name})
             done = (f"{entry['seconds']:.1f} s, exit {entry['rc']}" + (" (timed out)" if entry.get("timed_out") else "")
                     + (f", {', '.join(files)}" if files else "") + (f", the records of {runs} runs" if runs else ""))
-        lines.append(f"| `{entry['name']}` | {WHAT[entry['name']]} | {plan[entry['name']].budget_s} | {done} |")
+        lines.append(f"| `{entry['name']}` | {plan[entry['name']].what} | {plan[entry['name']].budget_s} | {done} |")
     return "\n".join(lines)
 
 

@@ -82,11 +82,17 @@ def read_cell(path: Path) -> dict:
     }
 
 
+def _loss(cell: dict) -> float:
+    """The cell's held-out loss; inf for a run that has none (heldout.json missing: it never got there)."""
+    loss = cell["heldout_loss"]
+    return loss if loss is not None and math.isfinite(loss) else math.inf
+
+
 def per_backend(cells: list[dict]) -> dict:
     out = {}
     for backend in sorted({c["backend"] for c in cells}):
         rows = sorted((c for c in cells if c["backend"] == backend and c["complete"]), key=lambda c: c["lr"])
-        losses = [c["heldout_loss"] if c["heldout_loss"] is not None and math.isfinite(c["heldout_loss"]) else math.inf for c in rows]
+        losses = [_loss(c) for c in rows]
         if not rows:
             out[backend] = {"runs": 0}
             continue
@@ -108,8 +114,7 @@ def against_eager(cells: list[dict]) -> list[dict]:
         eager = by.get(("eager", lr))
         if backend == "eager" or eager is None:
             continue
-        both = [cell["heldout_loss"], eager["heldout_loss"]]
-        diff = both[0] - both[1] if all(x is not None and math.isfinite(x) for x in both) else None
+        diff = _loss(cell) - _loss(eager) if math.isfinite(_loss(cell) + _loss(eager)) else None
         rows.append({"lr": lr, "backend": backend, "heldout_minus_eager": diff,
                      "failed": cell["failed"], "eager_failed": eager["failed"]})
     return rows
@@ -177,7 +182,7 @@ def figure(result: dict, path: Path) -> None:
     for index, backend in enumerate(sorted({c["backend"] for c in result["cells"]})):
         rows = [c for c in result["cells"] if c["backend"] == backend and c["complete"]]
         xs = [c["lr"] for c in rows]
-        ys = [min(c["heldout_loss"], INITIAL_LOSS) if c["heldout_loss"] is not None and math.isfinite(c["heldout_loss"]) else INITIAL_LOSS for c in rows]
+        ys = [min(_loss(c), INITIAL_LOSS) for c in rows]
         (line,) = ax.plot(xs, ys, label=backend, **styles[index % len(styles)])
         failed = [(x, y) for x, y, c in zip(xs, ys, rows) if c["failed"]]
         if failed:
