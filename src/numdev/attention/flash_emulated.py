@@ -26,6 +26,10 @@ before the speed work):
 The matmuls, the row sum and exp of float32 arguments stay in ATen in all three. `last_path`
 says which one ran the latest call.
 
+FlashAttention-2's CUDA forward (`numerics=fa2_cuda`: exp=exp2 or exp2_ffma, row_sum=quad; the
+tiles and `kv_splits` as cuda_kernel.schedule gives them for a GPU) runs in numdev.attention.cuda_kernel
+(path "cuda_model"), forward only.
+
 PyTorch's CPU flash kernel (`numerics=cpu_sdpa`, bf16/fp16: exp=fexp_u20, row_sum=lanes,
 matmul=blas; numdev.attention.cpu_kernel) runs in the ATen path with those three choices, and,
 fused, in one C function per query tile (`cpu_flash_forward`, path "native") that calls the
@@ -41,7 +45,7 @@ import warnings
 
 import torch
 
-from numdev.attention import compiled, cpu_kernel, native
+from numdev.attention import compiled, cpu_kernel, cuda_kernel, native
 from numdev.attention.checks import round_masked, same_bits
 from numdev.attention.registry import AttentionBackend, blocks_of, register
 from numdev.attention.tiles import resolve_tiles
@@ -69,6 +73,7 @@ class FlashEmulated(AttentionBackend):
         tile_rule: str | None = None,
         kv_blocks: int | None = None,
         tie_fix: bool = False,
+        kv_splits: int = 1,
     ):
         if variant not in VARIANTS:
             raise ValueError(f"unknown flash variant {variant!r}: use one of {', '.join(VARIANTS)}")
@@ -86,9 +91,18 @@ class FlashEmulated(AttentionBackend):
         self.compile, self.native = compile, native
         if not isinstance(tie_fix, bool):
             raise ValueError(f"attention.tie_fix={tie_fix!r} must be true or false")
-        if tie_fix and (variant != "fa2" or self.formats.exp != "aten" or self.formats.matmul != "aten"):
+        if tie_fix and (variant != "fa2" or self.formats.exp != "aten" or self.formats.matmul != "aten"
+                        or self.formats.row_sum == "quad"):
             raise ValueError("attention.tie_fix=true (Qiu & Yao's shifted maximum) is implemented for variant=fa2 with "
                              "numerics.exp=aten and numerics.matmul=aten: set those")
+        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or kv_splits < 1:
+            raise ValueError(f"attention.kv_splits={kv_splits!r} must be a positive integer (FA2's split-KV count; 1: none)")
+        if kv_splits > 1 and not self.formats.cuda_model:
+            raise ValueError(f"attention.kv_splits={kv_splits} models FA2's split-KV kernel: it needs the FA2 CUDA model "
+                             "(numerics preset fa2_cuda, or attention.kv_splits=1)")
+        if self.formats.cuda_model and variant != "fa2":
+            raise ValueError("the FA2 CUDA model (numerics.exp=exp2 or exp2_ffma) is an FA2 loop: use variant=fa2")
+        self.kv_splits = kv_splits
         self.tie_fix = tie_fix  # Qiu & Yao (arXiv:2510.04212): no P exactly 1 when scores tie the row max
         if query_chunk is not None and (
             not isinstance(query_chunk, int) or isinstance(query_chunk, bool) or query_chunk < _MIN_CHUNK_ROWS
@@ -131,6 +145,15 @@ class FlashEmulated(AttentionBackend):
         if self.tie_fix:  # the ATen path only: the C kernels and compiled steps know no shifted maximum
             steps = (functools.partial(_fa2_probs, tie_fix=True), _fa2_merge)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if f.cuda_model:
+            if grad:
+                raise ValueError("the FA2 CUDA model (numerics preset fa2_cuda) is forward only: train through the "
+                                 "emulator with numerics.exp=aten numerics.row_sum=aten")
+            self.last_path = "cuda_model"
+            with torch.no_grad():
+                out = cuda_kernel.forward(q, k, v, float(scale), causal, tiles.block_r, tiles.block_c, self.kv_splits,
+                                          f.exp, f.matmul, f.input.torch_dtype)
+            return out.to(out_dtype)
         attend, self.last_path = self._attend, "eager"
         plain = f.exp == f.row_sum == f.matmul == "aten"  # the other two paths know only ATen's arithmetic
         if grad and (f.exp != "aten" or f.matmul != "aten"):
@@ -280,6 +303,7 @@ class FlashEmulated(AttentionBackend):
             "tiles.sram": self.sram,
             "tiles.kv_blocks_pinned": self.kv_blocks,
             "tie_fix": self.tie_fix,
+            "kv_splits": self.kv_splits,
             **({"matmul.entry": self.last_gemm} if self.formats.matmul == "blas" else {}),
         }
 

@@ -28,6 +28,10 @@ Presets name the common combinations for a run precision p:
             arithmetic (exp=fexp_u20, row_sum=lanes, matmul=blas; numdev.attention.cpu_kernel);
             its tiles come from the tile rule (tiles.rule=cpu_sdpa, numdev.attention.tiles), not
             from this label
+  fa2_cuda  FlashAttention-2's CUDA forward (SDPA's FLASH_ATTENTION on SM80/SM90): the fa2 formats and,
+            for bf16/fp16, the kernel's arithmetic (exp=exp2, row_sum=quad, matmul=aten;
+            numdev.attention.cuda_kernel); its tiles and split-KV count come from the caller
+            (cuda_kernel.schedule), not from this label. Not yet compared with a GPU
   eager     what eager PyTorch computes for softmax(q @ k^T * scale) @ v on bf16/fp16 tensors on
             CPU: S rounded to p (the matmul, then the scaled product), the softmax's internals
             (S - max, exp, row sum) in FP32 with P rounded once to p, P.V accumulated in FP32 and
@@ -36,10 +40,17 @@ Presets name the common combinations for a run precision p:
 
 Beside the formats, three arithmetic choices (each a preset's default unless set):
   exp      aten: P and the rescale factor by ATen's exp; fexp_u20: as PyTorch's CPU flash kernel,
-           ATen's fast fexp_u20 on its vector lanes and libm's expf elsewhere (FA2, fp32 scores)
-  row_sum  aten: ATen's row sum of P; lanes: the kernel's lane accumulators and lane butterfly
+           ATen's fast fexp_u20 on its vector lanes and libm's expf elsewhere (FA2, fp32 scores);
+           exp2 / exp2_ffma: as FA2's CUDA kernels, P = exp2(S c - m c) with c = scale log2(e),
+           S c rounded before the subtraction (torch's build) or fused with it (flash-attn's FFMA)
+  row_sum  aten: ATen's row sum of P; lanes: the CPU kernel's lane accumulators and lane butterfly;
+           quad: the CUDA kernel's four per-thread sums over all blocks, then a butterfly
   matmul   aten: float32 matmuls of the rounded inputs; blas: the mixed-precision GEMM the kernel
-           calls (cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32 from libtorch_cpu), 16-bit inputs
+           calls (cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32 from libtorch_cpu), 16-bit inputs;
+           mma16: tensor cores as each 16-term sum, exact, added to the float32 accumulator with one
+           rounding (a hypothesis for the GPU to test)
+exp2/exp2_ffma, quad and mma16 belong to the CUDA model (numdev.attention.cuda_kernel): they are taken
+together (exp2 or exp2_ffma with quad) and with its formats only.
 """
 
 from __future__ import annotations
@@ -51,12 +62,16 @@ import torch
 from numdev.numerics.formats import FloatFormat, parse_format, round_to, seeded, stream_seed
 
 STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
-PRESETS = ("paper", "fa2", "cpu_sdpa", "eager")
+PRESETS = ("paper", "fa2", "cpu_sdpa", "fa2_cuda", "eager")
 INPUT_SCALINGS = ("none", "tensor", "block")
-ARITHMETIC = {"exp": ("aten", "fexp_u20"), "row_sum": ("aten", "lanes"), "matmul": ("aten", "blas")}
+# The arithmetic choices of the FA2 CUDA model (numdev.attention.cuda_kernel), and of all models.
+CUDA_ARITHMETIC = {"exp": ("exp2", "exp2_ffma"), "row_sum": ("quad",), "matmul": ("aten", "mma16")}
+ARITHMETIC = {"exp": ("aten", "fexp_u20", "exp2", "exp2_ffma"), "row_sum": ("aten", "lanes", "quad"),
+              "matmul": ("aten", "blas", "mma16")}
 _HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
 # The stages each preset keeps in FP32 (never below the run precision: an fp64 run keeps fp64).
-_FP32_STAGES = {"paper": (), "fa2": _HIGH_PRECISION_STAGES, "cpu_sdpa": _HIGH_PRECISION_STAGES, "eager": ("stats", "rescale")}
+_FP32_STAGES = {"paper": (), "fa2": _HIGH_PRECISION_STAGES, "cpu_sdpa": _HIGH_PRECISION_STAGES,
+                "fa2_cuda": _HIGH_PRECISION_STAGES, "eager": ("stats", "rescale")}
 
 
 @dataclass(frozen=True)
@@ -102,6 +117,30 @@ class StageFormats:
         if self.matmul == "blas" and self.input.name not in ("bf16", "fp16"):
             raise ValueError(f"numerics.matmul=blas takes bf16 or fp16 inputs, not {self.input.name}: "
                              "set numerics.matmul=aten")
+        self._check_cuda_model()
+
+    @property
+    def cuda_model(self) -> bool:
+        """The arithmetic of FA2's CUDA forward (numdev.attention.cuda_kernel) rather than ATen's or the CPU kernel's."""
+        return self.exp in CUDA_ARITHMETIC["exp"]
+
+    def _check_cuda_model(self) -> None:
+        """exp2/exp2_ffma, quad and mma16 come together, with the formats the CUDA model computes."""
+        chosen = [f"numerics.{key}={getattr(self, key)}" for key in ("exp", "row_sum", "matmul")
+                  if getattr(self, key) in CUDA_ARITHMETIC[key] and getattr(self, key) != "aten"]
+        if not chosen:
+            return
+        if not self.cuda_model or self.row_sum != "quad" or self.matmul not in CUDA_ARITHMETIC["matmul"]:
+            raise ValueError(f"{', '.join(chosen)} belong to the FA2 CUDA model: set numerics.exp=exp2 (or exp2_ffma), "
+                             "numerics.row_sum=quad, numerics.matmul=aten or mma16 together (numerics.preset=fa2_cuda)")
+        half = self.input.name
+        fits = (half in ("bf16", "fp16") and self.prob.name == self.output.name == half and self.nearest_only
+                and all(getattr(self, s).name == "fp32" for s in _HIGH_PRECISION_STAGES)
+                and self.input_scaling == "none" and not self.incoherent)
+        if not fits:
+            raise ValueError(f"the FA2 CUDA model ({', '.join(chosen)}) computes bf16 or fp16 inputs, P and output with "
+                             "fp32 scores, statistics, rescale and accumulator, rounding to nearest, no input scaling: "
+                             "use numerics.preset=fa2_cuda with precision bf16 or fp16 and no stage overrides")
 
     def reseed(self, stream: int) -> None:
         """Restart the stochastic stages' random integers at stream `stream` of this seed (the bench: each
@@ -167,9 +206,13 @@ def stage_formats(
     for stage, spec in overrides.items():
         if spec is not None:
             chosen[stage] = _parsed(stage, spec)
-    # The cpu_sdpa preset models the kernel's arithmetic where it is modelled: 16-bit inputs.
-    kernel = preset == "cpu_sdpa" and run.name in ("bf16", "fp16")
-    arithmetic = {"exp": "fexp_u20", "row_sum": "lanes", "matmul": "blas"} if kernel else dict.fromkeys(ARITHMETIC, "aten")
+    # The cpu_sdpa and fa2_cuda presets model their kernel's arithmetic where it is modelled: 16-bit inputs.
+    half = run.name in ("bf16", "fp16")
+    arithmetic = dict.fromkeys(ARITHMETIC, "aten")
+    if half and preset == "cpu_sdpa":
+        arithmetic = {"exp": "fexp_u20", "row_sum": "lanes", "matmul": "blas"}
+    elif half and preset == "fa2_cuda":
+        arithmetic = {"exp": "exp2", "row_sum": "quad", "matmul": "aten"}
     given = {"exp": exp, "row_sum": row_sum, "matmul": matmul}
     arithmetic.update({key: value for key, value in given.items() if value is not None})
     is_custom = any(overrides.get(s) is not None for s in STAGES)

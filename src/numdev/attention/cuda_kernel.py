@@ -1,0 +1,241 @@
+"""The arithmetic of FlashAttention-2's CUDA forward that numdev models (`numerics=fa2_cuda`).
+
+FlashAttention-2's forward as PyTorch compiles it into SDPA's FLASH_ATTENTION backend
+(aten/src/ATen/native/transformers/cuda/flash_attn: flash_fwd_kernel.h, softmax.h, flash_api.cpp)
+and as the flash-attn package builds it; SM80 code (mma.sync m16n8k16), run as is on SM90. Per
+query tile of B_r rows and key/value block of B_c, in float32 registers:
+  S = Q_tile K_block^T                    raw, unscaled; masked keys -inf
+  m = max(m_old, rowmax(S))               the row max of the raw scores
+  alpha = exp2((m_old - m) * c)           c = scale * log2(e), rounded once to float32
+  l = alpha * l; O = alpha * O
+  P = exp2(S * c - m * c)                 torch's build: FMUL, then FADD (its UNFUSE_FMA); flash-attn's:
+                                          one FFMA (exp=exp2_ffma); m * c is rounded first
+  l = l + P, per thread                   each of the 4 threads of a row's quad sums its own columns
+                                          (8n + 2t + e, n-major) over every block, unrounded P
+  O = O + bf16(P) V                       the tensor cores, P rounded to the input format (nearest even)
+Key/value blocks run last to first. At the end l is summed over the quad (a butterfly: lanes xor 2,
+then xor 1) and O * (1 / l) is rounded to the input format.
+
+Split-KV: when batch x heads x ceil(N_q / 64) < 0.8 x 2 x SMs, `flash_api.cpp` splits the key/value
+blocks into `num_splits` ranges (its num_splits_heuristic; `schedule` here), run by the split kernel
+with its own tiles (B_r = 64, B_c = 256 for d <= 64, 128 for d <= 128); each split writes its
+normalised O in float32 and its log-sum-exp lse_i = m * scale + log(l), and a combine kernel
+computes lse = log(sum_i exp(lse_i - max)) + max (the sum over the kernel's thread layout, then a
+butterfly) and O = sum_i exp(lse_i - lse) O_i (one FFMA per split, in split order).
+
+What is not modelled, and so bounds the share of bit-identical outputs: the GPU's exp2, exp and log
+(MUFU.EX2 and the libdevice functions, within 2 ulp) are correctly rounded float32 functions here; the tensor
+cores' sums are float32 matmuls (matmul=aten) or, as a hypothesis to measure, each 16-term
+chunk's exact sum added to the float32 accumulator with one rounding to nearest (matmul=mma16;
+Fasi et al., PeerJ CS 7:e330, 2021, describe truncation inside the units). Nothing here has been
+compared with a GPU yet: scripts/gpu_kernels.py measures the share per kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from numdev.numerics.stages import CUDA_ARITHMETIC
+
+MMA_K = 16  # the k of mma.sync m16n8k16: terms per tensor-core sum
+QUAD = 4  # threads sharing a row of the accumulator fragment
+SM90_SMS = 132  # H100 SXM and H200
+LOG2E = 1.4426950408889634  # M_LOG2E, a double, as flash_api.cpp multiplies it
+
+# (B_r, B_c) of FA2's forward on SM80/SM90 without dropout, causal or not (flash_fwd_launch_template.h):
+FORWARD_TILES = {64: (128, 128), 128: (128, 64)}
+SPLIT_BLOCK_M = 64  # the split kernel's B_r; its B_c: 256 for d <= 64, 128 for d <= 128, else 64
+_NEG_INF = float("-inf")
+
+
+def split_block_n(dim: int) -> int:
+    return 256 if dim <= 64 else 128 if dim <= 128 else 64
+
+
+def num_splits_heuristic(batch_heads_mblocks: int, sms: int, n_blocks: int, max_splits: int) -> int:
+    """flash_api.cpp's choice: the fewest splits within 85% of the best wave efficiency (1 when the
+    work nearly fills the SMs). `sms` as the kernel passes it: 2 x the multiprocessors."""
+    if batch_heads_mblocks >= 0.8 * sms:
+        return 1
+    max_splits = min(max_splits, sms, n_blocks)
+    eligible = [s == 1 or math.ceil(n_blocks / s) != math.ceil(n_blocks / (s - 1)) for s in range(1, max_splits + 1)]
+    efficiency = []
+    for splits, ok in zip(range(1, max_splits + 1), eligible):
+        waves = batch_heads_mblocks * splits / sms
+        efficiency.append(waves / math.ceil(waves) if ok else 0.0)
+    best = max(efficiency, default=0.0)
+    return next((s for s, ok, e in zip(range(1, max_splits + 1), eligible, efficiency) if ok and e >= 0.85 * best), 1)
+
+
+def schedule(batch: int, heads: int, n_q: int, n_k: int, dim: int, sms: int = SM90_SMS) -> tuple[int, int, int]:
+    """(B_r, B_c, splits) of FA2's forward for this call on a GPU with `sms` multiprocessors."""
+    block_n = split_block_n(dim)
+    splits = num_splits_heuristic(batch * heads * -(-n_q // 64), 2 * sms, -(-n_k // block_n), 128)
+    if splits > 1:
+        return SPLIT_BLOCK_M, block_n, splits
+    tile = FORWARD_TILES.get(dim) or FORWARD_TILES[64 if dim <= 64 else 128]
+    return tile[0], tile[1], 1
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32)
+
+
+# The GPU's exp2, exp and log (MUFU.EX2, libdevice's expf and logf: within 2 ulp) as correctly rounded float32
+# functions, through float64: the same bits for an element wherever it lies (ATen's float32 exp2 takes
+# its vector path or its scalar tail by position, and the two differ in the last bit).
+def exp2(x: torch.Tensor) -> torch.Tensor:
+    return _f32(torch.exp2(x.double()))
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    return _f32(torch.exp(x.double()))
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    return _f32(torch.log(x.double()))
+
+
+def _fma(a: torch.Tensor, b, c: torch.Tensor) -> torch.Tensor:
+    """a * b + c rounded once to float32 (the product of two float32 is exact in float64)."""
+    return _f32(a.double() * (b.double() if isinstance(b, torch.Tensor) else b) + c.double())
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, matmul: str) -> torch.Tensor:
+    """acc + a @ b (acc None: zero) in float32, as the tensor cores of `matmul` sum it."""
+    if matmul == "aten":
+        product = a @ b
+        return product if acc is None else acc + product
+    k = a.shape[-1]
+    pad = -k % MMA_K
+    if pad:
+        a = torch.nn.functional.pad(a, (0, pad))
+        b = torch.nn.functional.pad(b, (0, 0, 0, pad))
+    chunks = a.shape[-1] // MMA_K
+    # (..., chunks, rows, cols): each chunk's sum in float64 (16 products of 16-bit inputs: exact but in extreme cases)
+    a_chunks = a.double().unflatten(-1, (chunks, MMA_K)).movedim(-2, -3)
+    b_chunks = b.double().unflatten(-2, (chunks, MMA_K))
+    sums = a_chunks @ b_chunks
+    total = torch.zeros(sums.shape[:-3] + sums.shape[-2:], dtype=torch.float32) if acc is None else acc
+    for i in range(chunks):
+        total = _f32(total.double() + sums[..., i, :, :])
+    return total
+
+
+def _lane_sums(lanes: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Each quad lane's running sum plus its columns of `probs` (..., cols), one float32 addition at a time
+    in the fragment's order: lane t holds columns 8n + 2t + e, n-major, e-minor."""
+    cols = probs.shape[-1]
+    padded = torch.nn.functional.pad(probs, (0, -cols % 8))  # columns past the keys: P = 0, adding +0 is exact
+    per_lane = padded.unflatten(-1, (-1, QUAD, 2)).movedim(-2, -3)  # (..., 4, n, 2)
+    per_lane = per_lane.flatten(-2)  # (..., 4, n*2): lane t's columns in its order
+    for i in range(per_lane.shape[-1]):
+        lanes = lanes + per_lane[..., i]
+    return lanes
+
+
+def _butterfly(values: torch.Tensor) -> torch.Tensor:
+    """Allreduce<N> of flash's utils.h over the last dim (a power of 2): x + shfl_xor(x, N/2), ... , 1; lane 0's."""
+    width = values.shape[-1]
+    offset = width // 2
+    while offset >= 1:
+        values = values + values[..., torch.arange(width) ^ offset]
+        offset //= 2
+    return values[..., 0]
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
+            block_n: int, splits: int, exp: str, matmul: str, half: torch.dtype, rounded: bool = True) -> torch.Tensor:
+    """The kernel's output (float32 values of `half`) for q, k, v (B, H, N, d) holding `half` values;
+    rounded=False: the float32 output before its last rounding (for tests of the arithmetic before it)."""
+    if exp not in CUDA_ARITHMETIC["exp"] or matmul not in CUDA_ARITHMETIC["matmul"]:
+        raise ValueError(f"the FA2 CUDA model takes exp in {CUDA_ARITHMETIC['exp']} and matmul in {CUDA_ARITHMETIC['matmul']}")
+    q, k, v = (t.to(torch.float32) for t in (q, k, v))
+    n_q, n_k = q.shape[2], k.shape[2]
+    scale32 = float(torch.tensor(scale, dtype=torch.float32))  # the kernel's float softmax_scale
+    c = float(torch.tensor(scale32 * LOG2E, dtype=torch.float32))  # params.scale_softmax_log2
+    n_blocks = -(-n_k // block_n)
+    per_split = -(-n_blocks // splits)
+    rows = torch.arange(n_q)
+    row_tile_end = (rows // block_m + 1) * block_m  # one past the last row of each row's tile
+    # causal (bottom-right aligned, as FA2): the blocks a row's tile needs end at ceil((tile end + n_k - n_q) / B_c)
+    needed = torch.clamp(-(-(row_tile_end + n_k - n_q) // block_n), max=n_blocks) if causal else torch.full_like(rows, n_blocks)
+    outs, lses = [], []
+    for split in range(splits):
+        lo, hi = split * per_split, min(n_blocks, (split + 1) * per_split)
+        row_hi = torch.clamp(needed, max=hi)
+        out, lse = _split(q, k, v, scale32, c, causal, block_n, lo, row_hi, exp, matmul, half, split_kernel=splits > 1)
+        outs.append(out)
+        lses.append(lse)
+    out = outs[0] if splits == 1 else _combine(torch.stack(outs), torch.stack(lses), q.shape[-1])
+    return _f32(out.to(half)) if rounded else out
+
+
+def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: int, row_hi: torch.Tensor, exp: str,
+           matmul: str, half: torch.dtype, split_kernel: bool):
+    """One split's loop over blocks row_hi - 1 down to lo (per row's tile): its normalised O (float32)
+    and lse (float32, (..., rows))."""
+    batch, heads, n_q, dim = q.shape
+    n_k = k.shape[2]
+    row_max = torch.full((batch, heads, n_q, 1), _NEG_INF)
+    lanes = torch.zeros(batch, heads, n_q, QUAD)
+    acc = torch.zeros(batch, heads, n_q, v.shape[-1])
+    query_index = torch.arange(n_q)[:, None]
+    top = int(row_hi.max()) if n_q else lo
+    for block in range(top - 1, lo - 1, -1):
+        start, stop = block * block_n, min((block + 1) * block_n, n_k)
+        active = (row_hi > block).view(1, 1, n_q, 1)
+        scores = _matmul(q, k[:, :, start:stop].transpose(-1, -2), None, matmul)
+        if causal:
+            keys = torch.arange(start, stop)[None, :]
+            scores = scores.masked_fill(keys > query_index + (n_k - n_q), _NEG_INF)
+        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+        current = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # Check_inf
+        alpha = exp2(_f32((row_max - current) * c))  # FSUB, FMUL: -inf - m gives 0
+        max_scaled = _f32(new_max * c).masked_fill(new_max == _NEG_INF, 0.0)
+        if exp == "exp2":  # __fmul_rn(S, c) - m c
+            argument = _f32(scores * c) - max_scaled
+        else:
+            argument = _fma(scores, c, -max_scaled).masked_fill(scores == _NEG_INF, _NEG_INF)
+        probs = exp2(argument)
+        new_lanes = _lane_sums(lanes * alpha, probs)
+        new_acc = _matmul(_f32(probs.to(half)), v[:, :, start:stop], acc * alpha, matmul)
+        row_max = torch.where(active, new_max, row_max)
+        lanes = torch.where(active, new_lanes, lanes)
+        acc = torch.where(active, new_acc, acc)
+    row_sum = _butterfly(lanes).unsqueeze(-1)
+    empty = (row_sum == 0) | torch.isnan(row_sum)
+    inverse = torch.where(empty, torch.ones_like(row_sum), 1.0 / row_sum)
+    out = acc * inverse
+    if not split_kernel:
+        return out, None
+    # lse = m * scale + log(l): contracted to one FFMA; -inf for a split that saw no key
+    lse = _fma(row_max, scale32, log(row_sum.masked_fill(empty, 1.0))).masked_fill(empty, _NEG_INF)
+    return out, lse.squeeze(-1)
+
+
+def _combine(outs: torch.Tensor, lses: torch.Tensor, dim: int) -> torch.Tensor:
+    """flash_fwd_splitkv_combine_kernel: outs (splits, ..., rows, d) float32, lses (splits, ..., rows)."""
+    splits = outs.shape[0]
+    max_splits = max(2, 1 << (splits - 1).bit_length())  # kMaxSplits: the power of 2 the launch picks
+    block_m = 4 if dim % 128 == 0 else 8 if dim % 64 == 0 else 16  # the combine kernel's rows per block
+    lanes = min(128 // block_m, max_splits)  # kRowsPerLoadTranspose: threads sharing a row's splits
+    per_lane = -(-max_splits * block_m // 128)  # kNLsePerThread
+    padded = torch.full((per_lane * lanes, *lses.shape[1:]), _NEG_INF)
+    padded[:splits] = lses
+    lse_max = padded.amax(dim=0)
+    lse_max = lse_max.masked_fill(lse_max == _NEG_INF, 0.0)
+    terms = exp(padded - lse_max).unflatten(0, (per_lane, lanes))  # row l*lanes + t: lane t's l-th
+    local = terms[0]
+    for i in range(1, per_lane):
+        local = local + terms[i]
+    lse_sum = _butterfly(local.movedim(0, -1))
+    bad = (lse_sum == 0) | torch.isnan(lse_sum)
+    lse = torch.where(bad, torch.full_like(lse_sum, float("inf")), log(lse_sum.masked_fill(bad, 1.0)) + lse_max)
+    out = torch.zeros_like(outs[0])
+    for split in range(splits):
+        weight = exp(lses[split] - lse).unsqueeze(-1)
+        out = _fma(weight.expand_as(outs[split]), outs[split], out)
+    return out

@@ -1,0 +1,236 @@
+"""numdev's model of FlashAttention-2's CUDA forward (numdev.attention.cuda_kernel, numerics=fa2_cuda).
+
+No GPU here: the model is held to a scalar transliteration of the kernel (one row, one float32
+operation at a time, in the kernel's order: flash_fwd_kernel.h, softmax.h and the split-KV combine)
+with matmul=mma16, whose sums are defined exactly, to FP64 golden values, and to flash_api.cpp's
+split heuristic on worked cases. scripts/gpu_kernels.py measures it against the real kernels."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from numdev.attention import FlashEmulated, golden_attention
+from numdev.attention import cuda_kernel as ck
+from numdev.numerics.stages import stage_formats
+
+F32, F64 = torch.float32, torch.float64
+NEG_INF = float("-inf")
+
+
+def f32(x) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=F64).to(F32)
+
+
+def mma_dot(acc: torch.Tensor, a: list, b: list) -> torch.Tensor:
+    """acc + sum a_i b_i as matmul=mma16 defines it: each 16-term chunk summed exactly (float64; the test's
+    inputs keep it exact), added to the float32 accumulator with one rounding."""
+    for start in range(0, len(a), ck.MMA_K):
+        chunk = sum(float(x) * float(y) for x, y in zip(a[start:start + ck.MMA_K], b[start:start + ck.MMA_K]))
+        acc = f32(float(acc) + chunk)
+    return acc
+
+
+def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp, half):
+    """One query row through one split of the kernel: (normalised O, lse) in float32, scalar by scalar."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    c = f32(float(f32(scale)) * ck.LOG2E)
+    n_blocks = -(-n_k // block_n)
+    needed = min(n_blocks, -(-((i // block_m + 1) * block_m + n_k - n_q) // block_n)) if causal else n_blocks
+    hi = min(needed, hi_split)
+    m = f32(NEG_INF)
+    lanes = [f32(0.0)] * ck.QUAD
+    acc = [f32(0.0)] * v.shape[1]
+    for block in range(hi - 1, lo - 1, -1):
+        keys = list(range(block * block_n, min((block + 1) * block_n, n_k)))
+        scores = [mma_dot(f32(0.0), q[i].tolist(), k[j].tolist()) for j in keys]
+        scores = [f32(NEG_INF) if causal and j > i + n_k - n_q else s for j, s in zip(keys, scores)]
+        new_m = max([m, *scores], key=float)
+        current = f32(0.0) if float(new_m) == NEG_INF else new_m
+        alpha = ck.exp2((m - current) * c)
+        lanes = [lane * alpha for lane in lanes]
+        acc = [a * alpha for a in acc]
+        m_scaled = f32(0.0) if float(new_m) == NEG_INF else new_m * c
+        probs = []
+        for position, s in enumerate(scores):
+            if exp == "exp2":
+                argument = s * c - m_scaled
+            else:  # one FFMA
+                argument = f32(float(s) * float(c) - float(m_scaled)) if float(s) != NEG_INF else f32(NEG_INF)
+            p = ck.exp2(argument)
+            lane = (position // 2) % ck.QUAD  # the fragment's column 8n + 2t + e belongs to thread t
+            lanes[lane] = lanes[lane] + p
+            probs.append(float(p.to(half)))
+        acc = [mma_dot(a, probs, v[keys, x].tolist()) for x, a in enumerate(acc)]
+        m = new_m
+    row_sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])  # the quad's butterfly, lane 0
+    empty = float(row_sum) == 0
+    inverse = f32(1.0) if empty else f32(1.0) / row_sum
+    out = [a * inverse for a in acc]
+    lse = f32(NEG_INF) if empty else f32(float(m) * float(f32(scale)) + float(ck.log(row_sum)))
+    return out, lse
+
+
+def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half):
+    """The kernel's float32 output before its last rounding to `half`."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    per_split = -(-(-(-n_k // block_n)) // splits)
+    rows = []
+    for i in range(n_q):
+        parts = [reference_row(q, k, v, i, scale, causal, block_m, block_n, s * per_split, (s + 1) * per_split, exp, half)
+                 for s in range(splits)]
+        if splits == 1:
+            rows.append(parts[0][0])
+            continue
+        lses = [lse for _, lse in parts]
+        top = max(lses, key=float)
+        top = f32(0.0) if float(top) == NEG_INF else top
+        dim = q.shape[1]
+        kmax = max(2, 1 << (splits - 1).bit_length())
+        block = 4 if dim % 128 == 0 else 8 if dim % 64 == 0 else 16
+        lanes, per_lane = min(128 // block, kmax), -(-kmax * block // 128)
+        padded = lses + [f32(NEG_INF)] * (lanes * per_lane - splits)
+        sums = []
+        for t in range(lanes):  # thread t holds splits t, t + lanes, ...
+            total = ck.exp(padded[t] - top)
+            for layer in range(1, per_lane):
+                total = total + ck.exp(padded[layer * lanes + t] - top)
+            sums.append(total)
+        offset = lanes // 2
+        while offset:
+            sums = [sums[t] + sums[t ^ offset] for t in range(lanes)]
+            offset //= 2
+        lse = ck.log(sums[0]) + top
+        out = [f32(0.0)] * v.shape[1]
+        for (o, split_lse) in parts:
+            weight = ck.exp(split_lse - lse)
+            out = [f32(float(weight) * float(x) + float(acc)) for x, acc in zip(o, out)]
+        rows.append(out)
+    return torch.tensor([[float(x) for x in row] for row in rows], dtype=F32)
+
+
+def exact_inputs(n_q, n_k, dim, seed):
+    """bf16 inputs on a 1/8 grid in [-1, 1]: every 16-term sum of products is exact in float64."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(-8, 9, (n, dim), generator=g).to(F32) / 8).to(torch.bfloat16) for n in (n_q, n_k, n_k)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n_q", "n_k", "block_m", "block_n", "splits", "exp"), [
+    (20, 20, 8, 8, 1, "exp2"),       # three blocks, the last partial, processed last to first
+    (20, 27, 8, 16, 1, "exp2_ffma"),  # more keys than queries: the causal diagonal is bottom-right aligned
+    (24, 40, 8, 8, 3, "exp2"),       # split-KV: 5 blocks in 3 splits (2, 2, 1), then the combine
+    (9, 33, 4, 4, 5, "exp2_ffma"),   # 9 blocks in 5 splits; causal rows whose split sees no key
+    (6, 70, 4, 4, 12, "exp2"),        # 18 blocks in 12 splits (9 of them empty): the combine's threads hold 2 each
+])
+def test_model_is_the_kernel_transliterated(causal, n_q, n_k, block_m, block_n, splits, exp):
+    q, k, v = exact_inputs(n_q, n_k, 16, seed=n_q + n_k)
+    scale = 16 ** -0.5
+    expected = reference(q.float(), k.float(), v.float(), scale, causal, block_m, block_n, splits, exp, torch.bfloat16)
+    got = ck.forward(q[None, None], k[None, None], v[None, None], scale, causal, block_m, block_n, splits, exp, "mma16",
+                     torch.bfloat16, rounded=False)[0, 0]
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))  # float32, bit for bit, before bf16 hides bits
+
+
+def test_split_heuristic_worked_cases():
+    # flash_api.cpp's own comment: batch x heads = 48 on 108 SMs -> 2 splits (efficiency 0.89, not 3's 0.67)
+    assert ck.num_splits_heuristic(48, 108, 64, 128) == 2
+    assert ck.num_splits_heuristic(200, 216, 64, 128) == 1  # enough work to nearly fill the SMs
+    # the GPU grid of scripts/gpu_kernels.py (batch 2, 8 heads) on an H100/H200 (132 SMs):
+    assert ck.schedule(2, 8, 512, 512, 64) == (64, 256, 2)  # 128 row tiles < 0.8 x 264: the split kernel
+    assert ck.schedule(2, 8, 512, 512, 128) == (64, 128, 2)
+    assert ck.schedule(2, 8, 1024, 1024, 64) == (128, 128, 1)  # 256 row tiles: one split, FA2's forward tiles
+    assert ck.schedule(2, 8, 16384, 16384, 128) == (128, 64, 1)
+    assert ck.schedule(1, 1, 4096, 4096, 128, sms=132)[2] > 1  # one head: the keys split for occupancy
+    for work in range(1, 300):
+        splits = ck.num_splits_heuristic(work, 264, 40, 128)
+        assert 1 <= splits <= 40 and (splits == 1 or math.ceil(40 / splits) != math.ceil(40 / (splits - 1)))
+
+
+def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    exponent = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -126)))
+    return 2.0 ** (exponent - 7)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n", "dim"), [(512, 64), (300, 128), (1024, 64)])  # split-KV (2, 2 splits), not
+@pytest.mark.parametrize("matmul", ["aten", "mma16"])
+def test_model_is_within_an_ulp_of_the_golden_value(causal, n, dim, matmul):
+    g = torch.Generator().manual_seed(n + dim)
+    q, k, v = (torch.randn(1, 2, n, dim, generator=g).to(torch.bfloat16) for _ in range(3))
+    block_m, block_n, splits = ck.schedule(2, 8, n, n, dim)
+    emulator = FlashEmulated(stage_formats("fa2_cuda", "bf16", matmul=matmul), block_r=block_m, block_c=block_n,
+                             tile_rule="explicit", kv_splits=splits)
+    out = emulator(q, k, v, causal=causal).double()
+    golden = golden_attention(q, k, v, causal=causal).double()
+    assert emulator.last_path == "cuda_model" and splits == {512: 2, 300: 3, 1024: 1}[n]
+    # fp32 arithmetic and two bf16 roundings: P's (relative 2^-9 each, so at most 2^-9 of the softmax average of
+    # |V|) and O's (half an ulp); 2^-8 leaves the fp32 sums room.
+    bound = ulp_bf16(golden) / 2 + 2.0 ** -8 * golden_attention(q, k, v.abs(), causal=causal).double()
+    assert bool(((out - golden).abs() <= bound).all())
+
+
+def test_block_order_and_splits_change_the_bits():
+    """The positive controls: the FA2 model processes key/value blocks last to first, which rounds P
+    against other running maxima than the first-to-last `fa2` preset, and split-KV rounds again; the
+    share of equal outputs must show it (else the comparison could not tell the models apart)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 256, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+
+    def share(a, b):
+        return float((a.view(torch.int16) == b.view(torch.int16)).double().mean())
+
+    model = FlashEmulated(stage_formats("fa2_cuda", "bf16"), block_r=64, block_c=64, tile_rule="explicit")(q, k, v)
+    forward_order = FlashEmulated(stage_formats("fa2", "bf16"), block_r=64, block_c=64, tile_rule="explicit")(q, k, v)
+    split = FlashEmulated(stage_formats("fa2_cuda", "bf16"), block_r=64, block_c=64, tile_rule="explicit",
+                          kv_splits=2)(q, k, v)
+    assert share(model, forward_order) < 0.9
+    assert share(model, split) < 0.99
+    ffma = FlashEmulated(stage_formats("fa2_cuda", "bf16", exp="exp2_ffma"), block_r=64, block_c=64,
+                         tile_rule="explicit")(q, k, v)
+    # FFMA saves one rounding of the exponent's argument: P moves by an fp32 ulp, which seldom crosses a bf16
+    # boundary, so torch's build and flash-attn's can hardly be told apart by their outputs
+    assert share(model, ffma) > 0.99
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"exp": "exp2"}, "belong to the FA2 CUDA model"),                     # exp2 without row_sum=quad
+    ({"row_sum": "quad"}, "belong to the FA2 CUDA model"),
+    ({"matmul": "mma16"}, "belong to the FA2 CUDA model"),
+    ({"exp": "exp2", "row_sum": "quad", "matmul": "blas"}, "belong to the FA2 CUDA model"),
+    ({"exp": "exp2", "row_sum": "quad", "prob": "fp32"}, "computes bf16 or fp16"),
+    ({"exp": "exp2", "row_sum": "quad", "prob": "bf16:sr"}, "computes bf16 or fp16"),
+    ({"exp": "exp2", "row_sum": "quad", "input_scaling": "tensor"}, "computes bf16 or fp16"),
+])
+def test_cuda_arithmetic_refuses_what_it_does_not_model(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        stage_formats("fa2", "bf16", **kwargs)
+
+
+def test_fa2_cuda_preset_per_precision():
+    assert stage_formats("fa2_cuda", "bf16").cuda_model and stage_formats("fa2_cuda", "fp16").row_sum == "quad"
+    assert not stage_formats("fa2_cuda", "fp32").cuda_model  # no 16-bit kernel to model: ATen's arithmetic
+    with pytest.raises(ValueError, match="computes bf16 or fp16"):
+        stage_formats("fa2_cuda", "fp32", exp="exp2", row_sum="quad")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"kv_splits": 0}, "must be a positive integer"),
+    ({"kv_splits": True}, "must be a positive integer"),
+    ({"kv_splits": "2"}, "must be a positive integer"),
+    ({"kv_splits": 2, "formats": None}, "needs the FA2 CUDA model"),
+    ({"variant": "fa1"}, "is an FA2 loop"),
+    ({"tie_fix": True}, "tie_fix"),
+])
+def test_emulator_refuses_bad_cuda_settings(kwargs, message):
+    formats = kwargs.pop("formats", stage_formats("fa2_cuda", "bf16"))
+    with pytest.raises(ValueError, match=message):
+        FlashEmulated(formats, **kwargs)
+
+
+def test_cuda_model_has_no_gradient():
+    q = torch.randn(1, 1, 8, 16, requires_grad=True)
+    with pytest.raises(ValueError, match="forward only"):
+        FlashEmulated(stage_formats("fa2_cuda", "bf16"))(q, q.detach(), q.detach())
