@@ -15,9 +15,14 @@ Per dtype, head dim, causal or not, sequence length N and seed: inputs N(0,1) in
 d), each kernel run on the whole batch (a kernel's schedule, e.g. FA2's split-KV, depends on
 batch x heads x N), then the first --compare-heads heads of batch 0 compared on the CPU with
   - the emulator (FlashEmulated) in each preset that models the kernel: `fa2` (scores, statistics
-    and accumulator in FP32, P rounded before P.V) with the kernel's tiles (TILES), and on CPU also
-    `cpu_sdpa` (numdev's model of PyTorch's CPU kernel): the share of outputs bit-identical to the
-    kernel, and mean |emulator - kernel| / mean |Baseline - kernel| (the paper Baseline's gap, for scale);
+    and accumulator in FP32, P rounded before P.V, blocks first to last) with the kernel's tiles
+    (TILES); for SDPA flash and flash_attn[fa2] also `fa2_cuda` (numdev.attention.cuda_kernel: the
+    CUDA kernel's order and arithmetic, its tiles and split-KV count from cuda_kernel.schedule for this
+    GPU's SMs and the whole batch) and, up to --mma-max-n, `fa2_cuda_mma16` (the tensor-core hypothesis);
+    on CPU `cpu_sdpa` (numdev's model of PyTorch's CPU kernel), `fa2` and `fa2_cuda` (for an H100's
+    132 SMs: the CUDA model against the CPU kernel, the gap between the two kernels' arithmetic): the
+    share of outputs bit-identical to the kernel, and mean |emulator - kernel| / mean |Baseline - kernel|
+    (the paper Baseline's gap, for scale);
   - the FP64 golden value: max and mean |out - golden| of the kernel, the emulator presets and the
     two Baselines (paper: every stage in the run precision; eager: softmax in FP32, P rounded once).
 The summary gives, per kernel, dtype, d, causal and N, the bit-identical share (mean and worst seed)
@@ -60,6 +65,7 @@ import torch
 
 from numdev.attention import (
     Baseline,
+    cuda_kernel,
     FlashEmulated,
     available_backends,
     build_backend,
@@ -78,7 +84,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # (B_r, B_c) of each kernel on an H100 (../shared/gpu/README.md, from the kernels' sources):
 # {head dim: (non-causal tile, causal tile)}.
-FA2_TILES = {64: ((128, 128), (128, 128)), 128: ((128, 64), (128, 64))}
+FA2_TILES = {dim: (tile, tile) for dim, tile in cuda_kernel.FORWARD_TILES.items()}  # without split-KV
 FA3_TILES = {64: ((192, 192), (192, 128)), 128: ((128, 176), (128, 128))}
 TILES = {
     "sdpa_flash": FA2_TILES,
@@ -99,16 +105,34 @@ def kernels(device: str, dtype: torch.dtype) -> dict:
     return found
 
 
-def emulators(label: str, device: str, precision: str, dim: int, causal: bool) -> dict:
-    """{preset label: FlashEmulated} that model kernel `label` (none for a kernel without a tile model)."""
+def cuda_models(label: str, precision: str, dim: int, n: int, shape: dict, mma_max_n: int) -> dict:
+    """{preset label: FlashEmulated} of the FA2 CUDA model for kernel `label` (FA2's own kernels only):
+    torch's build (FMUL+FADD) for SDPA flash, flash-attn's FFMA for flash_attn[fa2]."""
+    exp = {"sdpa_flash": "exp2", "flash_attn[fa2]": "exp2_ffma"}.get(label)
+    if exp is None:
+        return {}
+    block_r, block_c, splits = cuda_kernel.schedule(shape["batch"], shape["heads"], n, n, dim, shape["sms"])
+    model = {"block_r": block_r, "block_c": block_c, "tile_rule": "explicit", "kv_splits": splits}
+    found = {"fa2_cuda": FlashEmulated(stage_formats("fa2_cuda", precision, exp=exp), **model)}
+    if n <= mma_max_n:
+        found["fa2_cuda_mma16"] = FlashEmulated(stage_formats("fa2_cuda", precision, exp=exp, matmul="mma16"), **model)
+    return found
+
+
+def emulators(label: str, device: str, precision: str, dim: int, causal: bool, n: int, shape: dict,
+              mma_max_n: int = 0) -> dict:
+    """{preset label: FlashEmulated} that model kernel `label` (none for a kernel without a tile model);
+    shape: the kernel call's batch and heads and the GPU's SMs (the FA2 CUDA model's schedule)."""
     if device == "cpu":
         return {"cpu_sdpa": FlashEmulated(stage_formats("cpu_sdpa", precision), tile_rule="cpu_sdpa"),
-                "fa2": FlashEmulated(stage_formats("fa2", precision), tile_rule="cpu_sdpa")}
+                "fa2": FlashEmulated(stage_formats("fa2", precision), tile_rule="cpu_sdpa"),
+                **cuda_models("sdpa_flash", precision, dim, n, shape, mma_max_n=0)}
     tiles = TILES.get(label, {}).get(dim)
     if tiles is None:
         return {}
     block_r, block_c = tiles[causal]
-    return {"fa2": FlashEmulated(stage_formats("fa2", precision), block_r=block_r, block_c=block_c, tile_rule="explicit")}
+    return {"fa2": FlashEmulated(stage_formats("fa2", precision), block_r=block_r, block_c=block_c, tile_rule="explicit"),
+            **cuda_models(label, precision, dim, n, shape, mma_max_n)}
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -139,7 +163,9 @@ def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
         seconds = time.perf_counter() - start
         ran.append({"kernel": label, "describe": backend.describe(), "first_call_s": round(seconds, 4),
                     "out": out[part].contiguous().cpu()})
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else cuda_kernel.SM90_SMS
     return {"device": device, "precision": precision, "dim": dim, "causal": causal,
+            "shape": {"batch": args.batch, "heads": args.heads, "sms": sms}, "mma_max_n": args.mma_max_n,
             "q": cq, "k": ck, "v": cv, "golden": golden, "kernels": ran}
 
 
@@ -176,10 +202,13 @@ def _compare(job: dict) -> list[dict]:
                   "baselines_vs_golden": base_dev,
                   "paper_baseline_vs_kernel_mean_abs": float((baselines["paper"].double() - out.double()).abs().mean()),
                   "emulators": {}}
-        for preset, emulator in emulators(label, device, precision, dim, causal).items():
+        for preset, emulator in emulators(label, device, precision, dim, causal, cq.shape[2], job["shape"],
+                                          job["mma_max_n"]).items():
             emulated = emulator(cq, ck, cv, causal=causal)
             gap = float((emulated.double() - out.double()).abs().mean())
             record["emulators"][preset] = {
+                **({"kv_splits": emulator.kv_splits, "tiles": [emulator.block_r, emulator.block_c]}
+                   if emulator.formats.cuda_model else {}),
                 "bit_identical_fraction": bits_equal(emulated, out),
                 "vs_kernel_mean_abs": gap,
                 "vs_kernel_relative_to_paper_baseline": gap / record["paper_baseline_vs_kernel_mean_abs"]
@@ -345,6 +374,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=at_least(1), default=2)
     parser.add_argument("--heads", type=at_least(1), default=8)
     parser.add_argument("--compare-heads", type=at_least(1), default=1, help="heads of batch 0 compared on the CPU")
+    parser.add_argument("--mma-max-n", type=at_least(0), default=4096,
+                        help="the largest N at which the fa2_cuda_mma16 model is compared too (0: never; it costs "
+                             "about twice fa2_cuda)")
     parser.add_argument("--workers", type=at_least(1), default=None,
                         help="processes for the CPU comparison (default: CPUs - 1 on cuda, 1 on cpu; "
                              "fewer where the memory would not hold them; 1: in this process)")
