@@ -196,10 +196,10 @@ def test_block_order_and_splits_change_the_bits():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"exp": "exp2"}, "belong to the FA2 CUDA model"),                     # exp2 without row_sum=quad
-    ({"row_sum": "quad"}, "belong to the FA2 CUDA model"),
-    ({"matmul": "mma16"}, "belong to the FA2 CUDA model"),
-    ({"exp": "exp2", "row_sum": "quad", "matmul": "blas"}, "belong to the FA2 CUDA model"),
+    ({"exp": "exp2"}, "mix the FA2 CUDA model"),                     # exp2 without row_sum=quad
+    ({"row_sum": "quad"}, "mix the FA2 CUDA model"),
+    ({"matmul": "mma16"}, "mix the FA2 CUDA model"),
+    ({"exp": "exp2", "row_sum": "quad", "matmul": "blas"}, "mix the FA2 CUDA model"),
     ({"exp": "exp2", "row_sum": "quad", "prob": "fp32"}, "computes bf16 or fp16"),
     ({"exp": "exp2", "row_sum": "quad", "prob": "bf16:sr"}, "computes bf16 or fp16"),
     ({"exp": "exp2", "row_sum": "quad", "input_scaling": "tensor"}, "computes bf16 or fp16"),
@@ -217,9 +217,10 @@ def test_fa2_cuda_preset_per_precision():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"kv_splits": 0}, "must be a positive integer"),
-    ({"kv_splits": True}, "must be a positive integer"),
-    ({"kv_splits": "2"}, "must be a positive integer"),
+    ({"kv_splits": 0}, "must be an integer from 1"),
+    ({"kv_splits": True}, "must be an integer from 1"),
+    ({"kv_splits": "2"}, "must be an integer from 1"),
+    ({"kv_splits": 129}, "must be an integer from 1"),
     ({"kv_splits": 2, "formats": None}, "needs the FA2 CUDA model"),
     ({"variant": "fa1"}, "is an FA2 loop"),
     ({"tie_fix": True}, "tie_fix"),
@@ -228,6 +229,15 @@ def test_emulator_refuses_bad_cuda_settings(kwargs, message):
     formats = kwargs.pop("formats", stage_formats("fa2_cuda", "bf16"))
     with pytest.raises(ValueError, match=message):
         FlashEmulated(formats, **kwargs)
+
+
+def test_cuda_model_refuses_causal_masks_of_two_lengths():
+    """FA2 aligns its causal mask bottom-right, numdev (and SDPA) top-left: with N_q != N_k they differ."""
+    q, k = torch.randn(1, 1, 8, 16), torch.randn(1, 1, 12, 16)
+    emulator = FlashEmulated(stage_formats("fa2_cuda", "bf16"))
+    with pytest.raises(ValueError, match="aligned bottom-right"):
+        emulator(q, k, k, causal=True)
+    assert emulator(q, k, k, causal=False).shape == (1, 1, 8, 16)
 
 
 def test_cuda_model_has_no_gradient():

@@ -42,6 +42,7 @@ from numdev.numerics.stages import CUDA_ARITHMETIC
 MMA_K = 16  # the k of mma.sync m16n8k16: terms per tensor-core sum
 QUAD = 4  # threads sharing a row of the accumulator fragment
 SM90_SMS = 132  # H100 SXM and H200
+MAX_SPLITS = 128  # flash_api.cpp: "num_splits > 128 not supported"
 LOG2E = 1.4426950408889634  # M_LOG2E, a double, as flash_api.cpp multiplies it
 
 # (B_r, B_c) of FA2's forward on SM80/SM90 without dropout, causal or not (flash_fwd_launch_template.h):
@@ -72,7 +73,7 @@ def num_splits_heuristic(batch_heads_mblocks: int, sms: int, n_blocks: int, max_
 def schedule(batch: int, heads: int, n_q: int, n_k: int, dim: int, sms: int = SM90_SMS) -> tuple[int, int, int]:
     """(B_r, B_c, splits) of FA2's forward for this call on a GPU with `sms` multiprocessors."""
     block_n = split_block_n(dim)
-    splits = num_splits_heuristic(batch * heads * -(-n_q // 64), 2 * sms, -(-n_k // block_n), 128)
+    splits = num_splits_heuristic(batch * heads * -(-n_q // 64), 2 * sms, -(-n_k // block_n), MAX_SPLITS)
     if splits > 1:
         return SPLIT_BLOCK_M, block_n, splits
     tile = FORWARD_TILES.get(dim) or FORWARD_TILES[64 if dim <= 64 else 128]

@@ -95,13 +95,15 @@ class FlashEmulated(AttentionBackend):
                         or self.formats.row_sum == "quad"):
             raise ValueError("attention.tie_fix=true (Qiu & Yao's shifted maximum) is implemented for variant=fa2 with "
                              "numerics.exp=aten and numerics.matmul=aten: set those")
-        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or kv_splits < 1:
-            raise ValueError(f"attention.kv_splits={kv_splits!r} must be a positive integer (FA2's split-KV count; 1: none)")
+        if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or not 1 <= kv_splits <= cuda_kernel.MAX_SPLITS:
+            raise ValueError(f"attention.kv_splits={kv_splits!r} must be an integer from 1 (none) to {cuda_kernel.MAX_SPLITS} "
+                             "(FA2's split-KV count; flash_api.cpp allows no more)")
         if kv_splits > 1 and not self.formats.cuda_model:
             raise ValueError(f"attention.kv_splits={kv_splits} models FA2's split-KV kernel: it needs the FA2 CUDA model "
                              "(numerics preset fa2_cuda, or attention.kv_splits=1)")
         if self.formats.cuda_model and variant != "fa2":
-            raise ValueError("the FA2 CUDA model (numerics.exp=exp2 or exp2_ffma) is an FA2 loop: use variant=fa2")
+            raise ValueError("the FA2 CUDA model (formats preset fa2_cuda: exp2 or exp2_ffma) is an FA2 loop: "
+                             "use attention.variant=fa2")
         self.kv_splits = kv_splits
         self.tie_fix = tie_fix  # Qiu & Yao (arXiv:2510.04212): no P exactly 1 when scores tie the row max
         if query_chunk is not None and (
@@ -147,8 +149,12 @@ class FlashEmulated(AttentionBackend):
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if f.cuda_model:
             if grad:
-                raise ValueError("the FA2 CUDA model (numerics preset fa2_cuda) is forward only: train through the "
-                                 "emulator with numerics.exp=aten numerics.row_sum=aten")
+                raise ValueError("the FA2 CUDA model (formats preset fa2_cuda) is forward only: train through the "
+                                 "emulator with the fa2 preset (numdev-train attention.formats.preset=fa2)")
+            if causal and n_q != n_k:
+                raise ValueError(f"the FA2 CUDA model's causal mask is FA2's, aligned bottom-right; numdev's is aligned "
+                                 f"top-left, and the two differ when the query and key lengths do ({n_q} and {n_k}): "
+                                 "give them one length, or use numerics preset fa2")
             self.last_path = "cuda_model"
             with torch.no_grad():
                 out = cuda_kernel.forward(q, k, v, float(scale), causal, tiles.block_r, tiles.block_c, self.kv_splits,

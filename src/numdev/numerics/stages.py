@@ -131,8 +131,10 @@ class StageFormats:
         if not chosen:
             return
         if not self.cuda_model or self.row_sum != "quad" or self.matmul not in CUDA_ARITHMETIC["matmul"]:
-            raise ValueError(f"{', '.join(chosen)} belong to the FA2 CUDA model: set numerics.exp=exp2 (or exp2_ffma), "
-                             "numerics.row_sum=quad, numerics.matmul=aten or mma16 together (numerics.preset=fa2_cuda)")
+            raise ValueError(f"numerics.exp={self.exp}, numerics.row_sum={self.row_sum}, numerics.matmul={self.matmul} mix "
+                             f"the FA2 CUDA model's arithmetic ({', '.join(chosen)}) with another's: set numerics.exp=exp2 "
+                             "(or exp2_ffma), numerics.row_sum=quad and numerics.matmul=aten (or mma16) together "
+                             "(numerics.preset=fa2_cuda)")
         half = self.input.name
         fits = (half in ("bf16", "fp16") and self.prob.name == self.output.name == half and self.nearest_only
                 and all(getattr(self, s).name == "fp32" for s in _HIGH_PRECISION_STAGES)
