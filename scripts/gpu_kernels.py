@@ -18,7 +18,9 @@ batch x heads x N), then the first --compare-heads heads of batch 0 compared on 
     and accumulator in FP32, P rounded before P.V, blocks first to last) with the kernel's tiles
     (TILES); for SDPA flash and flash_attn[fa2] also `fa2_cuda` (numdev.attention.cuda_kernel: the
     CUDA kernel's order and arithmetic, its tiles and split-KV count from cuda_kernel.schedule for this
-    GPU's SMs and the whole batch) and, up to --mma-max-n, `fa2_cuda_mma16` (the tensor-core hypothesis);
+    GPU's SMs and the whole batch) and, up to --mma-max-n, `fa2_cuda_mma16` (the tensor-core hypothesis),
+    each also against SDPA flash's log-sum-exp (softmax_lse, float32: the model's statistics m and l,
+    which the 16-bit output mostly hides; its share within 2 ulp, since the GPU's log is __logf);
     on CPU `cpu_sdpa` (numdev's model of PyTorch's CPU kernel), `fa2` and `fa2_cuda` (for an H100's
     132 SMs: the CUDA model against the CPU kernel, the gap between the two kernels' arithmetic): the
     share of outputs bit-identical to the kernel, and mean |emulator - kernel| / mean |Baseline - kernel|
@@ -139,6 +141,23 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.view(torch.int16) == b.view(torch.int16)).double().mean())
 
 
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in float32 units in the last place (int64; signed zeros 0 apart), through the ordered integers."""
+    def ordered(x):
+        bits = x.to(torch.float32).contiguous().view(torch.int32).long()
+        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+    return (ordered(a) - ordered(b)).abs()
+
+
+def kernel_lse(device: str, q, k, v, causal: bool):
+    """SDPA flash's log-sum-exp (softmax_lse, float32 (B, H, N)) and output, through the op SDPA dispatches to."""
+    if device == "cuda":
+        found = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+    else:
+        found = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+    return found[0], found[1]
+
+
 def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
     """One cell's device work, in the main process: the inputs, every kernel of `real` ({label:
     backend}) on the whole batch and the golden value of the compared heads; what `compare` needs, on
@@ -163,6 +182,10 @@ def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
         seconds = time.perf_counter() - start
         ran.append({"kernel": label, "describe": backend.describe(), "first_call_s": round(seconds, 4),
                     "out": out[part].contiguous().cpu()})
+        if label == "sdpa_flash":  # its log-sum-exp: the FA2 model's statistics, finer than the 16-bit output shows
+            with torch.no_grad():
+                again, lse = kernel_lse(device, *(t.to(device) for t in (q, k, v)), causal)
+            ran[-1].update(lse=lse[part].contiguous().cpu(), lse_call_same_output=bool(torch.equal(again.view(torch.int16).cpu(), out.view(torch.int16).cpu())))
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else cuda_kernel.SM90_SMS
     return {"device": device, "precision": precision, "dim": dim, "causal": causal,
             "shape": {"batch": args.batch, "heads": args.heads, "sms": sms}, "mma_max_n": args.mma_max_n,
@@ -206,8 +229,15 @@ def _compare(job: dict) -> list[dict]:
                                           job["mma_max_n"]).items():
             emulated = emulator(cq, ck, cv, causal=causal)
             gap = float((emulated.double() - out.double()).abs().mean())
+            lse = {}
+            if emulator.formats.cuda_model and "lse" in ran:
+                ulps = ulp_distance(emulator.last_lse, ran["lse"])
+                lse = {"lse_bit_identical_fraction": float((ulps == 0).double().mean()),
+                       "lse_within_2ulp_fraction": float((ulps <= 2).double().mean()), "lse_max_ulp": int(ulps.max()),
+                       "lse_max_abs": float((emulator.last_lse.double() - ran["lse"].double()).abs().max()),
+                       "lse_call_same_output": ran["lse_call_same_output"]}
             record["emulators"][preset] = {
-                **({"kv_splits": emulator.kv_splits, "tiles": [emulator.block_r, emulator.block_c]}
+                **({"kv_splits": emulator.kv_splits, "tiles": [emulator.block_r, emulator.block_c], **lse}
                    if emulator.formats.cuda_model else {}),
                 "bit_identical_fraction": bits_equal(emulated, out),
                 "vs_kernel_mean_abs": gap,
@@ -354,7 +384,11 @@ def summarise(rows: list[dict]) -> list[dict]:
             gaps = [r["emulators"][preset]["vs_kernel_relative_to_paper_baseline"] for r in group]
             emulated = [r["emulators"][preset]["vs_golden"]["max_abs"] for r in group]
             paper = [r["baselines_vs_golden"]["paper"]["max_abs"] for r in group]
+            lse = [r["emulators"][preset]["lse_within_2ulp_fraction"] for r in group
+                   if "lse_within_2ulp_fraction" in r["emulators"][preset]]
             entry[f"emulator[{preset}]"] = {
+                **({"lse_within_2ulp_mean": sum(lse) / len(lse),
+                    "lse_max_ulp": max(r["emulators"][preset]["lse_max_ulp"] for r in group)} if lse else {}),
                 "bit_identical_mean": sum(shares) / len(shares), "bit_identical_worst_seed": min(shares),
                 "gap_relative_to_paper_baseline_mean": sum(g for g in gaps if g is not None) / max(1, sum(g is not None for g in gaps)),
                 "fig4_ratio_max_abs": ratio_interval(emulated, paper).as_dict(),

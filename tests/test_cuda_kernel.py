@@ -74,15 +74,16 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
 
 
 def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half):
-    """The kernel's float32 output before its last rounding to `half`."""
+    """The kernel's float32 output before its last rounding to `half`, and its lse (softmax_lse)."""
     n_q, n_k = q.shape[0], k.shape[0]
     per_split = -(-(-(-n_k // block_n)) // splits)
-    rows = []
+    rows, row_lses = [], []
     for i in range(n_q):
         parts = [reference_row(q, k, v, i, scale, causal, block_m, block_n, s * per_split, (s + 1) * per_split, exp, half)
                  for s in range(splits)]
         if splits == 1:
             rows.append(parts[0][0])
+            row_lses.append(float("inf") if float(parts[0][1]) == NEG_INF else float(parts[0][1]))  # no split: +inf
             continue
         lses = [lse for _, lse in parts]
         top = max(lses, key=float)
@@ -108,7 +109,8 @@ def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half):
             weight = ck.exp(split_lse - lse)
             out = [f32(float(weight) * float(x) + float(acc)) for x, acc in zip(o, out)]
         rows.append(out)
-    return torch.tensor([[float(x) for x in row] for row in rows], dtype=F32)
+        row_lses.append(float(lse))
+    return torch.tensor([[float(x) for x in row] for row in rows], dtype=F32), torch.tensor(row_lses, dtype=F32)
 
 
 def exact_inputs(n_q, n_k, dim, seed):
@@ -128,10 +130,30 @@ def exact_inputs(n_q, n_k, dim, seed):
 def test_model_is_the_kernel_transliterated(causal, n_q, n_k, block_m, block_n, splits, exp):
     q, k, v = exact_inputs(n_q, n_k, 16, seed=n_q + n_k)
     scale = 16 ** -0.5
-    expected = reference(q.float(), k.float(), v.float(), scale, causal, block_m, block_n, splits, exp, torch.bfloat16)
-    got = ck.forward(q[None, None], k[None, None], v[None, None], scale, causal, block_m, block_n, splits, exp, "mma16",
-                     torch.bfloat16, rounded=False)[0, 0]
-    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))  # float32, bit for bit, before bf16 hides bits
+    expected, expected_lse = reference(q.float(), k.float(), v.float(), scale, causal, block_m, block_n, splits, exp,
+                                       torch.bfloat16)
+    got, lse = ck.forward(q[None, None], k[None, None], v[None, None], scale, causal, block_m, block_n, splits, exp,
+                          "mma16", torch.bfloat16, rounded=False)
+    assert torch.equal(got[0, 0].view(torch.int32), expected.view(torch.int32))  # float32, bit for bit, before bf16 hides bits
+    assert torch.equal(lse[0, 0].view(torch.int32), expected_lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_model_lse_is_the_log_sum_exp(splits):
+    """The log-sum-exp the kernel writes (softmax_lse: the backward's input, and a finer check on the GPU than
+    the bf16 output) against log sum exp(S scale) in FP64; the causal rows that see keys only."""
+    g = torch.Generator().manual_seed(splits)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    emulator = FlashEmulated(stage_formats("fa2_cuda", "bf16"), block_r=64, block_c=32, tile_rule="explicit",
+                             kv_splits=splits)
+    for causal in (False, True):
+        emulator(q, k, v, causal=causal)
+        scores = (q.double() @ k.double().transpose(-1, -2)) * 64 ** -0.5
+        if causal:
+            scores = scores.masked_fill(torch.ones(200, 200, dtype=torch.bool).triu(1), NEG_INF)
+        golden = torch.logsumexp(scores, dim=-1)
+        lse = emulator.last_lse.double()
+        assert lse.shape == golden.shape and bool(((lse - golden).abs() <= 1e-5 * golden.abs().clamp_min(1)).all())
 
 
 def test_split_heuristic_worked_cases():

@@ -148,9 +148,11 @@ def _butterfly(values: torch.Tensor) -> torch.Tensor:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
-            block_n: int, splits: int, exp: str, matmul: str, half: torch.dtype, rounded: bool = True) -> torch.Tensor:
-    """The kernel's output (float32 values of `half`) for q, k, v (B, H, N, d) holding `half` values;
-    rounded=False: the float32 output before its last rounding (for tests of the arithmetic before it)."""
+            block_n: int, splits: int, exp: str, matmul: str, half: torch.dtype, rounded: bool = True
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's output (float32 values of `half`) and its log-sum-exp (float32, (B, H, N_q): what
+    the kernel writes as softmax_lse, +inf for a row that saw no key) for q, k, v (B, H, N, d) holding
+    `half` values; rounded=False: the float32 output before its last rounding (for tests)."""
     if exp not in CUDA_ARITHMETIC["exp"] or matmul not in CUDA_ARITHMETIC["matmul"]:
         raise ValueError(f"the FA2 CUDA model takes exp in {CUDA_ARITHMETIC['exp']} and matmul in {CUDA_ARITHMETIC['matmul']}")
     q, k, v = (t.to(torch.float32) for t in (q, k, v))
@@ -170,14 +172,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cau
         out, lse = _split(q, k, v, scale32, c, causal, block_n, lo, row_hi, exp, matmul, half, split_kernel=splits > 1)
         outs.append(out)
         lses.append(lse)
-    out = outs[0] if splits == 1 else _combine(torch.stack(outs), torch.stack(lses), q.shape[-1])
-    return _f32(out.to(half)) if rounded else out
+    out, lse = (outs[0], lses[0]) if splits == 1 else _combine(torch.stack(outs), torch.stack(lses), q.shape[-1])
+    return (_f32(out.to(half)) if rounded else out), lse
 
 
 def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: int, row_hi: torch.Tensor, exp: str,
            matmul: str, half: torch.dtype, split_kernel: bool):
     """One split's loop over blocks row_hi - 1 down to lo (per row's tile): its normalised O (float32)
-    and lse (float32, (..., rows))."""
+    and lse (float32, (..., rows); a row with no key: -inf in a split, +inf in the kernel without splits)."""
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
     row_max = torch.full((batch, heads, n_q, 1), _NEG_INF)
@@ -210,15 +212,15 @@ def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: in
     empty = (row_sum == 0) | torch.isnan(row_sum)
     inverse = torch.where(empty, torch.ones_like(row_sum), 1.0 / row_sum)
     out = acc * inverse
-    if not split_kernel:
-        return out, None
-    # lse = m * scale + log(l): contracted to one FFMA; -inf for a split that saw no key
-    lse = _fma(row_max, scale32, log(row_sum.masked_fill(empty, 1.0))).masked_fill(empty, _NEG_INF)
+    # lse = m * scale + log(l): contracted to one FFMA (log: __logf on the GPU)
+    lse = _fma(row_max, scale32, log(row_sum.masked_fill(empty, 1.0)))
+    lse = lse.masked_fill(empty, _NEG_INF if split_kernel else float("inf"))
     return out, lse.squeeze(-1)
 
 
-def _combine(outs: torch.Tensor, lses: torch.Tensor, dim: int) -> torch.Tensor:
-    """flash_fwd_splitkv_combine_kernel: outs (splits, ..., rows, d) float32, lses (splits, ..., rows)."""
+def _combine(outs: torch.Tensor, lses: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_fwd_splitkv_combine_kernel: outs (splits, ..., rows, d) float32, lses (splits, ..., rows);
+    the combined O (float32) and lse."""
     splits = outs.shape[0]
     max_splits = max(2, 1 << (splits - 1).bit_length())  # kMaxSplits: the power of 2 the launch picks
     block_m = 4 if dim % 128 == 0 else 8 if dim % 64 == 0 else 16  # the combine kernel's rows per block
@@ -239,4 +241,4 @@ def _combine(outs: torch.Tensor, lses: torch.Tensor, dim: int) -> torch.Tensor:
     for split in range(splits):
         weight = exp(lses[split] - lse).unsqueeze(-1)
         out = _fma(weight.expand_as(outs[split]), outs[split], out)
-    return out
+    return out, lse

@@ -117,6 +117,7 @@ class FlashEmulated(AttentionBackend):
         self.last_tiles = None  # the tiles of the latest call, for result records
         self.last_path = None  # which implementation ran the latest call: native, compiled or eager
         self.last_gemm = None  # matmul=blas: the GEMM entry the latest call used (cpu_kernel.GEMM_ENTRIES)
+        self.last_lse = None  # the FA2 CUDA model: the latest call's log-sum-exp as the kernel writes it
         self._gemm_override = None  # the consistency check's choice of entry (_kernel_model_checked)
 
     def tiles(self, n_q: int, n_k: int, head_dim: int):
@@ -157,8 +158,8 @@ class FlashEmulated(AttentionBackend):
                                  "give them one length, or use numerics preset fa2")
             self.last_path = "cuda_model"
             with torch.no_grad():
-                out = cuda_kernel.forward(q, k, v, float(scale), causal, tiles.block_r, tiles.block_c, self.kv_splits,
-                                          f.exp, f.matmul, f.input.torch_dtype)
+                out, self.last_lse = cuda_kernel.forward(q, k, v, float(scale), causal, tiles.block_r, tiles.block_c,
+                                                         self.kv_splits, f.exp, f.matmul, f.input.torch_dtype)
             return out.to(out_dtype)
         attend, self.last_path = self._attend, "eager"
         plain = f.exp == f.row_sum == f.matmul == "aten"  # the other two paths know only ATen's arithmetic
