@@ -18,11 +18,12 @@ batch x heads x N), then the first --compare-heads heads of batch 0 compared on 
     and accumulator in FP32, P rounded before P.V, blocks first to last) with the kernel's tiles
     (TILES); for SDPA flash and flash_attn[fa2] also `fa2_cuda` (numdev.attention.cuda_kernel: the
     CUDA kernel's order and arithmetic, its tiles and split-KV count from cuda_kernel.schedule for this
-    GPU's SMs and the whole batch) and, up to --mma-max-n, `fa2_cuda_mma16` (the tensor-core hypothesis),
+    GPU's SMs and the whole batch) and, up to --mma-max-n and --mma-rz-max-n, `fa2_cuda_mma16` and
+    `fa2_cuda_mma16_rz` (two hypotheses of the tensor cores' sums: numdev.attention.cuda_kernel),
     each also against SDPA flash's log-sum-exp (softmax_lse, float32: the model's statistics m and l,
     which the 16-bit output mostly hides; its share within 2 ulp, since the GPU's log is __logf);
-    on CPU `cpu_sdpa` (numdev's model of PyTorch's CPU kernel), `fa2` and `fa2_cuda` (for an H100's
-    132 SMs: the CUDA model against the CPU kernel, the gap between the two kernels' arithmetic): the
+    on CPU `cpu_sdpa` (numdev's model of PyTorch's CPU kernel), `fa2` and the `fa2_cuda` models (for an
+    H100's 132 SMs: the CUDA model against the CPU kernel, the gap between the two kernels' arithmetic): the
     share of outputs bit-identical to the kernel, and mean |emulator - kernel| / mean |Baseline - kernel|
     (the paper Baseline's gap, for scale);
   - the FP64 golden value: max and mean |out - golden| of the kernel, the emulator presets and the
@@ -107,7 +108,7 @@ def kernels(device: str, dtype: torch.dtype) -> dict:
     return found
 
 
-def cuda_models(label: str, precision: str, dim: int, n: int, shape: dict, mma_max_n: int) -> dict:
+def cuda_models(label: str, precision: str, dim: int, n: int, shape: dict, mma_max_n: dict) -> dict:
     """{preset label: FlashEmulated} of the FA2 CUDA model for kernel `label` (FA2's own kernels only):
     torch's build (FMUL+FADD) for SDPA flash, flash-attn's FFMA for flash_attn[fa2]."""
     exp = {"sdpa_flash": "exp2", "flash_attn[fa2]": "exp2_ffma"}.get(label)
@@ -116,25 +117,26 @@ def cuda_models(label: str, precision: str, dim: int, n: int, shape: dict, mma_m
     block_r, block_c, splits = cuda_kernel.schedule(shape["batch"], shape["heads"], n, n, dim, shape["sms"])
     model = {"block_r": block_r, "block_c": block_c, "tile_rule": "explicit", "kv_splits": splits}
     found = {"fa2_cuda": FlashEmulated(stage_formats("fa2_cuda", precision, exp=exp), **model)}
-    if n <= mma_max_n:
-        found["fa2_cuda_mma16"] = FlashEmulated(stage_formats("fa2_cuda", precision, exp=exp, matmul="mma16"), **model)
+    for matmul, largest in mma_max_n.items():  # the tensor-core hypotheses, where their cost allows
+        if n <= largest:
+            found[f"fa2_cuda_{matmul}"] = FlashEmulated(stage_formats("fa2_cuda", precision, exp=exp, matmul=matmul), **model)
     return found
 
 
 def emulators(label: str, device: str, precision: str, dim: int, causal: bool, n: int, shape: dict,
-              mma_max_n: int = 0) -> dict:
+              mma_max_n: dict | None = None) -> dict:
     """{preset label: FlashEmulated} that model kernel `label` (none for a kernel without a tile model);
     shape: the kernel call's batch and heads and the GPU's SMs (the FA2 CUDA model's schedule)."""
     if device == "cpu":
         return {"cpu_sdpa": FlashEmulated(stage_formats("cpu_sdpa", precision), tile_rule="cpu_sdpa"),
                 "fa2": FlashEmulated(stage_formats("fa2", precision), tile_rule="cpu_sdpa"),
-                **cuda_models("sdpa_flash", precision, dim, n, shape, mma_max_n=0)}
+                **cuda_models("sdpa_flash", precision, dim, n, shape, mma_max_n or {})}
     tiles = TILES.get(label, {}).get(dim)
     if tiles is None:
         return {}
     block_r, block_c = tiles[causal]
     return {"fa2": FlashEmulated(stage_formats("fa2", precision), block_r=block_r, block_c=block_c, tile_rule="explicit"),
-            **cuda_models(label, precision, dim, n, shape, mma_max_n)}
+            **cuda_models(label, precision, dim, n, shape, mma_max_n or {})}
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -188,7 +190,8 @@ def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
             ran[-1].update(lse=lse[part].contiguous().cpu(), lse_call_same_output=bool(torch.equal(again.view(torch.int16).cpu(), out.view(torch.int16).cpu())))
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else cuda_kernel.SM90_SMS
     return {"device": device, "precision": precision, "dim": dim, "causal": causal,
-            "shape": {"batch": args.batch, "heads": args.heads, "sms": sms}, "mma_max_n": args.mma_max_n,
+            "shape": {"batch": args.batch, "heads": args.heads, "sms": sms},
+            "mma_max_n": {"mma16": args.mma_max_n, "mma16_rz": args.mma_rz_max_n},
             "q": cq, "k": ck, "v": cv, "golden": golden, "kernels": ran}
 
 
@@ -410,7 +413,9 @@ def main(argv=None) -> int:
     parser.add_argument("--compare-heads", type=at_least(1), default=1, help="heads of batch 0 compared on the CPU")
     parser.add_argument("--mma-max-n", type=at_least(0), default=4096,
                         help="the largest N at which the fa2_cuda_mma16 model is compared too (0: never; it costs "
-                             "about twice fa2_cuda)")
+                             "2-4x fa2_cuda)")
+    parser.add_argument("--mma-rz-max-n", type=at_least(0), default=1024,
+                        help="the same for fa2_cuda_mma16_rz (it costs ~40-100x fa2_cuda: 2-4 s at N=1024 on one core)")
     parser.add_argument("--workers", type=at_least(1), default=None,
                         help="processes for the CPU comparison (default: CPUs - 1 on cuda, 1 on cpu; "
                              "fewer where the memory would not hold them; 1: in this process)")

@@ -8,6 +8,7 @@ split heuristic on worked cases. scripts/gpu_kernels.py measures it against the 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -33,7 +34,27 @@ def mma_dot(acc: torch.Tensor, a: list, b: list) -> torch.Tensor:
     return acc
 
 
-def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp, half):
+def mma_dot_rz(acc: torch.Tensor, a: list, b: list) -> torch.Tensor:
+    """acc + sum a_i b_i as matmul=mma16_rz defines it, in exact rationals: per 16-term chunk, the accumulator
+    and the products cut toward zero to multiples of 2^(e - 25) (|largest| in [2^(e-1), 2^e)), summed, and
+    the sum cut toward zero to 24 significant bits."""
+    for start in range(0, len(a), ck.MMA_K):
+        terms = [Fraction(float(acc))] + [Fraction(float(x)) * Fraction(float(y))
+                                          for x, y in zip(a[start:start + ck.MMA_K], b[start:start + ck.MMA_K])]
+        top = max(abs(t) for t in terms)
+        if top == 0:
+            acc = f32(0.0)
+            continue
+        unit = Fraction(2) ** (math.frexp(float(top))[1] - ck.ALIGN_BITS)
+        total = sum(int(t / unit) * unit for t in terms)  # int() cuts toward zero
+        if total != 0:
+            ulp = Fraction(2) ** (math.frexp(float(total))[1] - 24)
+            total = int(total / ulp) * ulp
+        acc = f32(float(total))
+    return acc
+
+
+def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp, half, dot=mma_dot):
     """One query row through one split of the kernel: (normalised O, lse) in float32, scalar by scalar."""
     n_q, n_k = q.shape[0], k.shape[0]
     c = f32(float(f32(scale)) * ck.LOG2E)
@@ -45,7 +66,7 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
     acc = [f32(0.0)] * v.shape[1]
     for block in range(hi - 1, lo - 1, -1):
         keys = list(range(block * block_n, min((block + 1) * block_n, n_k)))
-        scores = [mma_dot(f32(0.0), q[i].tolist(), k[j].tolist()) for j in keys]
+        scores = [dot(f32(0.0), q[i].tolist(), k[j].tolist()) for j in keys]
         scores = [f32(NEG_INF) if causal and j > i + n_k - n_q else s for j, s in zip(keys, scores)]
         new_m = max([m, *scores], key=float)
         current = f32(0.0) if float(new_m) == NEG_INF else new_m
@@ -63,7 +84,7 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
             lane = (position // 2) % ck.QUAD  # the fragment's column 8n + 2t + e belongs to thread t
             lanes[lane] = lanes[lane] + p
             probs.append(float(p.to(half)))
-        acc = [mma_dot(a, probs, v[keys, x].tolist()) for x, a in enumerate(acc)]
+        acc = [dot(a, probs, v[keys, x].tolist()) for x, a in enumerate(acc)]
         m = new_m
     row_sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3])  # the quad's butterfly, lane 0
     empty = float(row_sum) == 0
@@ -73,14 +94,14 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
     return out, lse
 
 
-def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half):
+def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half, dot=mma_dot):
     """The kernel's float32 output before its last rounding to `half`, and its lse (softmax_lse)."""
     n_q, n_k = q.shape[0], k.shape[0]
     per_split = -(-(-(-n_k // block_n)) // splits)
     rows, row_lses = [], []
     for i in range(n_q):
-        parts = [reference_row(q, k, v, i, scale, causal, block_m, block_n, s * per_split, (s + 1) * per_split, exp, half)
-                 for s in range(splits)]
+        parts = [reference_row(q, k, v, i, scale, causal, block_m, block_n, s * per_split, (s + 1) * per_split, exp, half,
+                               dot) for s in range(splits)]
         if splits == 1:
             rows.append(parts[0][0])
             row_lses.append(float("inf") if float(parts[0][1]) == NEG_INF else float(parts[0][1]))  # no split: +inf
@@ -119,6 +140,7 @@ def exact_inputs(n_q, n_k, dim, seed):
     return [(torch.randint(-8, 9, (n, dim), generator=g).to(F32) / 8).to(torch.bfloat16) for n in (n_q, n_k, n_k)]
 
 
+@pytest.mark.parametrize(("matmul", "dot"), [("mma16", mma_dot), ("mma16_rz", mma_dot_rz)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("n_q", "n_k", "block_m", "block_n", "splits", "exp"), [
     (20, 20, 8, 8, 1, "exp2"),       # three blocks, the last partial, processed last to first
@@ -127,13 +149,13 @@ def exact_inputs(n_q, n_k, dim, seed):
     (9, 33, 4, 4, 5, "exp2_ffma"),   # 9 blocks in 5 splits; causal rows whose split sees no key
     (6, 70, 4, 4, 12, "exp2"),        # 18 blocks in 12 splits (9 of them empty): the combine's threads hold 2 each
 ])
-def test_model_is_the_kernel_transliterated(causal, n_q, n_k, block_m, block_n, splits, exp):
+def test_model_is_the_kernel_transliterated(causal, n_q, n_k, block_m, block_n, splits, exp, matmul, dot):
     q, k, v = exact_inputs(n_q, n_k, 16, seed=n_q + n_k)
     scale = 16 ** -0.5
     expected, expected_lse = reference(q.float(), k.float(), v.float(), scale, causal, block_m, block_n, splits, exp,
-                                       torch.bfloat16)
+                                       torch.bfloat16, dot)
     got, lse = ck.forward(q[None, None], k[None, None], v[None, None], scale, causal, block_m, block_n, splits, exp,
-                          "mma16", torch.bfloat16, rounded=False)
+                          matmul, torch.bfloat16, rounded=False)
     assert torch.equal(got[0, 0].view(torch.int32), expected.view(torch.int32))  # float32, bit for bit, before bf16 hides bits
     assert torch.equal(lse[0, 0].view(torch.int32), expected_lse.view(torch.int32))
 
@@ -154,6 +176,22 @@ def test_model_lse_is_the_log_sum_exp(splits):
         golden = torch.logsumexp(scores, dim=-1)
         lse = emulator.last_lse.double()
         assert lse.shape == golden.shape and bool(((lse - golden).abs() <= 1e-5 * golden.abs().clamp_min(1)).all())
+
+
+@pytest.mark.parametrize(("terms", "mma16", "mma16_rz"), [
+    # 1 + 2^-23 + 2^-24: halfway between two floats; to nearest (even) up, toward zero down
+    ([1.0, 2.0 ** -23 + 2.0 ** -24], 1 + 2.0 ** -22, 1 + 2.0 ** -23),
+    ([-1.0, -(2.0 ** -23 + 2.0 ** -24)], -(1 + 2.0 ** -22), -(1 + 2.0 ** -23)),  # toward zero, not down
+    ([1.0, 2.0 ** -30], 1.0, 1.0),  # below the 25 aligned bits: cut away; to nearest: rounded away too
+    ([1.0] + [2.0 ** -25] * 16, 1.0 + 2.0 ** -21, 1.0),  # 16 x 2^-25 = 2^-21: summed exactly, or each cut to 0
+    ([2.0 ** 20, -(2.0 ** 20), 2.0 ** -10], 2.0 ** -10, 0.0),  # cancellation: 2^-10 lies below 2^(21-25)
+])
+def test_tensor_core_hypotheses_on_worked_sums(terms, mma16, mma16_rz):
+    """One tensor-core step: the accumulator terms[0] plus the products terms[1:] x 1."""
+    acc = torch.tensor([[terms[0]]], dtype=F32)
+    a, b = torch.tensor([terms[1:]], dtype=F32), torch.ones(len(terms) - 1, 1)
+    assert float(ck._matmul(a, b, acc, "mma16")) == mma16
+    assert float(ck._matmul(a, b, acc, "mma16_rz")) == mma16_rz
 
 
 def test_split_heuristic_worked_cases():

@@ -25,9 +25,12 @@ butterfly) and O = sum_i exp(lse_i - lse) O_i (one FFMA per split, in split orde
 
 What is not modelled, and so bounds the share of bit-identical outputs: the GPU's exp2, exp and log
 (MUFU.EX2 and the libdevice functions, within 2 ulp) are correctly rounded float32 functions here; the tensor
-cores' sums are float32 matmuls (matmul=aten) or, as a hypothesis to measure, each 16-term
-chunk's exact sum added to the float32 accumulator with one rounding to nearest (matmul=mma16;
-Fasi et al., PeerJ CS 7:e330, 2021, describe truncation inside the units). Nothing here has been
+cores' sums are float32 matmuls (matmul=aten) or one of two hypotheses to measure: each 16-term
+chunk's exact sum added to the float32 accumulator with one rounding to nearest (matmul=mma16), or
+the accumulator and the chunk's 16 exact products aligned to the largest with 25 bits kept, cut
+toward zero, summed and cut toward zero to float32 (matmul=mma16_rz: the truncating multi-term adder
+Fasi et al., PeerJ CS 7:e330, 2021, found in V100-A100 tensor cores; 25 bits is what public probes
+of H100 report, and 16 terms per step is this model's guess). Nothing here has been
 compared with a GPU yet: scripts/gpu_kernels.py measures the share per kernel.
 """
 
@@ -40,6 +43,7 @@ import torch
 from numdev.numerics.stages import CUDA_ARITHMETIC
 
 MMA_K = 16  # the k of mma.sync m16n8k16: terms per tensor-core sum
+ALIGN_BITS = 25  # matmul=mma16_rz: significand bits the tensor cores keep when they align a step's terms (SM90)
 QUAD = 4  # threads sharing a row of the accumulator fragment
 SM90_SMS = 132  # H100 SXM and H200
 MAX_SPLITS = 128  # flash_api.cpp: "num_splits > 128 not supported"
@@ -115,14 +119,36 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, matmul: 
         a = torch.nn.functional.pad(a, (0, pad))
         b = torch.nn.functional.pad(b, (0, 0, 0, pad))
     chunks = a.shape[-1] // MMA_K
-    # (..., chunks, rows, cols): each chunk's sum in float64 (16 products of 16-bit inputs: exact but in extreme cases)
-    a_chunks = a.double().unflatten(-1, (chunks, MMA_K)).movedim(-2, -3)
-    b_chunks = b.double().unflatten(-2, (chunks, MMA_K))
-    sums = a_chunks @ b_chunks
-    total = torch.zeros(sums.shape[:-3] + sums.shape[-2:], dtype=torch.float32) if acc is None else acc
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    total = torch.zeros(shape, dtype=torch.float32) if acc is None else acc
+    if matmul == "mma16":
+        # (..., chunks, rows, cols): each chunk's sum in float64 (16 products of 16-bit inputs: exact but in extreme cases)
+        sums = a.double().unflatten(-1, (chunks, MMA_K)).movedim(-2, -3) @ b.double().unflatten(-2, (chunks, MMA_K))
+        for i in range(chunks):
+            total = _f32(total.double() + sums[..., i, :, :])
+        return total
+    a64, b64 = a.double(), b.double().transpose(-1, -2)  # (..., rows, K), (..., cols, K)
     for i in range(chunks):
-        total = _f32(total.double() + sums[..., i, :, :])
+        part = slice(i * MMA_K, (i + 1) * MMA_K)
+        products = a64[..., :, None, part] * b64[..., None, :, part]  # (..., rows, cols, 16), each exact
+        total = _aligned_sum_rz(torch.cat([total.double()[..., None], products], dim=-1))
     return total
+
+
+def _truncate(x: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """x toward zero to a multiple of `unit` (powers of 2; exact in float64)."""
+    return torch.trunc(x / unit) * unit
+
+
+def _aligned_sum_rz(terms: torch.Tensor) -> torch.Tensor:
+    """matmul=mma16_rz, one tensor-core step: the accumulator and the 16 exact products (last dim) aligned to the
+    largest magnitude with ALIGN_BITS bits kept (the rest cut toward zero), summed exactly, and the sum cut to
+    float32 toward zero (RZ)."""
+    _, top = torch.frexp(terms.abs().amax(dim=-1, keepdim=True))  # |largest| in [2^(top-1), 2^top)
+    aligned = _truncate(terms, torch.ldexp(torch.ones_like(terms[..., :1]), top - ALIGN_BITS))
+    total = aligned.sum(dim=-1)  # < 2^(ALIGN_BITS + 5) units: exact in float64
+    _, exponent = torch.frexp(total)
+    return _f32(_truncate(total, torch.ldexp(torch.ones_like(total), exponent - 24)))
 
 
 def _lane_sums(lanes: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

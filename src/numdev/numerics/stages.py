@@ -48,8 +48,9 @@ Beside the formats, three arithmetic choices (each a preset's default unless set
   matmul   aten: float32 matmuls of the rounded inputs; blas: the mixed-precision GEMM the kernel
            calls (cblas_gemm_bf16bf16f32 / cblas_gemm_f16f16f32 from libtorch_cpu), 16-bit inputs;
            mma16: tensor cores as each 16-term sum, exact, added to the float32 accumulator with one
-           rounding (a hypothesis for the GPU to test)
-exp2/exp2_ffma, quad and mma16 belong to the CUDA model (numdev.attention.cuda_kernel): they are taken
+           rounding; mma16_rz: the accumulator and 16 products aligned with 25 bits kept, cut toward
+           zero, the sum cut toward zero (two hypotheses for the GPU to test)
+exp2/exp2_ffma, quad, mma16 and mma16_rz belong to the CUDA model (numdev.attention.cuda_kernel): they are taken
 together (exp2 or exp2_ffma with quad) and with its formats only.
 """
 
@@ -65,9 +66,9 @@ STAGES = ("input", "score", "stats", "prob", "rescale", "accum", "output")
 PRESETS = ("paper", "fa2", "cpu_sdpa", "fa2_cuda", "eager")
 INPUT_SCALINGS = ("none", "tensor", "block")
 # The arithmetic choices of the FA2 CUDA model (numdev.attention.cuda_kernel), and of all models.
-CUDA_ARITHMETIC = {"exp": ("exp2", "exp2_ffma"), "row_sum": ("quad",), "matmul": ("aten", "mma16")}
+CUDA_ARITHMETIC = {"exp": ("exp2", "exp2_ffma"), "row_sum": ("quad",), "matmul": ("aten", "mma16", "mma16_rz")}
 ARITHMETIC = {"exp": ("aten", "fexp_u20", "exp2", "exp2_ffma"), "row_sum": ("aten", "lanes", "quad"),
-              "matmul": ("aten", "blas", "mma16")}
+              "matmul": ("aten", "blas", "mma16", "mma16_rz")}
 _HIGH_PRECISION_STAGES = ("score", "stats", "rescale", "accum")
 # The stages each preset keeps in FP32 (never below the run precision: an fp64 run keeps fp64).
 _FP32_STAGES = {"paper": (), "fa2": _HIGH_PRECISION_STAGES, "cpu_sdpa": _HIGH_PRECISION_STAGES,
@@ -125,7 +126,7 @@ class StageFormats:
         return self.exp in CUDA_ARITHMETIC["exp"]
 
     def _check_cuda_model(self) -> None:
-        """exp2/exp2_ffma, quad and mma16 come together, with the formats the CUDA model computes."""
+        """exp2/exp2_ffma, quad and mma16/mma16_rz come together, with the formats the CUDA model computes."""
         chosen = [f"numerics.{key}={getattr(self, key)}" for key in ("exp", "row_sum", "matmul")
                   if getattr(self, key) in CUDA_ARITHMETIC[key] and getattr(self, key) != "aten"]
         if not chosen:
@@ -133,7 +134,7 @@ class StageFormats:
         if not self.cuda_model or self.row_sum != "quad" or self.matmul not in CUDA_ARITHMETIC["matmul"]:
             raise ValueError(f"numerics.exp={self.exp}, numerics.row_sum={self.row_sum}, numerics.matmul={self.matmul} mix "
                              f"the FA2 CUDA model's arithmetic ({', '.join(chosen)}) with another's: set numerics.exp=exp2 "
-                             "(or exp2_ffma), numerics.row_sum=quad and numerics.matmul=aten (or mma16) together "
+                             "(or exp2_ffma), numerics.row_sum=quad and numerics.matmul=aten (or mma16, mma16_rz) together "
                              "(numerics.preset=fa2_cuda)")
         half = self.input.name
         fits = (half in ("bf16", "fp16") and self.prob.name == self.output.name == half and self.nearest_only
