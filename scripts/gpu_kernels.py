@@ -112,7 +112,7 @@ def cuda_models(label: str, precision: str, dim: int, n: int, shape: dict, mma_m
     """{preset label: FlashEmulated} of the FA2 CUDA model for kernel `label` (FA2's own kernels only):
     torch's build (FMUL+FADD) for SDPA flash, flash-attn's FFMA for flash_attn[fa2]."""
     exp = {"sdpa_flash": "exp2", "flash_attn[fa2]": "exp2_ffma"}.get(label)
-    if exp is None:
+    if exp is None or dim not in cuda_kernel.FORWARD_TILES:
         return {}
     block_r, block_c, splits = cuda_kernel.schedule(shape["batch"], shape["heads"], n, n, dim, shape["sms"])
     model = {"block_r": block_r, "block_c": block_c, "tile_rule": "explicit", "kv_splits": splits}

@@ -204,6 +204,8 @@ def test_split_heuristic_worked_cases():
     assert ck.schedule(2, 8, 1024, 1024, 64) == (128, 128, 1)  # 256 row tiles: one split, FA2's forward tiles
     assert ck.schedule(2, 8, 16384, 16384, 128) == (128, 64, 1)
     assert ck.schedule(1, 1, 4096, 4096, 128, sms=132)[2] > 1  # one head: the keys split for occupancy
+    with pytest.raises(ValueError, match="head dims"):
+        ck.schedule(2, 8, 1024, 1024, 96)  # FA2 runs d = 96 in its own tiles, which are not modelled
     for work in range(1, 300):
         splits = ck.num_splits_heuristic(work, 264, 40, 128)
         assert 1 <= splits <= 40 and (splits == 1 or math.ceil(40 / splits) != math.ceil(40 / (splits - 1)))

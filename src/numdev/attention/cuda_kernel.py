@@ -75,13 +75,15 @@ def num_splits_heuristic(batch_heads_mblocks: int, sms: int, n_blocks: int, max_
 
 
 def schedule(batch: int, heads: int, n_q: int, n_k: int, dim: int, sms: int = SM90_SMS) -> tuple[int, int, int]:
-    """(B_r, B_c, splits) of FA2's forward for this call on a GPU with `sms` multiprocessors."""
+    """(B_r, B_c, splits) of FA2's forward for this call on a GPU with `sms` multiprocessors (head dims 64
+    and 128: the tiles modelled)."""
+    if dim not in FORWARD_TILES:
+        raise ValueError(f"FA2's tiles are modelled for head dims {sorted(FORWARD_TILES)}, not {dim}")
     block_n = split_block_n(dim)
     splits = num_splits_heuristic(batch * heads * -(-n_q // 64), 2 * sms, -(-n_k // block_n), MAX_SPLITS)
     if splits > 1:
         return SPLIT_BLOCK_M, block_n, splits
-    tile = FORWARD_TILES.get(dim) or FORWARD_TILES[64 if dim <= 64 else 128]
-    return tile[0], tile[1], 1
+    return (*FORWARD_TILES[dim], 1)
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
@@ -174,12 +176,12 @@ def _butterfly(values: torch.Tensor) -> torch.Tensor:
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool, block_m: int,
-            block_n: int, splits: int, exp: str, matmul: str, half: torch.dtype, rounded: bool = True
+            block_n: int, splits: int, exp_rule: str, matmul: str, half: torch.dtype, rounded: bool = True
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's output (float32 values of `half`) and its log-sum-exp (float32, (B, H, N_q): what
     the kernel writes as softmax_lse, +inf for a row that saw no key) for q, k, v (B, H, N, d) holding
     `half` values; rounded=False: the float32 output before its last rounding (for tests)."""
-    if exp not in CUDA_ARITHMETIC["exp"] or matmul not in CUDA_ARITHMETIC["matmul"]:
+    if exp_rule not in CUDA_ARITHMETIC["exp"] or matmul not in CUDA_ARITHMETIC["matmul"]:
         raise ValueError(f"the FA2 CUDA model takes exp in {CUDA_ARITHMETIC['exp']} and matmul in {CUDA_ARITHMETIC['matmul']}")
     q, k, v = (t.to(torch.float32) for t in (q, k, v))
     n_q, n_k = q.shape[2], k.shape[2]
@@ -195,15 +197,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cau
     for split in range(splits):
         lo, hi = split * per_split, min(n_blocks, (split + 1) * per_split)
         row_hi = torch.clamp(needed, max=hi)
-        out, lse = _split(q, k, v, scale32, c, causal, block_n, lo, row_hi, exp, matmul, half, split_kernel=splits > 1)
+        out, lse = _split(q, k, v, scale32, c, causal, block_n, lo, row_hi, exp_rule, matmul, half, split_kernel=splits > 1)
         outs.append(out)
         lses.append(lse)
     out, lse = (outs[0], lses[0]) if splits == 1 else _combine(torch.stack(outs), torch.stack(lses), q.shape[-1])
     return (_f32(out.to(half)) if rounded else out), lse
 
 
-def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: int, row_hi: torch.Tensor, exp: str,
-           matmul: str, half: torch.dtype, split_kernel: bool):
+def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: int, row_hi: torch.Tensor,
+           exp_rule: str, matmul: str, half: torch.dtype, split_kernel: bool):
     """One split's loop over blocks row_hi - 1 down to lo (per row's tile): its normalised O (float32)
     and lse (float32, (..., rows); a row with no key: -inf in a split, +inf in the kernel without splits)."""
     batch, heads, n_q, dim = q.shape
@@ -224,7 +226,7 @@ def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: in
         current = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # Check_inf
         alpha = exp2(_f32((row_max - current) * c))  # FSUB, FMUL: -inf - m gives 0
         max_scaled = _f32(new_max * c).masked_fill(new_max == _NEG_INF, 0.0)
-        if exp == "exp2":  # __fmul_rn(S, c) - m c
+        if exp_rule == "exp2":  # __fmul_rn(S, c) - m c
             argument = _f32(scores * c) - max_scaled
         else:
             argument = _fma(scores, c, -max_scaled).masked_fill(scores == _NEG_INF, _NEG_INF)

@@ -91,8 +91,7 @@ class FlashEmulated(AttentionBackend):
         self.compile, self.native = compile, native
         if not isinstance(tie_fix, bool):
             raise ValueError(f"attention.tie_fix={tie_fix!r} must be true or false")
-        if tie_fix and (variant != "fa2" or self.formats.exp != "aten" or self.formats.matmul != "aten"
-                        or self.formats.row_sum == "quad"):
+        if tie_fix and (variant != "fa2" or self.formats.exp != "aten" or self.formats.matmul != "aten"):
             raise ValueError("attention.tie_fix=true (Qiu & Yao's shifted maximum) is implemented for variant=fa2 with "
                              "numerics.exp=aten and numerics.matmul=aten: set those")
         if isinstance(kv_splits, bool) or not isinstance(kv_splits, int) or not 1 <= kv_splits <= cuda_kernel.MAX_SPLITS:
