@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from numdev.attention import FlashEmulated, golden_attention
+from numdev.attention import cpu_kernel
 from numdev.attention import cuda_kernel as ck
 from numdev.numerics.stages import stage_formats
 
@@ -79,7 +80,7 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
             if exp == "exp2":
                 argument = s * c - m_scaled
             else:  # one FFMA
-                argument = f32(float(s) * float(c) - float(m_scaled)) if float(s) != NEG_INF else f32(NEG_INF)
+                argument = cpu_kernel.fma(s, c, -m_scaled)  # correctly rounded (tests/test_attention.py holds it)
             p = ck.exp2(argument)
             lane = (position // 2) % ck.QUAD  # the fragment's column 8n + 2t + e belongs to thread t
             lanes[lane] = lanes[lane] + p
@@ -90,7 +91,7 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
     empty = float(row_sum) == 0
     inverse = f32(1.0) if empty else f32(1.0) / row_sum
     out = [a * inverse for a in acc]
-    lse = f32(NEG_INF) if empty else f32(float(m) * float(f32(scale)) + float(ck.log(row_sum)))
+    lse = f32(NEG_INF) if empty else cpu_kernel.fma(m, f32(scale), ck.log(row_sum))
     return out, lse
 
 
@@ -128,7 +129,7 @@ def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half, dot=m
         out = [f32(0.0)] * v.shape[1]
         for (o, split_lse) in parts:
             weight = ck.exp(split_lse - lse)
-            out = [f32(float(weight) * float(x) + float(acc)) for x, acc in zip(o, out)]
+            out = [cpu_kernel.fma(weight, x, acc) for x, acc in zip(o, out)]
         rows.append(out)
         row_lses.append(float(lse))
     return torch.tensor([[float(x) for x in row] for row in rows], dtype=F32), torch.tensor(row_lses, dtype=F32)

@@ -40,6 +40,8 @@ import math
 
 import torch
 
+from numdev.attention import cpu_kernel
+from numdev.numerics.formats import parse_format, round_to
 from numdev.numerics.stages import CUDA_ARITHMETIC
 
 MMA_K = 16  # the k of mma.sync m16n8k16: terms per tensor-core sum
@@ -53,6 +55,7 @@ LOG2E = 1.4426950408889634  # M_LOG2E, a double, as flash_api.cpp multiplies it
 FORWARD_TILES = {64: (128, 128), 128: (128, 64)}
 SPLIT_BLOCK_M = 64  # the split kernel's B_r; its B_c: 256 for d <= 64, 128 for d <= 128, else 64
 _NEG_INF = float("-inf")
+_FP32_RZ = parse_format("fp32:rtz")  # the tensor cores' last rounding in matmul=mma16_rz
 
 
 def split_block_n(dim: int) -> int:
@@ -106,8 +109,8 @@ def log(x: torch.Tensor) -> torch.Tensor:
 
 
 def _fma(a: torch.Tensor, b, c: torch.Tensor) -> torch.Tensor:
-    """a * b + c rounded once to float32 (the product of two float32 is exact in float64)."""
-    return _f32(a.double() * (b.double() if isinstance(b, torch.Tensor) else b) + c.double())
+    """FFMA: a * b + c rounded once to float32 (cpu_kernel.fma; b may be a float32 scalar)."""
+    return cpu_kernel.fma(a, torch.as_tensor(b, dtype=torch.float32), c)
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, matmul: str) -> torch.Tensor:
@@ -149,8 +152,7 @@ def _aligned_sum_rz(terms: torch.Tensor) -> torch.Tensor:
     _, top = torch.frexp(terms.abs().amax(dim=-1, keepdim=True))  # |largest| in [2^(top-1), 2^top)
     aligned = _truncate(terms, torch.ldexp(torch.ones_like(terms[..., :1]), top - ALIGN_BITS))
     total = aligned.sum(dim=-1)  # < 2^(ALIGN_BITS + 5) units: exact in float64
-    _, exponent = torch.frexp(total)
-    return _f32(_truncate(total, torch.ldexp(torch.ones_like(total), exponent - 24)))
+    return _f32(round_to(total, _FP32_RZ))
 
 
 def _lane_sums(lanes: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
