@@ -215,29 +215,29 @@ def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: in
     row_max = torch.full((batch, heads, n_q, 1), _NEG_INF)
     lanes = torch.zeros(batch, heads, n_q, QUAD)
     acc = torch.zeros(batch, heads, n_q, v.shape[-1])
-    query_index = torch.arange(n_q)[:, None]
     top = int(row_hi.max()) if n_q else lo
     for block in range(top - 1, lo - 1, -1):
         start, stop = block * block_n, min((block + 1) * block_n, n_k)
-        active = (row_hi > block).view(1, 1, n_q, 1)
-        scores = _matmul(q, k[:, :, start:stop].transpose(-1, -2), None, matmul)
+        # the rows whose tile reads this block: a suffix (row_hi never decreases down the rows), computed alone
+        first = int(torch.searchsorted(row_hi, block, right=True))
+        rows = slice(first, n_q)
+        scores = _matmul(q[:, :, rows], k[:, :, start:stop].transpose(-1, -2), None, matmul)
         if causal:
             keys = torch.arange(start, stop)[None, :]
-            scores = scores.masked_fill(keys > query_index + (n_k - n_q), _NEG_INF)
-        new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+            scores = scores.masked_fill(keys > torch.arange(first, n_q)[:, None] + (n_k - n_q), _NEG_INF)
+        old_max = row_max[:, :, rows]
+        new_max = torch.maximum(old_max, scores.amax(dim=-1, keepdim=True))
         current = new_max.masked_fill(new_max == _NEG_INF, 0.0)  # Check_inf
-        alpha = exp2(_f32((row_max - current) * c))  # FSUB, FMUL: -inf - m gives 0
+        alpha = exp2(_f32((old_max - current) * c))  # FSUB, FMUL: -inf - m gives 0
         max_scaled = _f32(new_max * c).masked_fill(new_max == _NEG_INF, 0.0)
         if exp_rule == "exp2":  # __fmul_rn(S, c) - m c
             argument = _f32(scores * c) - max_scaled
         else:
             argument = _fma(scores, c, -max_scaled).masked_fill(scores == _NEG_INF, _NEG_INF)
         probs = exp2(argument)
-        new_lanes = _lane_sums(lanes * alpha, probs)
-        new_acc = _matmul(_f32(probs.to(half)), v[:, :, start:stop], acc * alpha, matmul)
-        row_max = torch.where(active, new_max, row_max)
-        lanes = torch.where(active, new_lanes, lanes)
-        acc = torch.where(active, new_acc, acc)
+        lanes[:, :, rows] = _lane_sums(lanes[:, :, rows] * alpha, probs)
+        acc[:, :, rows] = _matmul(_f32(probs.to(half)), v[:, :, start:stop], acc[:, :, rows] * alpha, matmul)
+        row_max[:, :, rows] = new_max
     row_sum = _butterfly(lanes).unsqueeze(-1)
     empty = (row_sum == 0) | torch.isnan(row_sum)
     inverse = torch.where(empty, torch.ones_like(row_sum), 1.0 / row_sum)
