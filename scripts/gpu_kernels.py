@@ -223,6 +223,7 @@ def _compare(job: dict) -> list[dict]:
             records.append(ran)
             continue
         label, out = ran["kernel"], ran["out"]
+        started = time.perf_counter()
         record = {"kernel": label, "describe": ran["describe"], "first_call_s": ran["first_call_s"],
                   "vs_golden": deviation(out, golden),
                   "baselines_vs_golden": base_dev,
@@ -248,6 +249,7 @@ def _compare(job: dict) -> list[dict]:
                 if record["paper_baseline_vs_kernel_mean_abs"] > 0 else None,
                 "vs_golden": deviation(emulated, golden),
             }
+        record["compare_s"] = round(time.perf_counter() - started, 3)  # this kernel's emulators, on one CPU thread
         records.append(record)
     return records
 
