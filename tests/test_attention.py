@@ -389,7 +389,7 @@ def test_cpu_sdpa_choices_are_checked_in_one_line():
 
 def test_the_kernel_model_refuses_autograd_in_one_line():
     q = torch.randn(1, 1, 40, 16).bfloat16().requires_grad_()
-    with pytest.raises(ValueError, match="have no gradient: set numerics.exp=aten numerics.matmul=aten"):
+    with pytest.raises(ValueError, match="have no gradient: train through the emulator with the fa2 preset"):
         FlashEmulated(stage_formats("cpu_sdpa", "bf16"), tile_rule="cpu_sdpa")(q, q, q)
     out = FlashEmulated(stage_formats("cpu_sdpa", "bf16", exp="aten", matmul="aten"), tile_rule="cpu_sdpa")(q, q, q)
     out.float().sum().backward()

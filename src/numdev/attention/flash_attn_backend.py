@@ -144,21 +144,24 @@ class FlashAttn(AttentionBackend):
             return f"{name} ({KERNELS[name].module}) runs on CUDA only, not {q.device.type}"
         return KERNELS[name].supports(q)
 
+    def forward_only(self) -> str | None:
+        name = self.resolved()
+        if name is None or KERNELS[name].backward:
+            return None
+        trainable = [k for k in installed() if KERNELS[k].backward]
+        return (f"attention.kernel={name} ({KERNELS[name].module}) has no backward pass: train with "
+                f"{'attention.kernel=' + ' or '.join(trainable) if trainable else 'fa2, fa3 or fa4 (none installed)'}, "
+                "or call it under torch.no_grad()")
+
     def forward(self, q, k, v, scale, causal):
         name = self.resolved()
         if name is None:
             raise BackendUnavailable(f"attention backend 'flash_attn' cannot run here: {none_installed()}")
-        kernel = KERNELS[name]
         function, why = load(name)
         if function is None:
             raise BackendUnavailable(f"attention backend 'flash_attn' cannot run here: attention.kernel={name}: {why}")
-        if not kernel.backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            trainable = [k for k in installed() if KERNELS[k].backward]
-            raise BackendUnavailable(
-                f"attention.kernel={name} ({kernel.module}) has no backward pass: train with "
-                f"{'attention.kernel=' + ' or '.join(trainable) if trainable else 'fa2, fa3 or fa4 (none installed)'}, "
-                "or call it under torch.no_grad()"
-            )
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and self.forward_only():
+            raise BackendUnavailable(self.forward_only())
         if causal and q.shape[2] != k.shape[2]:
             raise ValueError(
                 "flash-attn aligns the causal mask bottom-right when query and key lengths differ, "

@@ -119,6 +119,17 @@ class FlashEmulated(AttentionBackend):
         self.last_lse = None  # the FA2 CUDA model: the latest call's log-sum-exp as the kernel writes it
         self._gemm_override = None  # the consistency check's choice of entry (_kernel_model_checked)
 
+    def forward_only(self) -> str | None:
+        f = self.formats
+        if f.cuda_model:
+            return ("the FA2 CUDA model (formats preset fa2_cuda) is forward only: train through the emulator with "
+                    "the fa2 preset (numdev-train attention.formats.preset=fa2)")
+        if f.exp != "aten" or f.matmul != "aten":
+            return (f"formats preset {f.preset}'s numerics.exp={f.exp} and numerics.matmul={f.matmul} (PyTorch's CPU flash "
+                    "kernel, forward only) have no gradient: train through the emulator with the fa2 preset "
+                    "(numdev-train attention.formats.preset=fa2), or numerics exp=aten matmul=aten")
+        return None
+
     def tiles(self, n_q: int, n_k: int, head_dim: int):
         return resolve_tiles(
             n_q,
@@ -147,10 +158,9 @@ class FlashEmulated(AttentionBackend):
         if self.tie_fix:  # the ATen path only: the C kernels and compiled steps know no shifted maximum
             steps = (functools.partial(_fa2_probs, tie_fix=True), _fa2_merge)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if grad and self.forward_only():
+            raise ValueError(self.forward_only())
         if f.cuda_model:
-            if grad:
-                raise ValueError("the FA2 CUDA model (formats preset fa2_cuda) is forward only: train through the "
-                                 "emulator with the fa2 preset (numdev-train attention.formats.preset=fa2)")
             if causal and n_q != n_k:
                 raise ValueError(f"the FA2 CUDA model's causal mask is FA2's, aligned bottom-right; numdev's is aligned "
                                  f"top-left, and the two differ when the query and key lengths do ({n_q} and {n_k}): "
@@ -162,9 +172,6 @@ class FlashEmulated(AttentionBackend):
             return out.to(out_dtype)
         attend, self.last_path = self._attend, "eager"
         plain = f.exp == f.row_sum == f.matmul == "aten"  # the other two paths know only ATen's arithmetic
-        if grad and (f.exp != "aten" or f.matmul != "aten"):
-            raise ValueError("numerics.exp=fexp_u20 and numerics.matmul=blas (PyTorch's CPU flash kernel, forward only) "
-                             "have no gradient: set numerics.exp=aten numerics.matmul=aten to train through the emulator")
         entry = self.last_gemm = self._gemm_entry(q, n_k, tiles, causal) if f.matmul == "blas" else None
         if self.native and not grad and not self.tie_fix and _kernel_model_fits(f, self.variant, entry):
             self.last_path = "native"

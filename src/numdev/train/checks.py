@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from numdev.attention.registry import BackendUnavailable
+from numdev.cli.errors import one_line
 
 ACCELERATORS = ("cpu", "cuda")
 COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -34,16 +35,18 @@ def compute_dtype(compute: str) -> torch.dtype:
 
 
 def check_backend(backend, precision: str, dtype: torch.dtype, device: torch.device, calls: list[tuple[int, int]]) -> None:
-    """Run `backend` on probe inputs for each (heads, head_dim) in `calls`; a refusal is one line."""
+    """Run `backend` on probe inputs for each (heads, head_dim) in `calls`, with gradients as training
+    will (a forward-only kernel or formats preset is refused here, not at the first step); a refusal is
+    one line."""
     for heads, head_dim in calls:
         for n_q, n_k, causal in ((4, 4, False), (4, 3, False), (3, 3, True)):
-            q = torch.zeros(1, heads, n_q, head_dim, dtype=dtype, device=device)
-            k = torch.zeros(1, heads, n_k, head_dim, dtype=dtype, device=device)
+            q = torch.zeros(1, heads, n_q, head_dim, dtype=dtype, device=device, requires_grad=True)
+            k = torch.zeros(1, heads, n_k, head_dim, dtype=dtype, device=device, requires_grad=True)
             try:
-                with torch.no_grad():
+                with torch.enable_grad():
                     backend(q, k, k, causal=causal)
-            except BackendUnavailable as error:
+            except (BackendUnavailable, ValueError) as error:
                 raise BackendUnavailable(
-                    f"attention={backend.name} with precision={precision} on {device.type}: {error}; "
+                    f"attention={backend.name} with precision={precision} on {device.type}: {one_line(error)}; "
                     "change attention=, precision= or trainer="
                 ) from None

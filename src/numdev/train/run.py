@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Pr
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from numdev.attention.registry import BackendUnavailable
+from numdev.attention.registry import AttentionBackend, BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.objective import objective_of
 from numdev.config.schema import TRAIN, validate
@@ -162,13 +162,13 @@ def _check_heldout(cfg: DictConfig) -> None:
 
 def _check_attention(cfg: DictConfig) -> None:
     """Build the configured attention backend: a value its constructor refuses (attention.delta=11, an
-    unknown output-noise mode) fails before any job of a sweep runs, not when its own job starts.
-    A backend this machine cannot run is left to the run's own check (numdev.train.checks), which says
+    unknown output-noise mode) or a forward-only one (formats preset fa2_cuda, a kernel without a backward
+    pass) fails before any job of a sweep runs, not when its own job starts. A backend this machine cannot run is left to the run's own check (numdev.train.checks), which says
     what to change."""
     from hydra.errors import InstantiationException
 
     try:
-        instantiate(cfg.attention)
+        backend = instantiate(cfg.attention)
     except InstantiationException as error:
         cause = error.__cause__
         if isinstance(cause, BackendUnavailable):
@@ -178,6 +178,9 @@ def _check_attention(cfg: DictConfig) -> None:
         raise ValueError(f"attention: {one_line(error)}") from None
     except BackendUnavailable:
         return
+    reason = backend.forward_only() if isinstance(backend, AttentionBackend) else None
+    if reason:  # training needs a backward pass: refused before any job of a sweep runs
+        raise ValueError(f"attention={backend.name}: {reason}")
 
 
 def _check_claim(cfg: DictConfig) -> None:
