@@ -215,8 +215,10 @@ def compare(job: dict) -> list[dict]:
 def _compare(job: dict) -> list[dict]:
     device, precision, dim, causal = job["device"], job["precision"], job["dim"], job["causal"]
     cq, ck, cv, golden = job["q"], job["k"], job["v"], job["golden"]
+    started = time.perf_counter()
     baselines = {name: Baseline(stage_formats(name, precision))(cq, ck, cv, causal=causal) for name in ("paper", "eager")}
     base_dev = {name: deviation(out, golden) for name, out in baselines.items()}
+    baselines_s = round(time.perf_counter() - started, 3)  # shared by the cell's kernels
     records = []
     for ran in job["kernels"]:
         if "error" in ran:
@@ -249,7 +251,8 @@ def _compare(job: dict) -> list[dict]:
                 if record["paper_baseline_vs_kernel_mean_abs"] > 0 else None,
                 "vs_golden": deviation(emulated, golden),
             }
-        record["compare_s"] = round(time.perf_counter() - started, 3)  # this kernel's emulators, on one CPU thread
+        # CPU seconds on one thread: this kernel's emulators, and the cell's Baselines (once per cell)
+        record.update(compare_s=round(time.perf_counter() - started, 3), baselines_s=baselines_s)
         records.append(record)
     return records
 
@@ -370,6 +373,15 @@ class StopOnSignal:
             signal.signal(signum, handler)
 
 
+def comparison_cpu_s(cells: dict[int, list[dict]]) -> float:
+    """The CPU comparison's cost in one-thread seconds: each cell's Baselines once, each kernel's emulators."""
+    total = 0.0
+    for rows in cells.values():
+        timed = [row for row in rows if "compare_s" in row]
+        total += sum(row["compare_s"] for row in timed) + (timed[0]["baselines_s"] if timed else 0.0)
+    return total
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     from numdev.stats.intervals import ratio_interval  # scipy.stats: the main process's alone, not each worker's import
 
@@ -462,6 +474,7 @@ def main(argv=None) -> int:
             "tiles": {label: {str(d): t for d, t in tiles.items()} for label, tiles in TILES.items()},
             "provenance": provenance(seeds=args.seeds),
             "seconds": round(time.perf_counter() - started, 1),
+            "comparison_cpu_s": round(comparison_cpu_s(finished), 1),
             "summary": summarise(done),
             "rows": done,
         }

@@ -71,8 +71,11 @@ def _script(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "scripts" / "gpu_kernels.py"), "--device", "cpu", "--dtypes", "bf16", *args]
 
 
+TIMINGS = ("first_call_s", "compare_s", "baselines_s")
+
+
 def _without_timing(rows: list[dict]) -> list[dict]:
-    return [{key: value for key, value in row.items() if key != "first_call_s"} for row in rows]
+    return [{key: value for key, value in row.items() if key not in TIMINGS} for row in rows]
 
 
 def test_workers_give_the_rows_of_the_serial_run_bit_for_bit_in_grid_order(tmp_path):
@@ -89,6 +92,9 @@ def test_workers_give_the_rows_of_the_serial_run_bit_for_bit_in_grid_order(tmp_p
         reports[workers] = json.loads(out.read_text())
         assert reports[workers]["complete"] is True and reports[workers]["grid"]["workers"] == workers
     serial, parallel = reports[1], reports[2]
+    # the comparison's CPU cost: each cell's Baselines once and its one kernel's emulators (one kernel a cell on CPU)
+    assert parallel["comparison_cpu_s"] == pytest.approx(sum(r["compare_s"] + r["baselines_s"] for r in parallel["rows"]), abs=0.06)
+    assert all(r["compare_s"] > 0 and r["baselines_s"] > 0 for r in parallel["rows"])
     assert _without_timing(parallel["rows"]) == _without_timing(serial["rows"]) and parallel["summary"] == serial["summary"]
     # the grid's order (dtype, dim, causal, N as given, seed as given), whichever cell a worker finished first
     order = [(r["causal"], r["n"], r["seed"]) for r in parallel["rows"]]
