@@ -79,10 +79,35 @@ def collect_records(sweep: Path, into: Path) -> list[str]:
     return copied
 
 
+SWEEPS = Path("/tmp")  # where each call keeps its learning-rate sweep: numdev_lr_edge_<the call's pid>
+
+
+def remove_stale_sweeps(root: Path = SWEEPS) -> list[str]:
+    """Remove the sweep folders of calls no longer running (a call killed outright cannot tidy its own);
+    a live call's is left alone. The folders removed."""
+    removed = []
+    for folder in root.glob("numdev_lr_edge_*"):
+        pid = folder.name.removeprefix("numdev_lr_edge_")
+        if not pid.isdigit() or not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that call (or a process with its pid) is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # another user's process
+            continue
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(str(folder))
+    return removed
+
+
 def steps(device: str, out: Path, workers: int) -> list[Step]:
     py = sys.executable
     script = lambda name: str(REPO / "scripts" / name)  # noqa: E731
-    sweep = Path("/tmp") / f"numdev_lr_edge_{os.getpid()}"  # checkpoints and predictions stay on the machine
+    sweep = SWEEPS / f"numdev_lr_edge_{os.getpid()}"  # checkpoints and predictions stay on the machine
     if device == "cuda":
         # the lent H200 has 128 GiB (KINDS.md) but its memory starts small and grows as it is used: the
         # workers' cap is sized from the machine, not from MemAvailable at the start
@@ -244,6 +269,8 @@ def main(argv_=None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    for folder in remove_stale_sweeps():
+        print(f"gpu_call: removed {folder}, the sweep of a call no longer running", file=sys.stderr, flush=True)
     manifest = {"what": "issue 37's prepared GPU call: each step's limit, time, exit status and outputs",
                 "device": args.device, "rehearsal": args.device == "cpu", "budget_s": args.budget,
                 "commit": args.commit, "workers": workers, "complete": False, "steps": [],

@@ -68,10 +68,10 @@ import torch
 
 from numdev.attention import (
     Baseline,
-    cuda_kernel,
     FlashEmulated,
     available_backends,
     build_backend,
+    cuda_kernel,
     flash_attn_backend,
     golden_attention,
 )

@@ -13,8 +13,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from numdev.attention import FlashEmulated, golden_attention
-from numdev.attention import cpu_kernel
+from numdev.attention import FlashEmulated, cpu_kernel, golden_attention
 from numdev.attention import cuda_kernel as ck
 from numdev.numerics.stages import stage_formats
 
@@ -98,7 +97,8 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
 def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half, dot=mma_dot):
     """The kernel's float32 output before its last rounding to `half`, and its lse (softmax_lse)."""
     n_q, n_k = q.shape[0], k.shape[0]
-    per_split = -(-(-(-n_k // block_n)) // splits)
+    n_blocks = -(-n_k // block_n)
+    per_split = -(-n_blocks // splits)
     rows, row_lses = [], []
     for i in range(n_q):
         parts = [reference_row(q, k, v, i, scale, causal, block_m, block_n, s * per_split, (s + 1) * per_split, exp, half,

@@ -5,7 +5,7 @@ a SIGTERM to the call stops the running step and writes the record, and bad argu
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import signal
 import subprocess
 import sys
@@ -88,7 +88,13 @@ def test_a_call_killed_outright_leaves_no_step_running(tmp_path):
     call.kill()
     call.communicate(timeout=30)
     assert _left(f"numdev_lr_edge_{call.pid}", timeout_s=40) == []  # it got SIGTERM as its parent died
-    shutil.rmtree(Path("/tmp") / f"numdev_lr_edge_{call.pid}", ignore_errors=True)  # a killed call cannot tidy /tmp
+    # a killed call cannot tidy /tmp: the next call removes the sweeps of calls no longer running, not a live one's
+    stale, live = Path("/tmp") / f"numdev_lr_edge_{call.pid}", tmp_path / "sweeps" / f"numdev_lr_edge_{os.getpid()}"
+    assert stale.is_dir()
+    live.mkdir(parents=True)
+    gpu_call = load_script("gpu_call")
+    assert str(stale) in gpu_call.remove_stale_sweeps() and not stale.exists()
+    assert gpu_call.remove_stale_sweeps(live.parent) == [] and live.is_dir()
 
 
 def test_a_second_call_into_the_same_folder_is_refused(tmp_path, capsys):
