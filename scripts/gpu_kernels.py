@@ -32,10 +32,10 @@ The summary gives, per kernel, dtype, d, causal and N, the bit-identical share (
 and the Fig. 4 ratio (kernel / paper Baseline, max |d|) as a ratio of means over seeds with its
 spread by numdev.stats' rule (95% bootstrap from 5 seeds, else the range of the per-seed ratios).
 
-Where the time goes: the kernels and the golden value run on the device in a moment; the CPU
-comparison (the Baselines and the emulator, ~N^2: ~1 s per cell at N=4096, ~20 s at N=16384 on one
-core) is the slow part. The main process makes each cell's inputs, runs every kernel and the golden
-value, and hands the compared heads and the kernels' outputs to the comparison:
+Where the time goes: the kernels, the golden value and (on a GPU) the two Baselines run on the device
+in a moment; the CPU comparison (the emulator presets, ~N^2: each record's compare_s, the report's
+comparison_cpu_s) is the slow part. The main process makes each cell's inputs, runs every kernel, the
+golden value and the Baselines, and hands the compared heads and the outputs to the comparison:
   - --workers 1: in this process, one cell after another;
   - --workers W > 1: W processes ("spawn": forking after CUDA starts is unsafe), at most 2W cells in
     flight (the inputs of the whole grid are never held at once).
@@ -76,6 +76,7 @@ from numdev.attention import (
     golden_attention,
 )
 from numdev.bench.metrics import deviation
+from numdev.cli.errors import one_line
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.cli.script_args import seed as seed_type
 from numdev.cli.workers import die_with_parent
@@ -170,6 +171,7 @@ def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
     part = (slice(0, 1), slice(0, args.compare_heads))
     cq, ck, cv = (t[part].contiguous() for t in (q, k, v))
     golden = golden_attention(*(t.to(device) for t in (cq, ck, cv)), causal=causal).cpu()
+    baselines, baselines_s, baselines_device = paper_and_eager_baselines(device, precision, cq, ck, cv, causal)
     ran = []
     for label, backend in real.items():
         start = time.perf_counter()
@@ -192,7 +194,34 @@ def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
     return {"device": device, "precision": precision, "dim": dim, "causal": causal,
             "shape": {"batch": args.batch, "heads": args.heads, "sms": sms},
             "mma_max_n": {"mma16": args.mma_max_n, "mma16_rz": args.mma_rz_max_n},
-            "q": cq, "k": ck, "v": cv, "golden": golden, "kernels": ran}
+            "q": cq, "k": ck, "v": cv, "golden": golden, "kernels": ran,
+            "baselines": baselines, "baselines_s": baselines_s, "baselines_device": baselines_device}
+
+
+def paper_and_eager_baselines(device: str, precision: str, cq, ck, cv, causal: bool) -> tuple[dict, float, str]:
+    """The paper and eager Baselines of the compared heads ({name: output on the CPU}), their seconds and
+    the device they ran on. On the GPU beside the kernels: at N = 16k they were two thirds of a cell's CPU
+    comparison. Their float32 GEMMs and sums then run in the GPU's order, so a value may differ from the
+    CPU's in its last bits: the Baselines are compared through statistics (max |d|, mean gaps), never bit
+    for bit. On the CPU on one thread, as in a worker (the rows do not depend on --workers); a GPU that
+    refuses them leaves them to the CPU."""
+    def run(where: str) -> dict:
+        inputs = [t.to(where) for t in (cq, ck, cv)]
+        with torch.no_grad():
+            found = {name: Baseline(stage_formats(name, precision))(*inputs, causal=causal) for name in ("paper", "eager")}
+        if where == "cuda":
+            torch.cuda.synchronize()
+        return {name: out.cpu() for name, out in found.items()}
+
+    started = time.perf_counter()
+    if device == "cuda":
+        try:
+            return run("cuda"), round(time.perf_counter() - started, 3), "cuda"
+        except Exception as error:  # out of memory, an op the GPU refuses: the CPU computes them, and says so
+            print(f"gpu_kernels: the Baselines on the CPU: on the GPU {one_line(error)}", file=sys.stderr, flush=True)
+            started = time.perf_counter()
+    with one_thread():
+        return run("cpu"), round(time.perf_counter() - started, 3), "cpu"
 
 
 @contextlib.contextmanager
@@ -215,10 +244,8 @@ def compare(job: dict) -> list[dict]:
 def _compare(job: dict) -> list[dict]:
     device, precision, dim, causal = job["device"], job["precision"], job["dim"], job["causal"]
     cq, ck, cv, golden = job["q"], job["k"], job["v"], job["golden"]
-    started = time.perf_counter()
-    baselines = {name: Baseline(stage_formats(name, precision))(cq, ck, cv, causal=causal) for name in ("paper", "eager")}
+    baselines = job["baselines"]
     base_dev = {name: deviation(out, golden) for name, out in baselines.items()}
-    baselines_s = round(time.perf_counter() - started, 3)  # shared by the cell's kernels
     records = []
     for ran in job["kernels"]:
         if "error" in ran:
@@ -251,8 +278,9 @@ def _compare(job: dict) -> list[dict]:
                 if record["paper_baseline_vs_kernel_mean_abs"] > 0 else None,
                 "vs_golden": deviation(emulated, golden),
             }
-        # CPU seconds on one thread: this kernel's emulators, and the cell's Baselines (once per cell)
-        record.update(compare_s=round(time.perf_counter() - started, 3), baselines_s=baselines_s)
+        # this kernel's emulators' CPU seconds on one thread; the cell's Baselines' seconds (once per cell) and device
+        record.update(compare_s=round(time.perf_counter() - started, 3), baselines_s=job["baselines_s"],
+                      baselines_device=job["baselines_device"])
         records.append(record)
     return records
 
@@ -374,11 +402,14 @@ class StopOnSignal:
 
 
 def comparison_cpu_s(cells: dict[int, list[dict]]) -> float:
-    """The CPU comparison's cost in one-thread seconds: each cell's Baselines once, each kernel's emulators."""
+    """The CPU comparison's cost in one-thread seconds: each kernel's emulators, and each cell's Baselines
+    once where they ran on the CPU."""
     total = 0.0
     for rows in cells.values():
         timed = [row for row in rows if "compare_s" in row]
-        total += sum(row["compare_s"] for row in timed) + (timed[0]["baselines_s"] if timed else 0.0)
+        total += sum(row["compare_s"] for row in timed)
+        if timed and timed[0]["baselines_device"] == "cpu":
+            total += timed[0]["baselines_s"]
     return total
 
 

@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import die_with_parent, kill_session, load_script, no_process_left, session_processes, wait_until
+
+from numdev.attention import golden_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,3 +144,30 @@ def test_the_memory_to_size_the_workers_by_can_be_given(capsys):
     captured = capsys.readouterr()
     assert "1 workers, not 2: the memory available holds 1 comparisons at N=64" in captured.err
     assert json.loads(captured.out)["grid"]["workers"] == 1
+
+
+def test_baselines_that_the_gpu_refuses_are_computed_on_the_cpu_and_said_to_be(capsys, monkeypatch):
+    """The Baselines run on the GPU beside the kernels; where that fails (here: no CUDA at all), the CPU
+    computes them, the same values as the CPU path, and one line says so."""
+    gpu_kernels = load_script("gpu_kernels")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g).to(torch.bfloat16) for _ in range(3))
+    on_cpu, _, where_cpu = gpu_kernels.paper_and_eager_baselines("cpu", "bf16", q, k, v, True)
+    to = torch.Tensor.to
+
+    def to_no_gpu(self, *args, **kwargs):
+        if args and args[0] == "cuda":
+            raise RuntimeError("no GPU here")
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to_no_gpu)
+    fallen, seconds, where = gpu_kernels.paper_and_eager_baselines("cuda", "bf16", q, k, v, True)
+    monkeypatch.undo()
+    assert (where_cpu, where) == ("cpu", "cpu") and seconds >= 0
+    assert all(torch.equal(fallen[name].view(torch.int16), on_cpu[name].view(torch.int16)) for name in ("paper", "eager"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the Baselines on the CPU: on the GPU" in err and "no GPU here" in err
+    # the paper Baseline is the all-bf16 one: on average further from the FP64 value than eager (FP32 softmax)
+    golden = golden_attention(q, k, v, causal=True).double()
+    assert (on_cpu["paper"].double() - golden).abs().mean() > (on_cpu["eager"].double() - golden).abs().mean()
+
