@@ -144,13 +144,13 @@ class FlashAttn(AttentionBackend):
             return f"{name} ({KERNELS[name].module}) runs on CUDA only, not {q.device.type}"
         return KERNELS[name].supports(q)
 
-    def forward_only(self) -> str | None:
+    def forward_only(self, key: str = "attention") -> str | None:
         name = self.resolved()
         if name is None or KERNELS[name].backward:
             return None
         trainable = [k for k in installed() if KERNELS[k].backward]
-        return (f"attention.kernel={name} ({KERNELS[name].module}) has no backward pass: train with "
-                f"{'attention.kernel=' + ' or '.join(trainable) if trainable else 'fa2, fa3 or fa4 (none installed)'}, "
+        return (f"{key}.kernel={name} ({KERNELS[name].module}) has no backward pass: train with "
+                f"{key + '.kernel=' + ' or '.join(trainable) if trainable else 'fa2, fa3 or fa4 (none installed)'}, "
                 "or call it under torch.no_grad()")
 
     def forward(self, q, k, v, scale, causal):

@@ -99,7 +99,8 @@ class FlashEmulated(AttentionBackend):
                              "(FA2's split-KV count; flash_api.cpp allows no more)")
         if kv_splits > 1 and not self.formats.cuda_model:
             raise ValueError(f"attention.kv_splits={kv_splits} models FA2's split-KV kernel: it needs the FA2 CUDA model "
-                             "(numerics preset fa2_cuda, or attention.kv_splits=1)")
+                             f"(numerics preset fa2_cuda in bf16 or fp16; formats preset {self.formats.preset} in "
+                             f"{self.formats.input.name} is not it), or attention.kv_splits=1")
         if self.formats.cuda_model and variant != "fa2":
             raise ValueError("the FA2 CUDA model (formats preset fa2_cuda: exp2 or exp2_ffma) is an FA2 loop: "
                              "use attention.variant=fa2")
@@ -119,15 +120,15 @@ class FlashEmulated(AttentionBackend):
         self.last_lse = None  # the FA2 CUDA model: the latest call's log-sum-exp as the kernel writes it
         self._gemm_override = None  # the consistency check's choice of entry (_kernel_model_checked)
 
-    def forward_only(self) -> str | None:
+    def forward_only(self, key: str = "attention") -> str | None:
         f = self.formats
         if f.cuda_model:
             return ("the FA2 CUDA model (formats preset fa2_cuda) is forward only: train through the emulator with "
-                    "the fa2 preset (numdev-train attention.formats.preset=fa2)")
+                    f"the fa2 preset ({key}.formats.preset=fa2)")
         if f.exp != "aten" or f.matmul != "aten":
             return (f"formats preset {f.preset}'s numerics.exp={f.exp} and numerics.matmul={f.matmul} (PyTorch's CPU flash "
                     "kernel, forward only) have no gradient: train through the emulator with the fa2 preset "
-                    "(numdev-train attention.formats.preset=fa2), or numerics exp=aten matmul=aten")
+                    f"({key}.formats.preset=fa2), or numerics exp=aten matmul=aten")
         return None
 
     def tiles(self, n_q: int, n_k: int, head_dim: int):

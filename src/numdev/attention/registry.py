@@ -46,9 +46,10 @@ class AttentionBackend:
         """None when this backend can run on q's device, dtype and head dim; else why not."""
         return None
 
-    def forward_only(self) -> str | None:
+    def forward_only(self, key: str = "attention") -> str | None:
         """None when this backend has a backward pass (training can use it); else why not and what to
-        use instead (a forward-only kernel or formats preset: refused before training starts)."""
+        use instead, naming its config key `key` (a forward-only kernel or formats preset: refused before
+        training starts)."""
         return None
 
     def describe(self) -> dict:

@@ -161,26 +161,45 @@ def _check_heldout(cfg: DictConfig) -> None:
 
 
 def _check_attention(cfg: DictConfig) -> None:
-    """Build the configured attention backend: a value its constructor refuses (attention.delta=11, an
-    unknown output-noise mode) or a forward-only one (formats preset fa2_cuda, a kernel without a backward
-    pass) fails before any job of a sweep runs, not when its own job starts. A backend this machine cannot run is left to the run's own check (numdev.train.checks), which says
-    what to change."""
+    """Build the configured attention backend and the shadow's: a value a constructor refuses (attention.delta=11,
+    an unknown output-noise mode), a _target_ that is not an attention backend, or a forward-only backend where
+    training needs a backward pass (formats preset fa2_cuda, a kernel without one; a shadow whose gradients are
+    compared) fails before any job of a sweep runs, not when its own job starts. A backend this machine cannot
+    run is left to the run's own check (numdev.train.checks), which says what to change."""
+    backend = _built_backend(cfg.attention, "attention")
+    reason = backend.forward_only() if backend is not None else None
+    if reason:
+        raise ValueError(f"attention={backend.name}: {reason}")
+    if cfg.get("shadow") is None:
+        return
+    shadow = _built_backend(cfg.shadow, "shadow")
+    callback = (cfg.get("callbacks") or {}).get("shadow") or {}
+    reason = shadow.forward_only("shadow") if shadow is not None else None
+    if reason and callback.get("_target_") and callback.get("backward", True):
+        raise ValueError(f"attention@shadow={shadow.name}: {reason}; or compare its outputs only: callbacks.shadow.backward=false")
+
+
+def _built_backend(node: DictConfig, key: str) -> AttentionBackend | None:
+    """The backend `node` (config key `key`) builds; None where this machine cannot run it."""
     from hydra.errors import InstantiationException
 
     try:
-        backend = instantiate(cfg.attention)
+        backend = instantiate(node)
     except InstantiationException as error:
         cause = error.__cause__
         if isinstance(cause, BackendUnavailable):
-            return
+            return None
         if isinstance(cause, (ValueError, TypeError)):
             raise ValueError(one_line(cause)) from None
-        raise ValueError(f"attention: {one_line(error)}") from None
+        raise ValueError(f"{key}: {one_line(error)}") from None
     except BackendUnavailable:
-        return
-    reason = backend.forward_only() if isinstance(backend, AttentionBackend) else None
-    if reason:  # training needs a backward pass: refused before any job of a sweep runs
-        raise ValueError(f"attention={backend.name}: {reason}")
+        return None
+    if not isinstance(backend, AttentionBackend):
+        built = f"{type(backend).__module__}.{type(backend).__qualname__}"
+        raise ValueError(f"{key}._target_={node.get('_target_')!r} builds a {built}, not an attention backend: use an "
+                         "option of attention= (conf/attention/), or a subclass of numdev.attention.registry.AttentionBackend "
+                         "(README: A new attention kernel)")
+    return backend
 
 
 def _check_claim(cfg: DictConfig) -> None:
