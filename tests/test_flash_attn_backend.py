@@ -16,10 +16,12 @@ from importlib.machinery import ModuleSpec
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from numdev.attention import build_backend
 from numdev.attention import flash_attn_backend as fab
 from numdev.attention.registry import BackendUnavailable
+from numdev.train.run import _check_attention
 
 CUDA = torch.cuda.is_available()
 
@@ -133,6 +135,11 @@ def test_a_forward_only_kernel_refuses_to_train_and_names_the_ones_that_can(kern
         backend.forward(q, k, v, 0.25, False)
     with torch.no_grad():
         assert backend.forward(q, k, v, 0.25, False).shape == q.shape
+    # training's config check refuses it before a run starts, naming the key it was given under
+    assert "shadow.kernel=fa3_fwd (fa3_fwd_interface) has no backward pass: train with shadow.kernel=fa4" in backend.forward_only("shadow")
+    with pytest.raises(ValueError, match=r"attention=flash_attn: attention.kernel=fa3_fwd \(fa3_fwd_interface\) has no backward"):
+        _check_attention(OmegaConf.create({"attention": {"_target_": "numdev.attention.FlashAttn", "kernel": "fa3_fwd"}}))
+    _check_attention(OmegaConf.create({"attention": {"_target_": "numdev.attention.FlashAttn", "kernel": "fa4"}}))
 
 
 def test_kernel_limits_are_checked_before_the_call(kernels, monkeypatch):
