@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,8 +68,6 @@ RECORDS = ("run.json", "config.yaml", "heldout.json", "instability.json", "app.l
 def collect_records(sweep: Path, into: Path) -> list[str]:
     """Copy each job's small records (kB; not its checkpoint, snapshots or predictions, tens of MB) from
     `sweep` to `into`/<job>/: what comes back from the GPU machine beside the summary."""
-    import shutil
-
     copied = []
     for job in sorted(p for p in sweep.iterdir() if p.is_dir()) if sweep.is_dir() else []:
         for name in RECORDS:
@@ -97,8 +96,6 @@ def remove_stale_sweeps(root: Path = SWEEPS) -> list[str]:
             pass
         except PermissionError:  # another user's process
             continue
-        import shutil
-
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(str(folder))
     return removed
@@ -311,8 +308,6 @@ def main(argv_=None) -> int:
         manifest["seconds"] = round(args.budget - (deadline - time.monotonic()), 1)
         write_text(record_path, json.dumps(manifest, indent=1) + "\n")
         if args.device == "cpu":  # a rehearsal leaves nothing in /tmp (the GPU machine's /tmp goes with it)
-            import shutil
-
             for step in plan:
                 if step.collect is not None:
                     shutil.rmtree(step.collect, ignore_errors=True)

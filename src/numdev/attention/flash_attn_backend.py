@@ -160,8 +160,9 @@ class FlashAttn(AttentionBackend):
         function, why = load(name)
         if function is None:
             raise BackendUnavailable(f"attention backend 'flash_attn' cannot run here: attention.kernel={name}: {why}")
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) and self.forward_only():
-            raise BackendUnavailable(self.forward_only())
+        reason = self.forward_only() if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) else None
+        if reason:
+            raise BackendUnavailable(reason)
         if causal and q.shape[2] != k.shape[2]:
             raise ValueError(
                 "flash-attn aligns the causal mask bottom-right when query and key lengths differ, "

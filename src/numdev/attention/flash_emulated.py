@@ -159,8 +159,9 @@ class FlashEmulated(AttentionBackend):
         if self.tie_fix:  # the ATen path only: the C kernels and compiled steps know no shifted maximum
             steps = (functools.partial(_fa2_probs, tie_fix=True), _fa2_merge)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if grad and self.forward_only():
-            raise ValueError(self.forward_only())
+        reason = self.forward_only() if grad else None
+        if reason:
+            raise ValueError(reason)
         if f.cuda_model:
             if causal and n_q != n_k:
                 raise ValueError(f"the FA2 CUDA model's causal mask is FA2's, aligned bottom-right; numdev's is aligned "
