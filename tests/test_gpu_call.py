@@ -88,13 +88,16 @@ def test_a_call_killed_outright_leaves_no_step_running(tmp_path):
     call.kill()
     call.communicate(timeout=30)
     assert _left(f"numdev_lr_edge_{call.pid}", timeout_s=40) == []  # it got SIGTERM as its parent died
-    # a killed call cannot tidy /tmp: the next call removes the sweeps of calls no longer running, not a live one's
-    stale, live = Path("/tmp") / f"numdev_lr_edge_{call.pid}", tmp_path / "sweeps" / f"numdev_lr_edge_{os.getpid()}"
-    assert stale.is_dir()
-    live.mkdir(parents=True)
+    # a killed call cannot tidy /tmp: the next call removes the sweeps of calls no longer running (here, or a
+    # call another test starts meanwhile), never a live one's
     gpu_call = load_script("gpu_call")
-    assert str(stale) in gpu_call.remove_stale_sweeps() and not stale.exists()
-    assert gpu_call.remove_stale_sweeps(live.parent) == [] and live.is_dir()
+    gpu_call.remove_stale_sweeps()
+    assert not (Path("/tmp") / f"numdev_lr_edge_{call.pid}").exists()
+    root = tmp_path / "sweeps"
+    stale, live = root / f"numdev_lr_edge_{call.pid}", root / f"numdev_lr_edge_{os.getpid()}"
+    for folder in (stale, live):
+        (folder / "0").mkdir(parents=True)
+    assert gpu_call.remove_stale_sweeps(root) == [str(stale)] and not stale.exists() and live.is_dir()
 
 
 def test_a_second_call_into_the_same_folder_is_refused(tmp_path, capsys):
