@@ -22,7 +22,9 @@ sizes (--seq 128 256 --dims 64 --tokens 256 --width 128). Its timings say the lo
 anything is. Without a GPU and without --device cpu: exit 2, one line.
 
 With --out the file is rewritten (atomically) after every record with "complete": false and at the
-end with "complete": true, so a run stopped by `timeout` keeps the timings it took.
+end with "complete": true, so a run stopped by `timeout` keeps the timings it took. A record that
+fails (out of memory, a kernel that will not build) is kept with its error and the loop goes on; a
+method that failed in every record ends the run with exit 1 and one line each, after the report.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 
 import torch
 
+from numdev.cli.errors import never_ran
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.runs.atomic import write_text
 
@@ -168,7 +171,10 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         write_text(args.out, text + "\n")  # atomic: never a half-written report
-    return 0
+    failed = never_ran(results, "method")
+    for line in failed:
+        print(f"bench_triton: error: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _cpu_timer(repeats: int):

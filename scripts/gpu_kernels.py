@@ -50,6 +50,8 @@ workers finish in. With --out the file is rewritten (atomically) after every fin
 "complete": false, so a run stopped by `timeout` keeps what it measured; a SIGTERM or Ctrl-C stops
 the workers (a worker also dies with the main process if that is killed outright: PR_SET_PDEATHSIG)
 and exits 143 (130) with one line; a worker that dies (out of memory) ends the run with one line, exit 1.
+A kernel that refuses a cell is recorded with its error; one that failed in every cell ends the run,
+after the report, with one line each and exit 1.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from numdev.attention import (
     golden_attention,
 )
 from numdev.bench.metrics import deviation
-from numdev.cli.errors import one_line
+from numdev.cli.errors import never_ran, one_line
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.cli.script_args import seed as seed_type
 from numdev.cli.workers import die_with_parent
@@ -564,7 +566,10 @@ def main(argv=None) -> int:
     if args.out:
         write_text(args.out, text + "\n")
     print(text)
-    return 0
+    failed = never_ran(final["rows"], "kernel")
+    for line in failed:
+        print(f"gpu_kernels: error: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -58,3 +58,41 @@ def test_bf16_in_the_interpreter_is_refused_in_one_line(capsys):
     assert load_script("bench_triton").main(["--device", "cpu", "--dtype", "bf16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--dtype bf16 on cpu: Triton's interpreter has no bfloat16; use fp16 or fp32" in err
+
+
+def test_a_method_that_failed_in_every_record_ends_the_run_with_exit_1(tmp_path, monkeypatch, capsys):
+    """A record that fails is kept and the loop goes on (a run with a failure at one length still exits
+    0); a method that never ran is a failed measurement: exit 1, one line naming it, after the report."""
+    bench = load_script("bench_triton")
+    timed = bench._time
+    refuse = {"at": {32}}
+
+    def refusing(do_bench, backend, q, *rest):
+        if q.shape[2] in refuse["at"]:
+            raise RuntimeError(f"CUDA out of memory at N={q.shape[2]}\nthe allocator's second line")
+        return timed(do_bench, backend, q, *rest)
+
+    monkeypatch.setattr(bench, "_time", refusing)
+    out = tmp_path / "bench.json"
+    args = ["--device", "cpu", "--dtype", "fp32", *TINY, "--methods", "sdpa_flash", "--out", str(out)]
+    assert bench.main(args) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [("error" in r, r["seq"]) for r in rows] == [(True, 32), (True, 32), (False, 64), (False, 64)]
+    assert rows[0]["error"] == "CUDA out of memory at N=32"
+    capsys.readouterr()
+    refuse["at"] = {32, 64}
+    assert bench.main(args) == 1
+    report, err = json.loads(out.read_text()), capsys.readouterr().err
+    assert report["complete"] is True and all("error" in r for r in report["results"])
+    assert err.splitlines()[-1] == ("bench_triton: error: sdpa_flash failed in all 4 of its runs "
+                                    "(the first: CUDA out of memory at N=32)")
+
+
+def test_never_ran_counts_a_skipped_record_as_neither():
+    from numdev.cli.errors import never_ran
+
+    records = [{"k": "a", "error": "x\ny"}, {"k": "a", "skipped": "forward-only"}, {"k": "b", "ms": 1.0},
+               {"k": "b", "error": "z"}, {"k": "c", "skipped": "forward-only"}, {"k": "d", "error": "w"}]
+    assert never_ran(records, "k") == ["a failed in all 1 of its runs (the first: x y)",
+                                       "d failed in all 1 of its runs (the first: w)"]
+    assert never_ran([], "k") == []

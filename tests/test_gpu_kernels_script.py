@@ -171,3 +171,30 @@ def test_baselines_that_the_gpu_refuses_are_computed_on_the_cpu_and_said_to_be(c
     golden = golden_attention(q, k, v, causal=True).double()
     assert (on_cpu["paper"].double() - golden).abs().mean() > (on_cpu["eager"].double() - golden).abs().mean()
 
+
+def test_a_kernel_that_failed_in_every_cell_ends_the_run_with_exit_1(capsys, monkeypatch):
+    """A kernel that refuses one cell is recorded with its error; one that ran in no cell is a failed
+    measurement: its line after the report, exit 1, and the other kernels' rows and summary kept."""
+    gpu_kernels = load_script("gpu_kernels")
+    found = gpu_kernels.kernels
+
+    class Broken:  # a real kernel that will not run on this machine
+        def describe(self):
+            return {"backend": "broken"}
+
+        def __call__(self, q, k, v, causal):
+            raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.\nsecond line")
+
+    monkeypatch.setattr(gpu_kernels, "kernels", lambda device, dtype: found(device, dtype) | {"broken": Broken()})
+    args = ["--device", "cpu", "--dtypes", "bf16", "--n", "40", "--dims", "16", "--seeds", "0", "1", "--heads", "1",
+            "--causal", "0"]
+    assert gpu_kernels.main(args) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["complete"] is True
+    assert [(r["kernel"], r.get("error")) for r in report["rows"]] == [
+        ("sdpa_flash", None), ("broken", "FlashAttention only supports Ampere GPUs or newer.")] * 2
+    assert [s["kernel"] for s in report["summary"]] == ["sdpa_flash"]
+    assert captured.err.splitlines()[-1] == ("gpu_kernels: error: broken failed in all 2 of its runs "
+                                             "(the first: FlashAttention only supports Ampere GPUs or newer.)")
+

@@ -183,6 +183,19 @@ def one_line(error: BaseException | str) -> str:
     return " ".join(text.split("\n")).strip()
 
 
+def never_ran(records: list[dict], key: str) -> list[str]:
+    """A measuring script's records ({key: a kernel or method, "error": ... where it failed}): one line
+    for each `key` whose every record failed, naming how many and the first error. A script that finds
+    any exits 1 after writing its report: a kernel that never ran is a failed measurement, not an empty
+    row. A record with neither a result nor an error ("skipped") counts as neither."""
+    tried: dict[str, list[dict]] = {}
+    for record in records:
+        if "skipped" not in record:
+            tried.setdefault(record[key], []).append(record)
+    return [f"{name} failed in all {len(rows)} of its runs (the first: {one_line(rows[0]['error'])})"
+            for name, rows in tried.items() if all("error" in r for r in rows)]
+
+
 _EXISTING_RUN_DIRS: set[str] = set()  # hydra.run.dir given on the command line that existed before: never removed
 HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 
