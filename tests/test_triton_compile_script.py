@@ -1,0 +1,87 @@
+"""scripts/triton_compile.py: numdev's Triton kernels compiled for a GPU on this machine, which has none
+(Triton compiles for a named target; its wheel carries ptxas). A few variants, not the script's 320:
+each compile takes a second or two."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import load_script
+
+triton = pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_script("triton_compile")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from numdev.kernels import flash_attention
+
+    return flash_attention
+
+
+def _variant(script, kernel, name: str, dtype: str, dim: int, **switches) -> dict:
+    for variant in script.variants(kernel, [dim], [dtype]):
+        if variant["kernel"] == name and all(variant["constexprs"][k] == v for k, v in switches.items()):
+            return variant
+    raise AssertionError(f"no {name} {dtype} d={dim} {switches}")
+
+
+def test_the_forward_and_backward_build_for_hopper_with_its_tensor_core_instructions(script, kernel):
+    from triton.backends.compiler import GPUTarget
+
+    ptxas = triton.knobs.nvidia.ptxas.path
+    hopper, ampere = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)
+    forward = _variant(script, kernel, "_fwd_kernel", "bf16", 64, CAUSAL=True, USE_EXP2=True, FA1=False,
+                       STATS_LOW=True, ACC_LOW=False)
+    dq = _variant(script, kernel, "_bwd_dq_kernel", "fp16", 128, CAUSAL=False, USE_EXP2=True)
+    for variant in (forward, dq):
+        on_hopper = script.compile_one(kernel, variant, hopper, ptxas)
+        assert "error" not in on_hopper, on_hopper
+        assert on_hopper["ptx_target"] == "sm_90a" and on_hopper["wgmma"] > 0 and on_hopper["mma_sync"] == 0
+        assert 0 < on_hopper["registers"] <= 255 and on_hopper["spill_store_bytes"] >= 0 and on_hopper["spill_load_bytes"] >= 0
+        assert 0 < on_hopper["shared_bytes"] <= 227 * 1024  # an H100's shared memory per block
+    # the counts tell the instruction sets apart: for an A100 the same kernel uses mma.sync, no wgmma
+    on_ampere = script.compile_one(kernel, forward, ampere, ptxas)
+    assert on_ampere["ptx_target"] == "sm_80" and on_ampere["wgmma"] == 0 and on_ampere["mma_sync"] > 0
+    assert forward["options"] == kernel.launch_options(64, *kernel.default_blocks(64), kernel.Knobs())
+    assert script.compile_one(kernel, forward, hopper, ptxas)["spill_store_bytes"] == 0  # the forward keeps its registers
+
+
+def test_every_knob_combination_is_a_variant(script, kernel):
+    found = script.variants(kernel, [64, 128], ["bf16"])
+    forward = [v for v in found if v["kernel"] == "_fwd_kernel"]
+    assert len(forward) == 2 * 2 ** 5 and len(found) == 2 * (2 ** 5 + 2 * 2 ** 2)
+    assert {v["constexprs"]["BLOCK_N"] for v in forward if v["head_dim"] == 128} == {kernel.default_blocks(128)[1]}
+    assert {tuple(v["constexprs"][k] for k in script.FORWARD_SWITCHES) for v in forward} == {
+        tuple(bool(i >> b & 1) for b in range(5)) for i in range(32)}
+
+
+def test_a_variant_that_does_not_compile_is_recorded_and_the_run_exits_1(script, kernel, tmp_path, monkeypatch, capsys):
+    good = _variant(script, kernel, "_bwd_dkdv_kernel", "bf16", 16, CAUSAL=True, USE_EXP2=False)
+    broken = {**good, "constexprs": {**good["constexprs"], "BLOCK_N": 48}}  # tl.arange needs a power of two
+    monkeypatch.setattr(script, "variants", lambda kernel, dims, dtypes: [good, broken])
+    out = tmp_path / "compile.json"
+    assert script.main(["--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(out.read_text())
+    assert json.loads(captured.out) == report and report["complete"] is True
+    assert report["summary"]["compiled"] == 1 and report["summary"]["failed"] == 1
+    assert "error" not in report["records"][0]
+    assert report["records"][1]["error"].startswith("arange's range must be a power of 2 (at ")
+    last = captured.err.splitlines()[-1]
+    assert last.startswith("triton_compile: error: did not compile: _bwd_dkdv_kernel bf16 d=16") and "power of 2" in last
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dims", "48"], "--dims 48: the kernel takes head dims 16, 32, 64, 128"),
+    (["--dims", "64", "256"], "--dims 256: the kernel takes head dims"),
+])
+def test_head_dims_the_kernel_does_not_take_are_refused_in_one_line(script, argv, message, capsys):
+    assert script.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
