@@ -45,6 +45,8 @@ from numdev.runs.provenance import provenance
 REPO = Path(__file__).resolve().parents[1]
 REHEARSAL = REPO / "docs" / "results" / "gpu_call_rehearsal_cpu.json"  # --write-docs copies a rehearsal's record here
 DOC, BLOCK = REPO / "docs" / "gpu.md", "gpu-call-rehearsal"
+# --write-docs image: a rehearsal under the GPU image's versions (.venv-gpu-image, scripts/gpu_image_venv.sh)
+IMAGE_REHEARSAL, IMAGE_BLOCK = REPO / "docs" / "results" / "gpu_call_rehearsal_cpu_image.json", "gpu-call-image-rehearsal"
 GPU_TESTS = ["tests/test_triton_kernel.py", "tests/test_flash_attn_backend.py", "tests/test_cli.py"]
 LR_GRID = "3e-2,1e-1,1e-2,3e-1,3e-3,1,1e-3"  # from the middle out: a sweep cut short keeps the likely edge
 GRACE_S = 10  # SIGTERM, then SIGKILL this much later
@@ -150,15 +152,18 @@ def steps(device: str, out: Path, workers: int) -> list[Step]:
     ]
 
 
-def table(record: dict) -> str:
-    """docs/gpu.md's block: the call's steps, their limits on the GPU and what the rehearsal here did."""
+def table(record: dict, image: bool = False) -> str:
+    """docs/gpu.md's block: the call's steps, their limits on the GPU and what the rehearsal here did
+    (image: the rehearsal under the GPU image's versions)."""
     from numdev.runs.provenance import machine_line
 
     plan = {step.name: step for step in steps("cuda", Path("$OUT"), 15)}
-    lines = [f"Rehearsed with `python scripts/gpu_call.py --device cpu --out <folder> --budget {record['budget_s']}` on "
+    where = "under `.venv-gpu-image` (scripts/gpu_image_venv.sh) " if image else ""
+    lines = [f"Rehearsed {where}with `python scripts/gpu_call.py --device cpu --out <folder> --budget {record['budget_s']}` on "
              f"{machine_line(record['provenance'])}: {record['seconds']:.0f} s in all, exit "
              f"{'0' if all(s.get('ok') for s in record['steps']) and record['complete'] else '1'} "
-             f"(the record: docs/results/{REHEARSAL.name}). On the GPU each step's limit is its budget or what is left of 480 s.",
+             f"(the record: docs/results/{(IMAGE_REHEARSAL if image else REHEARSAL).name}). "
+             "On the GPU each step's limit is its budget or what is left of 480 s.",
              "", "| step | what it measures | budget on the GPU (s) | rehearsal here: s, exit, outputs |", "| --- | --- | --- | --- |"]
     for entry in record["steps"]:
         if "skipped" in entry:
@@ -220,8 +225,10 @@ def main(argv_=None) -> int:
                         help="gpu_kernels.py's comparison processes (default: CPUs - 1 on cuda, 2 on cpu)")
     parser.add_argument("--limit", nargs="+", default=[], metavar="STEP=SECONDS",
                         help="a step's own limit instead of its budget (e.g. lr_edge=240 in a second call)")
-    parser.add_argument("--write-docs", action="store_true",
-                        help=f"after a complete --device cpu rehearsal: copy its record to {REHEARSAL.relative_to(REPO)} and rewrite {DOC.relative_to(REPO)}'s table")
+    parser.add_argument("--write-docs", nargs="?", const="project", choices=["project", "image"], default=None,
+                        help=f"after a complete --device cpu rehearsal: copy its record to {REHEARSAL.relative_to(REPO)} "
+                             f"and rewrite {DOC.relative_to(REPO)}'s table; `image` for a rehearsal under .venv-gpu-image "
+                             f"({IMAGE_REHEARSAL.relative_to(REPO)}, its own table)")
     parser.add_argument("--commit", default=None, help="the git commit the tree was copied from (the GPU machine has no .git)")
     args = parser.parse_args(argv_)
     deadline = time.monotonic() + args.budget
@@ -314,8 +321,9 @@ def main(argv_=None) -> int:
     if args.write_docs and manifest["complete"]:
         from numdev.report.docblocks import replace_block
 
-        write_text(REHEARSAL, json.dumps(manifest, indent=1) + "\n")
-        replace_block(DOC, BLOCK, table(manifest))
+        image = args.write_docs == "image"
+        write_text(IMAGE_REHEARSAL if image else REHEARSAL, json.dumps(manifest, indent=1) + "\n")
+        replace_block(DOC, IMAGE_BLOCK if image else BLOCK, table(manifest, image))
     return 1 if failed else 0
 
 

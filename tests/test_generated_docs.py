@@ -143,3 +143,14 @@ def test_the_gpu_call_rehearsal_table_is_the_scripts_from_the_committed_record()
     assert record["complete"] and record["rehearsal"] and all(step["ok"] for step in record["steps"])
     assert [step["name"] for step in record["steps"]] == [step.name for step in call.steps("cuda", call.REPO, 1)]
     assert read_block(call.DOC, call.BLOCK) == call.table(record).strip()
+    # the rehearsal under the GPU image's versions: its own record and table (its steps may fail: the table says which)
+    image = json.loads(call.IMAGE_REHEARSAL.read_text(encoding="utf-8"))
+    assert image["complete"] and image["rehearsal"] and image["provenance"]["versions"]["torch"] != record["provenance"]["versions"]["torch"]
+    assert read_block(call.DOC, call.IMAGE_BLOCK) == call.table(image, image=True).strip()
+
+
+def test_the_triton_compile_table_is_the_scripts_from_the_committed_reports():
+    script = _script("triton_compile")
+    reports = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(script.RESULTS.glob("triton_compile_*.json"))]
+    assert len(reports) >= 2 and all(r["complete"] and r["summary"]["failed"] == 0 for r in reports)
+    assert read_block(script.DOC, "triton-compile") == script.doc_table(reports).strip()

@@ -116,6 +116,8 @@ def test_a_second_call_into_the_same_folder_is_refused(tmp_path, capsys):
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--limit", "lr_edge=0", "--device", "cpu"], "--limit lr_edge=0: give STEP=SECONDS"),
     (["--limit", "nope=5", "--device", "cpu"], "--limit nope=5: give STEP=SECONDS"),
+    (["--write-docs", "gpu", "--device", "cpu"], "argument --write-docs: invalid choice: 'gpu'"),
+    (["--write-docs", "image", "--device", "cpu", "--only", "triton"], "--write-docs records a whole rehearsal"),
 ])
 def test_bad_arguments_are_one_line_before_anything_runs(args, says, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -85,3 +85,25 @@ def test_head_dims_the_kernel_does_not_take_are_refused_in_one_line(script, argv
     assert script.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "no docs/results/triton_compile_*.json to write the table from"),
+    ("{\"complete\": false}", "triton_compile_sm90.json: it is not complete"),
+    ("{\"complete\": true, \"records\": [{\"kernel\": \"_fwd_kernel\"}]}", "triton_compile_sm90.json: a field the table reads is missing ('provenance')"),
+    ("{\"complete\": tr", "triton_compile_sm90.json: Expecting value"),
+])
+def test_write_docs_refuses_a_missing_partial_or_forged_report_in_one_line(script, content, says, tmp_path, monkeypatch, capsys):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    doc = tmp_path / "docs" / "gpu.md"
+    doc.write_text("<!-- numdev:begin triton-compile -->\nold\n<!-- numdev:end triton-compile -->\n")
+    if content is not None:
+        (results / "triton_compile_sm90.json").write_text(content)
+    monkeypatch.setattr(script, "REPO", tmp_path)
+    monkeypatch.setattr(script, "RESULTS", results)
+    monkeypatch.setattr(script, "DOC", doc)
+    assert script.main(["--write-docs"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert "\nold\n" in doc.read_text()
