@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, here, a virtual environment with the lent GPU machine's versions where they differ from the
-# project's pins (torch 2.11.0 with its Triton 3.6.0, torchvision 0.26.0, lightning 2.6.6; pytest with
-# xdist and timeout, safetensors, transformers, as that image has them: ../.library/device/KINDS.md),
+# project's pins (torch 2.11.0 with its Triton 3.6.0, torchvision 0.26.0, lightning 2.6.6; numdev's other
+# dependencies, pytest with xdist and timeout, transformers, as that image has them: KINDS.md in the
+# device tool's folder),
 # and installs numdev into it as the device call does (the .whl/ wheels into a --target folder on
 # PYTHONPATH, then `pip install -e . --no-deps --no-build-isolation`). Rehearsing the GPU call in it
 # catches, before GPU minutes are spent, what the image's versions break. It differs from the image
@@ -19,8 +20,15 @@ grep -qxF "/$venv/" .git/info/exclude 2>/dev/null || echo "/$venv/" >> .git/info
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
+# numdev's own dependencies (pyproject.toml) that the image has, unpinned, less those .whl/ carries and
+# torch/torchvision at the image's versions; open_clip's and the tests' that the image has too
+deps=$(python3 -c "
+import re, tomllib
+carried = {'torch', 'torchvision', 'hydra-core', 'omegaconf', 'open-clip-torch'}
+names = [re.split(r'[<>=!~ \[;]', d)[0] for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']]
+print(' '.join(n for n in names if n.lower() not in carried))")
 "$venv/bin/python" -m pip install -q torch==2.11.0 torchvision==0.26.0 lightning==2.6.6 pytorch-lightning==2.6.6 \
-  safetensors==0.8.0 numpy scipy tensorboard einops timm transformers pytest pytest-xdist pytest-timeout \
+  safetensors==0.8.0 $deps regex timm huggingface-hub einops transformers pytest pytest-xdist pytest-timeout \
   "setuptools<82" wheel
 "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile --target "$venv/site" .whl/*.whl
 PYTHONPATH="$venv/site" "$venv/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e .
