@@ -81,6 +81,7 @@ from numdev.bench.metrics import deviation
 from numdev.cli.errors import never_ran, one_line
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.cli.script_args import seed as seed_type
+from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.cli.workers import die_with_parent
 from numdev.numerics.stages import stage_formats
 from numdev.runs.atomic import write_text
@@ -372,35 +373,6 @@ def cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-class Stopped(Exception):
-    """SIGTERM or SIGINT: the run ends, the workers stopped and the partial --out kept."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-class StopOnSignal:
-    """Inside, the first SIGTERM or SIGINT raises Stopped and later ones are ignored: `timeout` signals
-    the process and then its whole group, and a second signal must not cut the workers' stopping short."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __enter__(self):
-        self.seen = False
-        self.previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
-        return self
-
-    def _handle(self, signum, frame):
-        if not self.seen:
-            self.seen = True
-            raise Stopped(signum)
-
-    def __exit__(self, *exc):
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
 
 
 def comparison_cpu_s(cells: dict[int, list[dict]]) -> float:

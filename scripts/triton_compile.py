@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from numdev.cli.errors import one_line
 from numdev.cli.script_args import ScriptParser, at_least
+from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
 
@@ -203,12 +205,16 @@ def main(argv=None) -> int:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=at_least(70), default=90, help="the CUDA compute capability x 10 (default 90: H100/H200)")
     parser.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default: every one the kernel takes)")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))  # twice: compiled once
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--write-docs", action="store_true",
                         help="compile nothing: rewrite docs/gpu.md's table from docs/results/triton_compile_*.json")
     args = parser.parse_args(argv)
     if args.write_docs:
+        given = [flag for flag, value in (("--dims", args.dims), ("--out", args.out)) if value] + (
+            ["--arch"] if args.arch != 90 else []) + (["--dtypes"] if args.dtypes != list(DTYPES) else [])
+        if given:
+            parser.error(f"--write-docs compiles nothing, so {', '.join(given)} would be ignored: give it alone")
         return write_docs()
     try:
         import triton
@@ -220,18 +226,23 @@ def main(argv=None) -> int:
     from numdev.kernels import flash_attention as kernel
 
     dims = args.dims or list(kernel.HEAD_DIMS)
+    twice = sorted({d for d in dims if dims.count(d) > 1})
+    if twice:
+        print(f"triton_compile: error: --dims {' '.join(map(str, twice))} given twice: give each head dim once", file=sys.stderr)
+        return 2
     unknown = [d for d in dims if d not in kernel.HEAD_DIMS]
     if unknown:
         print(f"triton_compile: error: --dims {' '.join(map(str, unknown))}: the kernel takes head dims "
               f"{', '.join(map(str, kernel.HEAD_DIMS))}", file=sys.stderr)
         return 2
-    ptxas = triton.knobs.nvidia.ptxas.path
+    # the ptxas Triton compiles with for this target (its own rule: a second one for Blackwell, sm_100 on)
+    ptxas = (triton.knobs.nvidia.ptxas_blackwell if args.arch >= 100 else triton.knobs.nvidia.ptxas).path
     if not ptxas or not os.path.exists(ptxas):
         print(f"triton_compile: error: Triton's ptxas is not at {ptxas!r}: reinstall triton, or set TRITON_PTXAS_PATH",
               file=sys.stderr)
         return 2
     target = GPUTarget("cuda", args.arch, 32)
-    todo = variants(kernel, dims, args.dtypes)
+    todo = variants(kernel, dims, list(dict.fromkeys(args.dtypes)))
     started, records = time.perf_counter(), []
 
     def report(complete: bool) -> dict:
@@ -240,18 +251,23 @@ def main(argv=None) -> int:
                 "provenance": provenance(), "seconds": round(time.perf_counter() - started, 1),
                 "summary": summarise(records), "records": records}
 
-    # a fresh cache: every variant is compiled here, not read from an earlier run's files
-    with tempfile.TemporaryDirectory(prefix="numdev_triton_cache_") as cache:
-        os.environ["TRITON_CACHE_DIR"] = cache
-        for index, variant in enumerate(todo, 1):
-            record = compile_one(kernel, variant, target, ptxas)
-            records.append(record)
-            switches = " ".join(k for k, v in variant["constexprs"].items() if v is True) or "-"
-            outcome = record.get("error") or f"{record['registers']} registers, {record['wgmma']} wgmma"
-            print(f"[{index}/{len(todo)}] {variant['kernel']} {variant['dtype']} d={variant['head_dim']} {switches}: {outcome}",
-                  file=sys.stderr, flush=True)
-            if args.out:
-                write_text(args.out, json.dumps(report(False), indent=1) + "\n")
+    # a fresh cache: every variant is compiled here, not read from an earlier run's files; removed however the run ends
+    try:
+        with StopOnSignal(), tempfile.TemporaryDirectory(prefix="numdev_triton_cache_") as cache:
+            os.environ["TRITON_CACHE_DIR"] = cache
+            for index, variant in enumerate(todo, 1):
+                record = compile_one(kernel, variant, target, ptxas)
+                records.append(record)
+                switches = " ".join(k for k, v in variant["constexprs"].items() if v is True) or "-"
+                outcome = record.get("error") or f"{record['registers']} registers, {record['wgmma']} wgmma"
+                print(f"[{index}/{len(todo)}] {variant['kernel']} {variant['dtype']} d={variant['head_dim']} {switches}: {outcome}",
+                      file=sys.stderr, flush=True)
+                if args.out:
+                    write_text(args.out, json.dumps(report(False), indent=1) + "\n")
+    except Stopped as stop:
+        kept = f"; {len(records)} of {len(todo)} variants in {args.out} (complete: false)" if args.out and records else ""
+        print(f"triton_compile: stopped by {signal.Signals(stop.signum).name}{kept}", file=sys.stderr, flush=True)
+        return 128 + stop.signum
     text = json.dumps(report(True), indent=1)
     if args.out:
         write_text(args.out, text + "\n")

@@ -5,6 +5,8 @@ each compile takes a second or two."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 from helpers import load_script
@@ -80,6 +82,7 @@ def test_a_variant_that_does_not_compile_is_recorded_and_the_run_exits_1(script,
 @pytest.mark.parametrize("argv, message", [
     (["--dims", "48"], "--dims 48: the kernel takes head dims 16, 32, 64, 128"),
     (["--dims", "64", "256"], "--dims 256: the kernel takes head dims"),
+    (["--dims", "64", "32", "64"], "--dims 64 given twice: give each head dim once"),
 ])
 def test_head_dims_the_kernel_does_not_take_are_refused_in_one_line(script, argv, message, capsys):
     assert script.main(argv) == 2
@@ -107,3 +110,29 @@ def test_write_docs_refuses_a_missing_partial_or_forged_report_in_one_line(scrip
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
     assert "\nold\n" in doc.read_text()
+
+
+def test_a_signal_during_a_compile_stops_the_run_and_is_not_recorded_as_its_error(script, kernel, tmp_path, monkeypatch, capsys):
+    """SIGTERM arrives while Triton compiles (where the time goes): the run stops with 143 and one line,
+    the variants finished so far kept (complete: false), no compile cache left in /tmp, and the signal is
+    not taken for the variant's compile error (it was, when Stopped was an Exception)."""
+    import tempfile
+
+    from numdev.cli.stop_signals import Stopped
+
+    compile_ = triton.compile
+    calls = []
+
+    def compile_then_signal(*args, **kwargs):
+        calls.append(os.environ["TRITON_CACHE_DIR"])
+        if len(calls) == 2:
+            raise Stopped(signal.SIGTERM)
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(triton, "compile", compile_then_signal)
+    out = tmp_path / "compile.json"
+    assert script.main(["--dims", "16", "--dtypes", "fp16", "--out", str(out)]) == 128 + signal.SIGTERM
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and len(report["records"]) == 1 and "error" not in report["records"][0]
+    assert capsys.readouterr().err.splitlines()[-1] == f"triton_compile: stopped by SIGTERM; 1 of 40 variants in {out} (complete: false)"
+    assert calls[0].startswith(tempfile.gettempdir()) and not os.path.exists(calls[0])
