@@ -15,6 +15,7 @@
 # Run it in the project's root, after scripts/gpu_wheels.sh (it installs .whl/).
 set -euo pipefail
 venv=.venv-gpu-image
+[ -f pyproject.toml ] && [ -d .git ] || { echo "gpu_image_venv: error: run it in numdev's checkout (its root: pyproject.toml, .git)" >&2; exit 2; }
 [ -d .whl ] || { echo "gpu_image_venv: error: no .whl/ here: run bash scripts/gpu_wheels.sh first" >&2; exit 2; }
 grep -qxF "/$venv/" .git/info/exclude 2>/dev/null || echo "/$venv/" >> .git/info/exclude
 rm -rf "$venv"
