@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from numdev.cli.commands import argv
+from numdev.cli.errors import one_line
 from numdev.cli.script_args import ScriptParser, at_least
 from numdev.cli.workers import die_with_parent
 from numdev.runs.atomic import write_text
@@ -322,8 +323,13 @@ def main(argv_=None) -> int:
         from numdev.report.docblocks import replace_block
 
         image = args.write_docs == "image"
-        write_text(IMAGE_REHEARSAL if image else REHEARSAL, json.dumps(manifest, indent=1) + "\n")
-        replace_block(DOC, IMAGE_BLOCK if image else BLOCK, table(manifest, image))
+        try:
+            write_text(IMAGE_REHEARSAL if image else REHEARSAL, json.dumps(manifest, indent=1) + "\n")
+            replace_block(DOC, IMAGE_BLOCK if image else BLOCK, table(manifest, image))
+        except (OSError, ValueError) as error:  # WriteError is an OSError; a doc without its markers a ValueError
+            print(f"gpu_call: error: --write-docs: {one_line(error)}; the rehearsal's own record is {record_path}",
+                  file=sys.stderr)
+            return 1
     return 1 if failed else 0
 
 

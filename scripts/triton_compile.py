@@ -196,7 +196,12 @@ def write_docs() -> int:
             print(f"triton_compile: error: {file.relative_to(REPO)}: {why}: rerun the command that wrote it", file=sys.stderr)
             return 2
         reports.append(report)
-    replace_block(DOC, "triton-compile", doc_table(reports))
+    try:
+        replace_block(DOC, "triton-compile", doc_table(reports))
+    except (OSError, ValueError) as error:  # the doc moved, lost its markers, or cannot be written
+        why = error.strerror if isinstance(error, OSError) and error.strerror else one_line(error).replace(f"{DOC}: ", "")
+        print(f"triton_compile: error: {DOC}: {why}: the table was not written", file=sys.stderr)
+        return 2
     print(f"triton_compile: {DOC.relative_to(REPO)}: the table of {len(reports)} report(s) written", file=sys.stderr)
     return 0
 

@@ -136,3 +136,23 @@ def test_a_signal_during_a_compile_stops_the_run_and_is_not_recorded_as_its_erro
     assert report["complete"] is False and len(report["records"]) == 1 and "error" not in report["records"][0]
     assert capsys.readouterr().err.splitlines()[-1] == f"triton_compile: stopped by SIGTERM; 1 of 40 variants in {out} (complete: false)"
     assert calls[0].startswith(tempfile.gettempdir()) and not os.path.exists(calls[0])
+
+
+@pytest.mark.parametrize("doc_text, says", [
+    (None, "No such file or directory: the table was not written"),
+    ("no markers\n", "needs exactly one '<!-- numdev:begin triton-compile -->' followed by one"),
+])
+def test_write_docs_into_a_doc_that_is_gone_or_lost_its_block_is_one_line(script, doc_text, says, tmp_path, monkeypatch, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    for file in sorted(script.RESULTS.glob("triton_compile_*.json")):
+        (results / file.name).write_bytes(file.read_bytes())
+    doc = tmp_path / "gpu.md"
+    if doc_text is not None:
+        doc.write_text(doc_text)
+    monkeypatch.setattr(script, "REPO", tmp_path)
+    monkeypatch.setattr(script, "RESULTS", results)
+    monkeypatch.setattr(script, "DOC", doc)
+    assert script.main(["--write-docs"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"triton_compile: error: {doc}: ") and says in err, err
