@@ -2,8 +2,7 @@
 # Builds, here, a virtual environment with the lent GPU machine's versions where they differ from the
 # project's pins (torch 2.11.0 with its Triton 3.6.0, torchvision 0.26.0, lightning 2.6.6; numdev's other
 # dependencies, pytest with xdist and timeout, transformers, as that image has them: KINDS.md in the
-# device tool's folder),
-# and installs numdev into it as the device call does (the .whl/ wheels into a --target folder on
+# device tool's folder), and installs numdev into it as the device call does (the .whl/ wheels into a --target folder on
 # PYTHONPATH, then `pip install -e . --no-deps --no-build-isolation`). Rehearsing the GPU call in it
 # catches, before GPU minutes are spent, what the image's versions break. It differs from the image
 # in Python (3.11 here, 3.12 there, so NumPy 2.4 rather than 2.5) and has no CUDA device.
