@@ -136,15 +136,20 @@ def compile_error(error: Exception) -> str:
 
 
 def summarise(records: list[dict]) -> dict:
+    """The counts over all variants, and per kernel what compiled and how (the report's summary and,
+    recomputed from each report's records, docs/gpu.md's table)."""
     built = [r for r in records if "error" not in r]
     summary = {"variants": len(records), "compiled": len(built), "failed": len(records) - len(built)}
-    for name in sorted({r["kernel"] for r in built}):
+    for name in sorted({r["kernel"] for r in records}):
         mine = [r for r in built if r["kernel"] == name]
+        spilling = [r for r in mine if (r["spill_store_bytes"] or 0) + (r["spill_load_bytes"] or 0) > 0]
         summary[name] = {
+            "variants": sum(1 for r in records if r["kernel"] == name),
             "compiled": len(mine),
-            "registers_max": max(r["registers"] or 0 for r in mine),
-            "with_spills": sum(1 for r in mine if (r["spill_store_bytes"] or 0) + (r["spill_load_bytes"] or 0) > 0),
-            "shared_bytes_max": max(r["shared_bytes"] for r in mine),
+            "registers_max": max((r["registers"] or 0 for r in mine), default=0),
+            "with_spills": len(spilling),
+            "spill_store_bytes_max": max((r["spill_store_bytes"] for r in spilling), default=0),
+            "shared_bytes_max": max((r["shared_bytes"] for r in mine), default=0),
             "using_wgmma": sum(1 for r in mine if r["wgmma"] > 0),
             "using_mma_sync": sum(1 for r in mine if r["mma_sync"] > 0),
         }
@@ -162,16 +167,13 @@ def doc_table(reports: list[dict]) -> str:
         machine = report["provenance"]["machine"]["cpu"]
         git = report["provenance"]["git"]
         where = f"{machine}, {(git['commit'] or '?')[:10]}{' (dirty)' if git['dirty'] else ''}"
-        for name in sorted({r["kernel"] for r in report["records"]}):
-            mine = [r for r in report["records"] if r["kernel"] == name]
-            built = [r for r in mine if "error" not in r]
-            spilling = [r for r in built if (r["spill_store_bytes"] or 0) + (r["spill_load_bytes"] or 0) > 0]
-            spill = f"{len(spilling)} ({max(r['spill_store_bytes'] for r in spilling)} B)" if spilling else "0"
-            registers = max((r["registers"] or 0 for r in built), default=0)
-            shared = max((r["shared_bytes"] for r in built), default=0)
-            units = f"{sum(r['wgmma'] > 0 for r in built)} / {sum(r['mma_sync'] > 0 for r in built)}"
-            lines.append(f"| {report['triton']} | {report['target']} | `{name}` | {len(built)} of {len(mine)} | {registers} "
-                         f"| {spill} | {shared // 1024} KiB | {units} | {where} |")
+        summary = summarise(report["records"])
+        for name in sorted(key for key, value in summary.items() if isinstance(value, dict)):
+            k = summary[name]
+            spill = f"{k['with_spills']} ({k['spill_store_bytes_max']} B)" if k["with_spills"] else "0"
+            lines.append(f"| {report['triton']} | {report['target']} | `{name}` | {k['compiled']} of {k['variants']} "
+                         f"| {k['registers_max']} | {spill} | {k['shared_bytes_max'] // 1024} KiB "
+                         f"| {k['using_wgmma']} / {k['using_mma_sync']} | {where} |")
     return "\n".join(lines)
 
 
@@ -208,19 +210,19 @@ def write_docs() -> int:
 
 def main(argv=None) -> int:
     parser = ScriptParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", type=at_least(70), default=90, help="the CUDA compute capability x 10 (default 90: H100/H200)")
+    parser.add_argument("--arch", type=at_least(70), default=None, help="the CUDA compute capability x 10 (default 90: H100/H200)")
     parser.add_argument("--dims", type=int, nargs="+", default=None, help="head dims (default: every one the kernel takes)")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))  # twice: compiled once
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=None, help="default: both (one given twice: compiled once)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--write-docs", action="store_true",
                         help="compile nothing: rewrite docs/gpu.md's table from docs/results/triton_compile_*.json")
     args = parser.parse_args(argv)
     if args.write_docs:
-        given = [flag for flag, value in (("--dims", args.dims), ("--out", args.out)) if value] + (
-            ["--arch"] if args.arch != 90 else []) + (["--dtypes"] if args.dtypes != list(DTYPES) else [])
+        given = [f"--{name}" for name in ("arch", "dims", "dtypes", "out") if getattr(args, name) is not None]
         if given:
             parser.error(f"--write-docs compiles nothing, so {', '.join(given)} would be ignored: give it alone")
         return write_docs()
+    arch, dtypes = args.arch or 90, list(dict.fromkeys(args.dtypes or DTYPES))
     try:
         import triton
         from triton.backends.compiler import GPUTarget
@@ -241,19 +243,19 @@ def main(argv=None) -> int:
               f"{', '.join(map(str, kernel.HEAD_DIMS))}", file=sys.stderr)
         return 2
     # the ptxas Triton compiles with for this target (its own rule: a second one for Blackwell, sm_100 on)
-    ptxas = (triton.knobs.nvidia.ptxas_blackwell if args.arch >= 100 else triton.knobs.nvidia.ptxas).path
+    ptxas = (triton.knobs.nvidia.ptxas_blackwell if arch >= 100 else triton.knobs.nvidia.ptxas).path
     if not ptxas or not os.path.exists(ptxas):
         print(f"triton_compile: error: Triton's ptxas is not at {ptxas!r}: reinstall triton, or set TRITON_PTXAS_PATH",
               file=sys.stderr)
         return 2
-    target = GPUTarget("cuda", args.arch, 32)
-    todo = variants(kernel, dims, list(dict.fromkeys(args.dtypes)))
-    started, records = time.perf_counter(), []
+    target = GPUTarget("cuda", arch, 32)
+    todo = variants(kernel, dims, dtypes)
+    started, records, made_by = time.perf_counter(), [], provenance()  # the tree compiled is the one at the start
 
     def report(complete: bool) -> dict:
         return {"what": "numdev's Triton attention kernels compiled ahead of time for a GPU, without one",
-                "complete": complete, "target": f"cuda sm_{args.arch}", "triton": triton.__version__, "ptxas": ptxas,
-                "provenance": provenance(), "seconds": round(time.perf_counter() - started, 1),
+                "complete": complete, "target": f"cuda sm_{arch}", "triton": triton.__version__, "ptxas": ptxas,
+                "provenance": made_by, "seconds": round(time.perf_counter() - started, 1),
                 "summary": summarise(records), "records": records}
 
     # a fresh cache: every variant is compiled here, not read from an earlier run's files; removed however the run ends
