@@ -156,3 +156,11 @@ def test_write_docs_into_a_doc_that_is_gone_or_lost_its_block_is_one_line(script
     assert script.main(["--write-docs"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"triton_compile: error: {doc}: ") and says in err, err
+
+
+@pytest.mark.parametrize("extra", [["--arch", "90"], ["--dims", "64"], ["--dtypes", "bf16"], ["--out", "x.json"]])
+def test_write_docs_with_a_compile_flag_is_refused_in_one_line(script, extra, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--write-docs", *extra])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--write-docs compiles nothing, so {extra[0]} would be ignored" in err
