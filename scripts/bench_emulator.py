@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.cli.script_args import seed as seed_type
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,8 +210,15 @@ def main() -> None:
     parser.add_argument("--no-docs", action="store_true", help="write only the JSON (a variant run)")
     parser.add_argument("--table", type=Path, help="no timing: write the docs table from this JSON")
     args = parser.parse_args()
+    if args.table or (args.out and not args.no_docs):  # before any timing: the doc can take the block(s)
+        from numdev.report.docblocks import check_blocks
+
+        check_blocks(*([(args.docs, "emulator-speed")] if args.table or args.lengths else []),
+                     *([(args.docs, "kernel-model-speed")] if args.kernel_model and not args.table else []))
     if args.table:
-        write_table(json.loads(args.table.read_text()), args.docs, args.table)
+        from numdev.runs.atomic import read_json
+
+        write_table(read_json(args.table, "bench_emulator.py JSON"), args.docs, args.table)
         return
 
     import torch
@@ -249,7 +256,9 @@ def main() -> None:
     report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     text = json.dumps(report, indent=2)
     if args.out:
-        args.out.write_text(text + "\n")
+        from numdev.runs.atomic import write_text
+
+        write_text(args.out, text + "\n")
         if not args.no_docs and report["lengths"]:
             write_table(report, args.docs, args.out)
         if not args.no_docs and args.kernel_model:
@@ -350,4 +359,4 @@ def write_kernel_model_table(report: dict, docs: Path, source: Path) -> None:
 
 if __name__ == "__main__":
     sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
-    main()
+    run_script(main)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.optimizations.float8_linear import E4M3, E5M2, scaled_mm, to_float8
 from numdev.runs.atomic import write_json
 from numdev.runs.provenance import provenance
@@ -63,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.layout import tree_bytes
 from numdev.runs.provenance import git_state, provenance
 
@@ -106,4 +106,4 @@ def _run_sampling_load(command: list[str], cwd: Path, env: dict) -> tuple[subpro
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

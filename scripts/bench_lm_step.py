@@ -27,8 +27,8 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from torch import nn
 
-from numdev.cli.script_args import ScriptParser
-from numdev.runs.atomic import write_json
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.runs.atomic import read_json, write_json
 from numdev.runs.provenance import machine_line, provenance
 from numdev.train.run import build_model, build_module
 
@@ -106,7 +106,7 @@ def main() -> None:
     if args.write_docs:
         from numdev.report.docblocks import replace_block
 
-        replace_block(DOC, BLOCK, block_text(json.loads(RESULT.read_text(encoding="utf-8"))))
+        replace_block(DOC, BLOCK, block_text(read_json(RESULT, "LM step benchmark")))
         return
     if args.rounds < 3:
         parser.error(f"--rounds {args.rounds}: need at least 3 for a median")
@@ -157,4 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

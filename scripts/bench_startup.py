@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.provenance import provenance
 
 BIN = Path(sys.executable).parent
@@ -80,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from numdev.cli.demo import STUDY as DEMO_STUDY
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.layout import tree_bytes
 from numdev.runs.provenance import provenance
 
@@ -122,4 +122,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

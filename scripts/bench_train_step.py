@@ -40,7 +40,7 @@ from bench_wasserstein import make_runs  # scripts/ is on sys.path when a script
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.atomic import write_json
 from numdev.runs.provenance import provenance
 from numdev.train.callbacks.sibling import SiblingDistance
@@ -253,4 +253,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

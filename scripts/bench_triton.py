@@ -38,7 +38,7 @@ import time
 import torch
 
 from numdev.cli.errors import never_ran
-from numdev.cli.script_args import ScriptParser, at_least
+from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.runs.atomic import write_text
 
 PERTURBED = {
@@ -239,4 +239,4 @@ def _version(package: str) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

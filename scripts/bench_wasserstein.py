@@ -54,7 +54,7 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from torch.utils.tensorboard import SummaryWriter
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import RunDir, indexed_rows
 from numdev.runs.provenance import provenance
@@ -238,4 +238,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from numdev.cli.script_args import run_script
 from numdev.config import groups as config_groups
-from numdev.report.docblocks import replace_block
+from numdev.report.docblocks import check_blocks, replace_block
 
 REPO = Path(__file__).resolve().parents[1]
 DOC, BLOCK = REPO / "docs" / "configuration.md", "config-groups"
@@ -57,9 +58,10 @@ def text() -> str:
 
 
 def main() -> None:
+    check_blocks((DOC, BLOCK))
     replace_block(DOC, BLOCK, text())
     print(json.dumps({"doc": str(DOC), "block": BLOCK}))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

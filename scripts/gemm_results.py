@@ -29,17 +29,18 @@ from pathlib import Path
 
 import torch
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.figures import FIGURES
 from numdev.figures.common import rejudge_results, rejudged_note
 from numdev.gemm.emulated import emulated_matmul
 from numdev.gemm.golden import golden_matmul
 from numdev.gemm.kernels import Compiled, MatmulPrecision, ScaledMM
-from numdev.report.docblocks import replace_block
-from numdev.runs.atomic import write_json
+from numdev.report.docblocks import check_blocks, replace_block
+from numdev.runs.atomic import read_json, write_json
 from numdev.runs.provenance import machine_line, provenance
 
 ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "gemm.md"
 GEMM_FIGURES = ("gemm_formats", "gemm_k", "gemm_scaling")
 SHAPES = {"square": (64, 512, 64), "ragged": (7, 1000, 33), "long-k": (16, 8192, 16), "wide": (256, 256, 96)}
 SEEDS = (0, 1, 2)
@@ -87,7 +88,7 @@ def collect(outputs: Path) -> dict:
         if run is None:
             print(f"gemm_results: no finished run of {name} under {outputs}/bench/{name}: skipped", file=sys.stderr)
             continue
-        summary = json.loads((run / f"{name}.json").read_text())
+        summary = read_json(run / f"{name}.json", "figure summary")
         figures[name] = {"run": str(run.relative_to(outputs)), "command": command_of(run, name),
                          **{k: summary.get(k) for k in ("caption", "status", "verdict", "verdict_rule", "provenance")}}
     return figures
@@ -158,13 +159,15 @@ def main() -> None:
     parser.add_argument("--rejudge", action="store_true",
                         help="run nothing: re-judge docs/results/gemm.json's verdicts by today's rules, then fill gemm-results from it")
     args = parser.parse_args()
+    if not args.no_docs:
+        check_blocks(*((DOC, block) for block in (("gemm-results",) if args.rejudge else ("gemm-results", "gemm-kernels"))))
     if args.rejudge:
         path = ROOT / "docs" / "results" / "gemm.json"
-        result = rejudge_results(json.loads(path.read_text(encoding="utf-8")), datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        result = rejudge_results(read_json(path, "GEMM result"), datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_json(path, result)
         if not args.no_docs:
             figures = {name: result["figures"][name] for name in GEMM_FIGURES if name in result["figures"]}  # the figures' order
-            replace_block(ROOT / "docs" / "gemm.md", "gemm-results", results_block(figures, result))
+            replace_block(DOC, "gemm-results", results_block(figures, result))
         print(json.dumps({"status": {n: f["status"] for n, f in result["figures"].items()}, "rejudged": result.get("rejudged")}, indent=2))
         return
     outputs = Path(args.outputs)
@@ -177,11 +180,11 @@ def main() -> None:
     result = {"provenance": prov, "profile": args.run, "timings": timings, "figures": figures, "kernels": bits}
     write_json(ROOT / "docs" / "results" / "gemm.json", result)
     if not args.no_docs:
-        replace_block(ROOT / "docs" / "gemm.md", "gemm-results", results_block(figures))
-        replace_block(ROOT / "docs" / "gemm.md", "gemm-kernels", kernels_block(bits, prov))
+        replace_block(DOC, "gemm-results", results_block(figures))
+        replace_block(DOC, "gemm-kernels", kernels_block(bits, prov))
     print(json.dumps({"timings": timings, "status": {n: f["status"] for n, f in figures.items()},
                       "kernels": {k: v["bit_identical_overall"] for k, v in bits.items()}}, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from numdev.cli.commands import argv
 from numdev.cli.errors import one_line
-from numdev.cli.script_args import ScriptParser, at_least
+from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.workers import die_with_parent
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
@@ -250,6 +250,13 @@ def main(argv_=None) -> int:
                 step.budget_s, step.min_s = int(seconds), min(step.min_s, int(seconds))
     if args.write_docs and (args.device != "cpu" or args.only or args.limit):
         parser.error("--write-docs records a whole rehearsal: --device cpu, without --only or --limit")
+    if args.write_docs:  # before the rehearsal's minutes: the doc can take its table
+        from numdev.report.docblocks import check_blocks
+
+        try:
+            check_blocks((DOC, IMAGE_BLOCK if args.write_docs == "image" else BLOCK))
+        except ValueError as error:
+            parser.error(f"--write-docs: {error}")
     if args.device == "cuda":
         import torch
 
@@ -334,4 +341,4 @@ def main(argv_=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -79,7 +79,7 @@ from numdev.attention import (
 )
 from numdev.bench.metrics import deviation
 from numdev.cli.errors import never_ran, one_line
-from numdev.cli.script_args import ScriptParser, at_least
+from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.script_args import seed as seed_type
 from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.cli.workers import die_with_parent
@@ -545,4 +545,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -17,13 +17,12 @@ every block from the committed JSON.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
-from numdev.report.docblocks import replace_block
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.report.docblocks import check_blocks, replace_block
 from numdev.report.harm import calibration_table, controls_table, gate_list, headline_table, replicates_table
+from numdev.runs.atomic import write_bytes
 from numdev.runs.harm_summary import read_harm_summary
 from numdev.runs.provenance import machine_line
 
@@ -95,6 +94,9 @@ def main() -> None:
     args = parser.parse_args()
     if (args.summary or args.write_docs) and args.which is None:
         parser.error(f"--summary and --write-docs need --which ({', '.join(sorted(STUDIES))}): the study they are of")
+    if args.write_docs:
+        _, doc_block, readme_block, _, _ = STUDIES[args.which]
+        check_blocks((DOC, doc_block), *([(README, readme_block)] if readme_block is not None else []))
     for which in [args.which] if args.which else sorted(STUDIES):
         result, doc_block, readme_block, experiment, _ = STUDIES[which]
         source = args.summary or result
@@ -105,8 +107,7 @@ def main() -> None:
         if summary.command != f"numdev-train experiment={experiment}":
             parser.error(f"{source}: is the summary of `{summary.command}`, not of experiment={experiment}: give --which to match")
         if args.write_docs and source.resolve() != result.resolve():
-            shutil.copyfile(source, result)
-            json.loads(result.read_text(encoding="utf-8"))
+            write_bytes(result, source.read_bytes())  # whole or not at all (numdev.runs.atomic)
         results = results_block(summary, which)
         print(results, "\n")
         if args.write_docs:
@@ -116,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.runs.atomic import write_text
 
 SEEDS = [0, 1]
 RECORDS_PER_BENCH = 2 * len(SEEDS) + len(SEEDS)  # flash and baseline vs golden, and the pair, per seed
@@ -142,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        write_text(args.out, text + "\n")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 from numdev.analysis.consistency import config_value
-from numdev.cli.errors import interrupted
-from numdev.cli.script_args import ScriptParser, output_file_problem
+from numdev.cli.script_args import ScriptParser, output_file_problem, run_script
 from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.layout import RunDir
 from numdev.runs.provenance import provenance
@@ -226,7 +224,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        interrupted(Path(__file__).name)
+    run_script(main)

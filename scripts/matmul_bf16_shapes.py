@@ -20,8 +20,8 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from numdev.cli.script_args import ScriptParser
-from numdev.report.docblocks import replace_block
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.provenance import machine_line, provenance
 from numdev.train.run import build_model
 
@@ -90,6 +90,8 @@ def main() -> None:
     parser = ScriptParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
+    if args.write_docs:
+        check_blocks((DOC, "matmul-bf16-shapes"))
     result = measure()
     json.dump(result, sys.stdout, indent=1)
     if args.write_docs:
@@ -97,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

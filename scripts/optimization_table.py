@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 import yaml
 
 from numdev.analysis.optimizations import ordering
-from numdev.cli.script_args import ScriptParser
-from numdev.report.docblocks import replace_block
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.report.docblocks import check_blocks, replace_block
+from numdev.runs.atomic import read_json, write_bytes
 from numdev.runs.provenance import machine_line
 from numdev.runs.schemas import read_study_summary
 
@@ -153,6 +153,9 @@ def main() -> None:
     command = args.command or work.command
     if args.bench is not None and args.workload != "dit":
         parser.error("--bench: the budget block is the DiT catalogue's (docs/optimizations.md); leave it out with --workload gpt_tiny")
+    check_blocks(*([(DOC, "optimization-catalogue"), (README, "findings-optimizations")] if args.workload == "dit" else []),
+                 (work.doc, work.table_block), (work.doc, work.ordering_block),
+                 *([(DOC, "optimizations-budget")] if args.bench is not None else []))
     summary_path = args.summary or work.result
     try:
         summary = read_study_summary(summary_path)  # checked before anything is copied or written
@@ -164,8 +167,7 @@ def main() -> None:
         parser.error(f"{summary_path}: a catalogue of model {summary.get('model')!r}, not {work.model!r}: "
                      f"give --workload {_workload_of(summary) or '...'}")
     if args.copy and summary_path.resolve() != work.result:
-        work.result.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(summary_path, work.result)
+        write_bytes(work.result, summary_path.read_bytes())  # whole or not at all (numdev.runs.atomic)
     source = work.result if args.copy else summary_path.resolve()
     blocks = []
     if args.workload == "dit":
@@ -178,10 +180,10 @@ def main() -> None:
         replace_block(README, "findings-optimizations", findings_sentence(summary, source, command))
         blocks.append("README.md: findings-optimizations")
     if args.bench is not None:
-        replace_block(DOC, "optimizations-budget", budget_text(json.loads(args.bench.read_text(encoding="utf-8")), args.bench.resolve()))
+        replace_block(DOC, "optimizations-budget", budget_text(read_json(args.bench, "bench_study.py JSON"), args.bench.resolve()))
         blocks.append("optimizations-budget")
     print(json.dumps({"doc": str(work.doc), "blocks": blocks, "summary": str(source)}))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

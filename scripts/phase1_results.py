@@ -26,11 +26,11 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.figures import BENCH_FIGURES, FIGURES
 from numdev.figures.common import rejudge_results, rejudged_note
-from numdev.report.docblocks import replace_block
-from numdev.runs.atomic import write_json
+from numdev.report.docblocks import check_blocks, replace_block
+from numdev.runs.atomic import read_json, write_json
 from numdev.runs.provenance import machine_line, provenance
 from numdev.stats.intervals import MIN_CI
 from numdev.stats.verdicts import RANGE_NO_VERDICT
@@ -70,7 +70,7 @@ def collect(outputs: Path) -> dict:
         if run is None:
             print(f"phase1_results: no finished run of {name} under {outputs}/bench/{name}: skipped", file=sys.stderr)
             continue
-        summary = json.loads((run / f"{name}.json").read_text())
+        summary = read_json(run / f"{name}.json", "figure summary")
         figures[name] = {"run": str(run.relative_to(outputs)), "command": command_of(run, name), **{k: summary.get(k) for k in (
             "caption", "status", "verdict", "verdict_rule", "parts", "sentences", "provenance")}}
     return figures
@@ -127,11 +127,14 @@ def main() -> None:
     parser.add_argument("--rejudge", action="store_true",
                         help="run nothing: re-judge docs/results/phase1.json's verdicts by today's rules, then fill the blocks from it")
     args = parser.parse_args()
+    if not args.no_docs:
+        check_blocks((ROOT / "README.md", "findings-phase1"), (ROOT / "docs" / "results.md", "phase1-table"),
+                     (ROOT / "docs" / "microbenchmark.md", "phase1-results"), (ROOT / "docs" / "microbenchmark.md", "phase1-reconcile"))
     outputs = Path(args.outputs)
     result = None
     if args.rejudge:
         path = ROOT / "docs" / "results" / "phase1.json"
-        result = rejudge_results(json.loads(path.read_text(encoding="utf-8")), datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        result = rejudge_results(read_json(path, "phase-1 result"), datetime.now(timezone.utc).isoformat(timespec="seconds"))
         write_json(path, result)
         figures = {name: result["figures"][name] for name in BENCH_FIGURES if name in result["figures"]}  # the figures' order
     else:
@@ -158,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

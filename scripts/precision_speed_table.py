@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
-from numdev.report.docblocks import replace_block
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.provenance import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +76,8 @@ def main() -> None:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     args = parser.parse_args()
+    if args.write_docs:
+        check_blocks((DOC, BLOCK))
     text = block_text()
     print(text)
     if args.write_docs:
@@ -83,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -23,9 +23,8 @@ import math
 import sys
 from pathlib import Path
 
-from numdev.cli.errors import interrupted
-from numdev.cli.script_args import ScriptParser, at_least
-from numdev.report.docblocks import replace_block
+from numdev.cli.script_args import ScriptParser, at_least, run_script
+from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.atomic import write_text
 from numdev.runs.layout import RunDir
 from numdev.runs.provenance import machine_line, provenance
@@ -192,6 +191,8 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--docs-only", action="store_true", help=f"rewrite the figure and the docs block from {RESULT.relative_to(REPO)}, reading no run")
     args = parser.parse_args()
+    if args.docs_only or args.write_docs:
+        check_blocks((DOC, "qiu-yao"))
     if args.docs_only:
         if args.runs:
             parser.error("--docs-only reads the committed JSON: give no run directories with it")
@@ -230,7 +231,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except KeyboardInterrupt:
-        interrupted(Path(__file__).name)
+    run_script(main)

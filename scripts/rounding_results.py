@@ -27,9 +27,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
-from numdev.report.docblocks import replace_block
-from numdev.runs.atomic import write_json
+from numdev.cli.script_args import ScriptParser, run_script
+from numdev.report.docblocks import check_blocks, replace_block
+from numdev.runs.atomic import read_json, read_jsonl, write_json
 from numdev.runs.provenance import machine_line, provenance
 from numdev.stats import intervals as stats
 
@@ -59,7 +59,10 @@ def run(outputs: Path, label: str) -> Path:
 
 
 def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path}: no records: the run wrote none (rerun it)")
+    return rows
 
 
 def by(rows: list[dict], key, metric: str) -> dict:
@@ -147,14 +150,16 @@ def main(argv=None) -> None:
     parser.add_argument("--runs-from", type=Path, default=None,
                         help="summarise the runs an earlier result JSON names (its 'runs') instead of running them again")
     args = parser.parse_args(argv)
+    if args.write_docs:
+        check_blocks((DOC, "rounding-results"))
     try:
         paths = ({label: run(args.outputs, label) for label in RUNS} if args.runs_from is None
-                 else {label: Path(d) / "results.jsonl" for label, d in json.loads(args.runs_from.read_text())["runs"].items()})
+                 else {label: Path(d) / "results.jsonl" for label, d in read_json(args.runs_from, "rounding result")["runs"].items()})
     except subprocess.CalledProcessError as error:  # numdev-bench said why on stderr, in one line
         raise SystemExit(f"rounding_results.py: {' '.join(error.cmd[2:5])} ... failed (exit {error.returncode}): see its message above") from None
     except (OSError, KeyError, ValueError) as error:
         raise SystemExit(f"rounding_results.py: --runs-from {args.runs_from}: {error!r}") from None
-    first = json.loads(next(iter(paths.values())).read_text().splitlines()[0])
+    first = records(next(iter(paths.values())))[0]
     result = {"provenance": first["provenance"], "summarised": provenance(threads=1)["git"], "commands": RUNS, "runs": {k: str(v.parent) for k, v in paths.items()}, **summarise(paths)}
     if args.write_docs:
         write_json(RESULT, result)
@@ -164,4 +169,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

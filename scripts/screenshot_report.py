@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # The stable section ids of a numdev report (numdev/report/provenance.py ANCHOR, report/study.py).
@@ -98,4 +98,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -30,8 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from numdev.bench.gather import read_sweep  # noqa: E402
-from numdev.cli.script_args import ScriptParser  # noqa: E402
-from numdev.report.docblocks import replace_block  # noqa: E402
+from numdev.cli.script_args import ScriptParser, run_script  # noqa: E402
+from numdev.report.docblocks import check_blocks, replace_block  # noqa: E402
 from numdev.runs.atomic import write_json  # noqa: E402
 from numdev.runs.provenance import machine_line  # noqa: E402
 from numdev.stats import intervals as stats  # noqa: E402
@@ -137,6 +137,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep", type=Path, default=None, help="summarise this earlier sweep instead of running one")
     parser.add_argument("--write-docs", action="store_true", help="write docs/results/sram_map.{json,png} and the docs block")
     args = parser.parse_args(argv)
+    if args.write_docs:
+        check_blocks((DOC, "sram-map"))
     try:
         sweep_dir = args.sweep if args.sweep is not None else run(args.outputs)
     except subprocess.CalledProcessError as error:  # numdev-bench said why on stderr, in one line
@@ -156,4 +158,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

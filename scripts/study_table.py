@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from pathlib import Path
 
 from numdev.analysis.study import rejudge
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.report.docblocks import replace_block
 from numdev.report.study import downstream_table, early_table, equivalent_table, roles_table
-from numdev.runs.atomic import write_json
+from numdev.runs.atomic import write_bytes, write_json
 from numdev.runs.provenance import machine_line
 from numdev.runs.schemas import read_study_summary
 from numdev.stats.intervals import MIN_CI, Estimate
@@ -246,8 +245,7 @@ def main_with(args: argparse.Namespace, default_command: str) -> None:
         command = args.command if args.command != default_command else "numdev-train experiment=flash_stability_early"
         early = rejudged(args.early) if args.rejudge else read_study_summary(args.early)  # checked before anything is copied or written
         if args.copy and args.early.resolve() != early_result:
-            early_result.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(args.early, early_result)
+            write_bytes(early_result, args.early.read_bytes())  # whole or not at all (numdev.runs.atomic)
         # The downstream effect comes from the full study, which pairs with the bf16 early study only.
         full = read_study_summary(RESULT) if RESULT.is_file() and early_result == EARLY_RESULT else None
         head_block, table_block = args.early_blocks.split(",")
@@ -266,12 +264,11 @@ def main_with(args: argparse.Namespace, default_command: str) -> None:
         return
     summary = rejudged(args.summary) if args.rejudge else read_study_summary(args.summary)
     if args.copy and args.summary.resolve() != result:
-        result.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(args.summary, result)
+        write_bytes(result, args.summary.read_bytes())
     source = result if args.copy else args.summary
     replace_block(args.doc, args.block, block_text(summary, args.command, result, args.doc.resolve()))
     print(json.dumps({"doc": str(args.doc), "blocks": [args.block, ROLES_BLOCK], "summary": str(source)}))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -28,9 +28,10 @@ import torch
 
 from numdev.attention import FlashEmulated, golden_attention
 from numdev.bench.metrics import deviation
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.numerics.stages import stage_formats
-from numdev.report.docblocks import replace_block
+from numdev.report.docblocks import check_blocks, replace_block
+from numdev.runs.atomic import read_json, write_text
 from numdev.runs.provenance import machine_line, provenance
 from numdev.stats import intervals as stats
 
@@ -108,15 +109,17 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--docs-only", action="store_true", help=f"rewrite the block from {RESULT.relative_to(REPO)}, measuring nothing")
     args = parser.parse_args()
+    if args.docs_only or args.write_docs:
+        check_blocks((DOC, "tie-fix-bias"))
     if args.docs_only:
-        replace_block(DOC, "tie-fix-bias", block(json.loads(RESULT.read_text(encoding="utf-8"))))
+        replace_block(DOC, "tie-fix-bias", block(read_json(RESULT, "tie-fix result")))
         return
     result = measure()
     json.dump(result, sys.stdout, indent=1)
     if args.write_docs:
-        RESULT.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_text(RESULT, json.dumps(result, indent=1) + "\n")
         replace_block(DOC, "tie-fix-bias", block(result))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -18,7 +18,7 @@ import sys
 import torch
 
 from numdev.attention import FlashEmulated, golden_attention
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.cli.script_args import seed as seed_type
 from numdev.kernels import flash_attention as fa
 from numdev.numerics.stages import stage_formats
@@ -71,4 +71,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from numdev.cli.errors import one_line
-from numdev.cli.script_args import ScriptParser, at_least
+from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
@@ -200,7 +200,7 @@ def write_docs() -> int:
         reports.append(report)
     try:
         replace_block(DOC, "triton-compile", doc_table(reports))
-    except (OSError, ValueError) as error:  # the doc moved, lost its markers, or cannot be written
+    except (OSError, ValueError) as error:  # the doc cannot be written (WriteError); moved or lost its markers (DocBlockError)
         why = error.strerror if isinstance(error, OSError) and error.strerror else one_line(error).replace(f"{DOC}: ", "")
         print(f"triton_compile: error: {DOC}: {why}: the table was not written", file=sys.stderr)
         return 2
@@ -286,4 +286,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -26,8 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.cli.script_args import seed as seed_type
+from numdev.runs.atomic import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,9 +193,9 @@ def main() -> None:
     }
     text = json.dumps(report, indent=2)
     if args.out:
-        args.out.write_text(text + "\n")
+        write_text(args.out, text + "\n")
     print(text)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

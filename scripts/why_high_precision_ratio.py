@@ -22,7 +22,7 @@ import torch
 
 from numdev.attention import Baseline, FlashEmulated, golden_attention
 from numdev.bench.inputs import GENERATORS, Shape
-from numdev.cli.script_args import ScriptParser
+from numdev.cli.script_args import ScriptParser, run_script
 from numdev.cli.script_args import seed as seed_type
 from numdev.numerics.stages import stage_formats
 from numdev.runs.provenance import provenance
@@ -87,4 +87,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

@@ -156,7 +156,7 @@ def test_docblocks_replace_only_the_marked_block(tmp_path):
     replace_block(doc, "t", "| a | 2.0 |")
     assert doc.read_text() == "intro\n<!-- numdev:begin t -->\n| a | 2.0 |\n<!-- numdev:end t -->\noutro\n"
     assert read_block(doc, "t") == "| a | 2.0 |"
-    with pytest.raises(ValueError, match="README.md: needs exactly one"):
+    with pytest.raises(ValueError, match="README.md: block 'missing' needs exactly one"):
         replace_block(doc, "missing", "x")
 
 

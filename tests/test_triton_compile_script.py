@@ -139,7 +139,7 @@ def test_a_signal_during_a_compile_stops_the_run_and_is_not_recorded_as_its_erro
 
 
 @pytest.mark.parametrize("doc_text, says", [
-    (None, "No such file or directory: the table was not written"),
+    (None, "cannot read it to write block 'triton-compile' (No such file or directory)"),
     ("no markers\n", "needs exactly one '<!-- numdev:begin triton-compile -->' followed by one"),
 ])
 def test_write_docs_into_a_doc_that_is_gone_or_lost_its_block_is_one_line(script, doc_text, says, tmp_path, monkeypatch, capsys):

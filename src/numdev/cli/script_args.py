@@ -96,3 +96,23 @@ class ScriptParser(argparse.ArgumentParser):
                 if problem:
                     self.error(f"--{dest} {value}: {problem}")
         return parsed
+
+
+def run_script(main) -> None:
+    """A script's entry point (`if __name__ == "__main__": run_script(main)`): exits with main()'s
+    return value (None: 0). A user error that reaches it - a results file that is missing or not
+    valid JSON (numdev.runs.atomic.read_json), a doc block that lost its markers
+    (numdev.report.docblocks), an output that cannot be written (WriteError) - is one line on stderr
+    and exit 2, like the apps (numdev.cli.errors.USER_ERRORS); Ctrl-C is one line and exit 130."""
+    import sys
+
+    from numdev.cli.errors import USER_ERRORS, fail, interrupted
+
+    program = Path(sys.argv[0]).name
+    try:
+        code = main()
+    except USER_ERRORS as error:
+        fail(program, error)
+    except KeyboardInterrupt:
+        interrupted(program)
+    sys.exit(code)

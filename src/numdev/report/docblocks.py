@@ -8,15 +8,26 @@ A document marks a block with two HTML comments (invisible when rendered):
 
 `replace_block` rewrites the text between them and nothing else, and refuses (naming the file and
 the block) when the markers are missing, repeated or out of order, so a script never silently
-writes nowhere. Each generated block should name the command that produced it.
+writes nowhere. A script that will write blocks calls `check_blocks` before it computes anything,
+so a doc that lost its markers (or cannot be written) ends the run in its first second, not after
+its measurement. Both raise `DocBlockError`, a one-line user error (numdev.cli.script_args.run_script
+prints it). Each generated block should name the command that produced it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+from numdev.cli.errors import UserError
 from numdev.runs.atomic import write_text
+
+
+class DocBlockError(UserError, ValueError):
+    """A doc block cannot be read or written: the file is missing or unreadable, its markers are
+    missing, repeated or out of order, or it cannot be written. One line naming the file, the
+    block and what to do."""
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -25,20 +36,44 @@ def _markers(name: str) -> tuple[str, str]:
     return f"<!-- numdev:begin {name} -->", f"<!-- numdev:end {name} -->"
 
 
+def _read(path: Path, name: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        why = error.strerror if isinstance(error, OSError) and error.strerror else "not UTF-8 text"
+        raise DocBlockError(f"{path}: cannot read it to write block {name!r} ({why}): restore the file "
+                            f"(git checkout -- {path}) and run again") from None
+
+
+def _split(path: Path, name: str, content: str) -> tuple[str, str, str]:
+    """(head, begin marker + body + end marker's text before the tail, tail) of block NAME."""
+    begin, end = _markers(name)
+    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
+        found = f"{content.count(begin)} begin and {content.count(end)} end marker(s)"
+        raise DocBlockError(f"{path}: block {name!r} needs exactly one '{begin}' followed by one '{end}' "
+                            f"(found {found}{', the end first' if content.count(begin) == content.count(end) == 1 else ''}): "
+                            f"put the two marker lines back (git checkout -- {path}) and run again")
+    head, rest = content.split(begin, 1)
+    body, tail = rest.split(end, 1)
+    return head, body, tail
+
+
+def check_blocks(*blocks: tuple[Path, str]) -> None:
+    """Before a script computes anything: each (path, name) block can be rewritten (the file reads,
+    has the block's markers once each and in order, and is writable), else DocBlockError."""
+    for path, name in blocks:
+        _split(path, name, _read(path, name))
+        if not os.access(path, os.W_OK) or not os.access(Path(path).parent, os.W_OK | os.X_OK):
+            raise DocBlockError(f"{path}: cannot be written (permission denied), so block {name!r} could not be "
+                                "rewritten: fix the permissions and run again")
+
+
 def replace_block(path: Path, name: str, text: str) -> None:
     """Replace the body of block NAME in PATH with TEXT (atomically)."""
     begin, end = _markers(name)
-    content = Path(path).read_text(encoding="utf-8")
-    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
-        raise ValueError(f"{path}: needs exactly one '{begin}' followed by one '{end}' to write block {name!r} into")
-    head, rest = content.split(begin, 1)
-    _, tail = rest.split(end, 1)
+    head, _, tail = _split(path, name, _read(path, name))
     write_text(Path(path), f"{head}{begin}\n{text.strip()}\n{end}{tail}")
 
 
 def read_block(path: Path, name: str) -> str:
-    begin, end = _markers(name)
-    content = Path(path).read_text(encoding="utf-8")
-    if begin not in content or end not in content:
-        raise ValueError(f"{path}: no block {name!r}")
-    return content.split(begin, 1)[1].split(end, 1)[0].strip()
+    return _split(path, name, _read(path, name))[1].strip()

@@ -1,0 +1,149 @@
+"""The scripts' one entry point and their generated doc blocks (numdev.cli.script_args.run_script,
+numdev.report.docblocks): a doc that lost its markers, or a results file that is truncated, ends a
+script in one line before it computes anything, never in a traceback after its measurement."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import REPO, load_script
+
+from numdev.report.docblocks import DocBlockError, check_blocks, read_block, replace_block
+
+SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+GOOD = "intro\n<!-- numdev:begin t -->\nold\n<!-- numdev:end t -->\noutro\n"
+
+
+def _main_block(path) -> ast.If:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
+            return node
+    raise AssertionError(f"{path.name}: no `if __name__ == '__main__':` block")
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_every_script_enters_through_run_script(path):
+    """Not one script calls main() bare: each goes through run_script, so each turns a user error into one line."""
+    block = _main_block(path)
+    assert ast.unparse(block.body[-1]) == "run_script(main)" and not block.orelse, ast.unparse(block)
+
+
+@pytest.mark.parametrize(("content", "found"), [
+    ("no markers at all\n", "found 0 begin and 0 end marker(s)"),
+    ("<!-- numdev:begin t -->\nx\n", "found 1 begin and 0 end marker(s)"),
+    ("<!-- numdev:end t -->\nx\n<!-- numdev:begin t -->\n", "found 1 begin and 1 end marker(s), the end first"),
+    (GOOD + GOOD, "found 2 begin and 2 end marker(s)"),
+])
+def test_a_block_whose_markers_are_broken_is_refused_naming_the_file_and_the_fix(tmp_path, content, found):
+    doc = tmp_path / "doc.md"
+    doc.write_text(content)
+    for call in (lambda: check_blocks((doc, "t")), lambda: replace_block(doc, "t", "new"), lambda: read_block(doc, "t")):
+        with pytest.raises(DocBlockError) as error:
+            call()
+        message = str(error.value)
+        assert message.startswith(f"{doc}: block 't' needs exactly one") and found in message
+        assert f"git checkout -- {doc}" in message and "\n" not in message
+    assert doc.read_text() == content  # nothing written
+
+
+def test_a_missing_or_binary_doc_is_one_line_and_a_good_one_is_rewritten_in_place(tmp_path):
+    with pytest.raises(DocBlockError, match=r"gone.md: cannot read it to write block 't' \(No such file or directory\)"):
+        check_blocks((tmp_path / "gone.md", "t"))
+    (tmp_path / "bin.md").write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(DocBlockError, match="not UTF-8 text"):
+        replace_block(tmp_path / "bin.md", "t", "x")
+    doc = tmp_path / "doc.md"
+    doc.write_text(GOOD)
+    check_blocks((doc, "t"), (doc, "t"))
+    replace_block(doc, "t", "| a | 2.0 |")
+    assert doc.read_text() == GOOD.replace("old", "| a | 2.0 |") and read_block(doc, "t") == "| a | 2.0 |"
+    assert issubclass(DocBlockError, ValueError)  # callers that catch ValueError still do
+
+
+def _script(tmp_path, body: str):
+    path = tmp_path / "some_script.py"
+    path.write_text("from numdev.cli.script_args import run_script\n\n\ndef main():\n" + textwrap.indent(body, "    ")
+                    + '\n\n\nif __name__ == "__main__":\n    run_script(main)\n')
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("body", "code", "message"), [
+    ("from numdev.report.docblocks import check_blocks\ncheck_blocks(('absent.md', 'x'))",
+     2, "some_script.py: error: absent.md: cannot read it to write block 'x'"),
+    ("from numdev.runs.atomic import read_json\nopen('r.json', 'w').write('{\"a\": ')\nread_json('r.json', 'result')",
+     2, "some_script.py: error: r.json: not valid JSON (Expecting value): the result is corrupt or truncated"),
+    ("raise KeyboardInterrupt", 130, "some_script.py: error: interrupted (SIGINT)"),
+    ("return 3", 3, None),
+    ("return None", 0, None),
+])
+def test_run_script_turns_user_errors_into_one_line_and_passes_exit_codes_on(tmp_path, body, code, message):
+    done = _script(tmp_path, body)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == code, done.stderr[-2000:]
+    if message is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith(message), done.stderr[-2000:]
+
+
+def test_a_bug_keeps_its_traceback(tmp_path):
+    """Only user errors are shortened: a script's own bug (here an AttributeError) shows where it is."""
+    done = _script(tmp_path, "None.missing")
+    assert done.returncode == 1 and "Traceback" in done.stderr and "AttributeError" in done.stderr
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("computed before the doc was checked")
+
+
+# (script, arguments, the module attributes that name the doc (or the block: the committed doc, a block it lacks),
+# the computation that must not start)
+PREFLIGHT = [
+    ("matmul_bf16_shapes", ["--write-docs"], ["DOC"], "measure"),
+    ("tie_fix_bias", ["--write-docs"], ["DOC"], "measure"),
+    ("tie_fix_bias", ["--docs-only"], ["DOC"], "read_json"),
+    ("study_precision", ["--write-docs"], ["DOC"], "deviations"),
+    ("sram_map", ["--write-docs"], ["DOC"], "run"),
+    ("rounding_results", ["--write-docs"], ["DOC"], "run"),
+    ("qiu_yao_search", ["--write-docs", "{tmp}"], ["DOC"], "read_run"),
+    ("gemm_results", ["--run", "demo"], ["DOC"], "run_figure"),
+    ("phase1_results", ["--run", "demo"], ["ROOT"], "run_figure"),
+    ("harm_table", ["--which", "harm", "--write-docs"], ["DOC", "README"], "read_harm_summary"),
+    ("optimization_table", [], ["DOC", "README"], "read_study_summary"),
+    ("precision_speed_table", ["--write-docs"], ["BLOCK"], "block_text"),
+    ("budgets_table", [], ["DOC", "README"], "rows"),
+    ("config_reference", [], ["DOC"], "text"),
+    ("bench_emulator", ["--out", "{tmp}/out.json", "--docs", "{tmp}/doc.md"], [], "bench_kernel_model"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "docs", "compute"), PREFLIGHT, ids=[f"{p[0]}-{i}" for i, p in enumerate(PREFLIGHT)])
+def test_a_doc_without_its_block_stops_a_script_before_it_computes(tmp_path, monkeypatch, name, args, docs, compute):
+    doc = tmp_path / "doc.md"
+    doc.write_text("a doc someone edited: its markers are gone\n")
+    script = load_script(name)
+    for attribute in docs:
+        monkeypatch.setattr(script, attribute, {"ROOT": tmp_path, "BLOCK": "no-such-block"}.get(attribute, doc))
+    monkeypatch.setattr(script, compute, _refuse)
+    monkeypatch.setattr(sys, "argv", [str(REPO / "scripts" / f"{name}.py"), *(a.format(tmp=tmp_path) for a in args)])
+    with pytest.raises(DocBlockError, match=r"(needs exactly one|cannot read it)") as error:  # before anything is read
+        script.main()
+    assert "\n" not in str(error.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.md"]  # nothing written
+    assert doc.read_text() == "a doc someone edited: its markers are gone\n"
+
+
+def test_gpu_call_refuses_write_docs_into_a_doc_without_its_block_before_the_rehearsal(tmp_path, monkeypatch, capsys):
+    script = load_script("gpu_call")
+    monkeypatch.setattr(script, "BLOCK", "no-such-block")  # the committed docs/gpu.md lacks it
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--device", "cpu", "--out", str(tmp_path / "out"), "--write-docs"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--write-docs: {script.DOC}: block 'no-such-block' needs exactly one" in err
+    assert not (tmp_path / "out").exists()
