@@ -27,6 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from numdev.cli.errors import one_line
 from numdev.cli.script_args import ScriptParser, run_script
 from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.atomic import read_json, read_jsonl, write_json
@@ -157,8 +158,9 @@ def main(argv=None) -> None:
                  else {label: Path(d) / "results.jsonl" for label, d in read_json(args.runs_from, "rounding result")["runs"].items()})
     except subprocess.CalledProcessError as error:  # numdev-bench said why on stderr, in one line
         raise SystemExit(f"rounding_results.py: {' '.join(error.cmd[2:5])} ... failed (exit {error.returncode}): see its message above") from None
-    except (OSError, KeyError, ValueError) as error:
-        raise SystemExit(f"rounding_results.py: --runs-from {args.runs_from}: {error!r}") from None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as error:  # no file, not JSON, not this script's result
+        why = one_line(error) if isinstance(error, (OSError, ValueError)) else f"not a result of this script (no 'runs' table: {error!r})"
+        parser.error(f"--runs-from {args.runs_from}: {why}")
     first = records(next(iter(paths.values())))[0]
     result = {"provenance": first["provenance"], "summarised": provenance(threads=1)["git"], "commands": RUNS, "runs": {k: str(v.parent) for k, v in paths.items()}, **summarise(paths)}
     if args.write_docs:

@@ -42,7 +42,7 @@ def _read(path: Path, name: str) -> str:
     except (OSError, UnicodeDecodeError) as error:
         why = error.strerror if isinstance(error, OSError) and error.strerror else "not UTF-8 text"
         raise DocBlockError(f"{path}: cannot read it to write block {name!r} ({why}): restore the file "
-                            f"(git checkout -- {path}) and run again") from None
+                            f"(git checkout -- {path}, if it is a committed doc) and run again") from None
 
 
 def _split(path: Path, name: str, content: str) -> tuple[str, str, str]:
@@ -52,7 +52,7 @@ def _split(path: Path, name: str, content: str) -> tuple[str, str, str]:
         found = f"{content.count(begin)} begin and {content.count(end)} end marker(s)"
         raise DocBlockError(f"{path}: block {name!r} needs exactly one '{begin}' followed by one '{end}' "
                             f"(found {found}{', the end first' if content.count(begin) == content.count(end) == 1 else ''}): "
-                            f"put the two marker lines back (git checkout -- {path}) and run again")
+                            f"put the two marker lines back (git checkout -- {path}, if it is a committed doc) and run again")
     head, rest = content.split(begin, 1)
     body, tail = rest.split(end, 1)
     return head, body, tail
@@ -64,8 +64,8 @@ def check_blocks(*blocks: tuple[Path, str]) -> None:
     for path, name in blocks:
         _split(path, name, _read(path, name))
         if not os.access(path, os.W_OK) or not os.access(Path(path).parent, os.W_OK | os.X_OK):
-            raise DocBlockError(f"{path}: cannot be written (permission denied), so block {name!r} could not be "
-                                "rewritten: fix the permissions and run again")
+            raise DocBlockError(f"{path}: not writable (its permissions, a read-only mount or an immutable flag), so "
+                                f"block {name!r} could not be rewritten: make it writable and run again")
 
 
 def replace_block(path: Path, name: str, text: str) -> None:
