@@ -217,8 +217,10 @@ def main() -> None:
                      *([(args.docs, "kernel-model-speed")] if args.kernel_model and not args.table else []))
     if args.table:
         from numdev.runs.atomic import read_json
+        from numdev.runs.schemas import result_fields
 
-        write_table(read_json(args.table, "bench_emulator.py JSON"), args.docs, args.table)
+        with result_fields(args.table, "bench_emulator.py JSON"):  # the table is rendered whole before the block is written
+            write_table(read_json(args.table, "bench_emulator.py JSON"), args.docs, args.table)
         return
 
     import torch

@@ -105,8 +105,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.write_docs:
         from numdev.report.docblocks import replace_block
+        from numdev.runs.schemas import result_fields
 
-        replace_block(DOC, BLOCK, block_text(read_json(RESULT, "LM step benchmark")))
+        with result_fields(RESULT, "LM step benchmark"):
+            text = block_text(read_json(RESULT, "LM step benchmark"))
+        replace_block(DOC, BLOCK, text)
         return
     if args.rounds < 3:
         parser.error(f"--rounds {args.rounds}: need at least 3 for a median")

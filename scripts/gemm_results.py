@@ -38,6 +38,7 @@ from numdev.gemm.kernels import Compiled, MatmulPrecision, ScaledMM
 from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.atomic import read_json, write_json
 from numdev.runs.provenance import machine_line, provenance
+from numdev.runs.schemas import read_figure_summary, result_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "gemm.md"
@@ -88,7 +89,7 @@ def collect(outputs: Path) -> dict:
         if run is None:
             print(f"gemm_results: no finished run of {name} under {outputs}/bench/{name}: skipped", file=sys.stderr)
             continue
-        summary = read_json(run / f"{name}.json", "figure summary")
+        summary = read_figure_summary(run / f"{name}.json")
         figures[name] = {"run": str(run.relative_to(outputs)), "command": command_of(run, name),
                          **{k: summary.get(k) for k in ("caption", "status", "verdict", "verdict_rule", "provenance")}}
     return figures
@@ -163,12 +164,15 @@ def main() -> None:
         check_blocks(*((DOC, block) for block in (("gemm-results",) if args.rejudge else ("gemm-results", "gemm-kernels"))))
     if args.rejudge:
         path = ROOT / "docs" / "results" / "gemm.json"
-        result = rejudge_results(read_json(path, "GEMM result"), datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        write_json(path, result)
-        if not args.no_docs:
+        with result_fields(path, "GEMM result"):  # rejudged and rendered whole before anything is written
+            result = rejudge_results(read_json(path, "GEMM result"), datetime.now(timezone.utc).isoformat(timespec="seconds"))
             figures = {name: result["figures"][name] for name in GEMM_FIGURES if name in result["figures"]}  # the figures' order
-            replace_block(DOC, "gemm-results", results_block(figures, result))
-        print(json.dumps({"status": {n: f["status"] for n, f in result["figures"].items()}, "rejudged": result.get("rejudged")}, indent=2))
+            text = None if args.no_docs else results_block(figures, result)
+            status = {n: f["status"] for n, f in result["figures"].items()}
+        write_json(path, result)
+        if text is not None:
+            replace_block(DOC, "gemm-results", text)
+        print(json.dumps({"status": status, "rejudged": result.get("rejudged")}, indent=2))
         return
     outputs = Path(args.outputs)
     timings = {name: run_figure(outputs, name, args.run) for name in GEMM_FIGURES} if args.run else {}

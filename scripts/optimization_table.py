@@ -26,7 +26,7 @@ from numdev.cli.script_args import ScriptParser, run_script
 from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.atomic import read_json, write_bytes
 from numdev.runs.provenance import machine_line
-from numdev.runs.schemas import read_study_summary
+from numdev.runs.schemas import read_study_summary, result_fields
 
 REPO = Path(__file__).resolve().parents[1]
 DOC, README = REPO / "docs" / "optimizations.md", REPO / "README.md"
@@ -166,6 +166,10 @@ def main() -> None:
     if summary.get("model") != work.model:
         parser.error(f"{summary_path}: a catalogue of model {summary.get('model')!r}, not {work.model!r}: "
                      f"give --workload {_workload_of(summary) or '...'}")
+    budget = None
+    if args.bench is not None:  # rendered before anything is copied or written
+        with result_fields(args.bench, "bench_study.py JSON"):
+            budget = budget_text(read_json(args.bench, "bench_study.py JSON"), args.bench.resolve())
     if args.copy and summary_path.resolve() != work.result:
         write_bytes(work.result, summary_path.read_bytes())  # whole or not at all (numdev.runs.atomic)
     source = work.result if args.copy else summary_path.resolve()
@@ -179,8 +183,8 @@ def main() -> None:
     if args.workload == "dit":
         replace_block(README, "findings-optimizations", findings_sentence(summary, source, command))
         blocks.append("README.md: findings-optimizations")
-    if args.bench is not None:
-        replace_block(DOC, "optimizations-budget", budget_text(read_json(args.bench, "bench_study.py JSON"), args.bench.resolve()))
+    if budget is not None:
+        replace_block(DOC, "optimizations-budget", budget)
         blocks.append("optimizations-budget")
     print(json.dumps({"doc": str(work.doc), "blocks": blocks, "summary": str(source)}))
 

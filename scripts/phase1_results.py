@@ -32,6 +32,7 @@ from numdev.figures.common import rejudge_results, rejudged_note
 from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.atomic import read_json, write_json
 from numdev.runs.provenance import machine_line, provenance
+from numdev.runs.schemas import read_figure_summary, result_fields
 from numdev.stats.intervals import MIN_CI
 from numdev.stats.verdicts import RANGE_NO_VERDICT
 
@@ -70,7 +71,7 @@ def collect(outputs: Path) -> dict:
         if run is None:
             print(f"phase1_results: no finished run of {name} under {outputs}/bench/{name}: skipped", file=sys.stderr)
             continue
-        summary = read_json(run / f"{name}.json", "figure summary")
+        summary = read_figure_summary(run / f"{name}.json")
         figures[name] = {"run": str(run.relative_to(outputs)), "command": command_of(run, name), **{k: summary.get(k) for k in (
             "caption", "status", "verdict", "verdict_rule", "parts", "sentences", "provenance")}}
     return figures
@@ -131,12 +132,12 @@ def main() -> None:
         check_blocks((ROOT / "README.md", "findings-phase1"), (ROOT / "docs" / "results.md", "phase1-table"),
                      (ROOT / "docs" / "microbenchmark.md", "phase1-results"), (ROOT / "docs" / "microbenchmark.md", "phase1-reconcile"))
     outputs = Path(args.outputs)
-    result = None
+    path = ROOT / "docs" / "results" / "phase1.json"
     if args.rejudge:
-        path = ROOT / "docs" / "results" / "phase1.json"
-        result = rejudge_results(read_json(path, "phase-1 result"), datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        write_json(path, result)
-        figures = {name: result["figures"][name] for name in BENCH_FIGURES if name in result["figures"]}  # the figures' order
+        with result_fields(path, "phase-1 result"):  # rejudged and rendered whole before anything is written
+            result = rejudge_results(read_json(path, "phase-1 result"), datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            figures = {name: result["figures"][name] for name in BENCH_FIGURES if name in result["figures"]}  # the figures' order
+            blocks = [] if args.no_docs else rendered(figures, result)
     else:
         if args.run:
             for name in BENCH_FIGURES:
@@ -144,20 +145,28 @@ def main() -> None:
         figures = collect(outputs)
         if not figures:
             sys.exit(f"phase1_results: no phase-1 runs under {outputs}: run `make demo` or `.venv/bin/python scripts/phase1_results.py --run demo`")
-        write_json(ROOT / "docs" / "results" / "phase1.json", {"provenance": provenance(), "figures": figures})
-    if args.no_docs:
-        return
+        with result_fields(outputs, "set of phase-1 figure summaries"):
+            blocks = [] if args.no_docs else rendered(figures, None)
+        result = {"provenance": provenance(), "figures": figures}
+    write_json(path, result)
+    for doc, name, text in blocks:
+        replace_block(doc, name, text)
+    print(json.dumps({n: f["status"] for n, f in figures.items()}, indent=2))
+
+
+def rendered(figures: dict, result: dict | None) -> list[tuple[Path, str, str]]:
+    """(doc, block, text) of every block the figures fill (result: the rejudged file, else None)."""
     note = provenance_note(figures, result)
-    replace_block(ROOT / "README.md", "findings-phase1", findings_sentence(figures))
-    replace_block(ROOT / "docs" / "results.md", "phase1-table", f"{results_table(figures)}\n\n{note}")
     captions = "\n".join(f"- **{FIGURES[n].title}** — {_cell(f['caption'])} Verdict: {_cell(f['verdict'])}" for n, f in figures.items())
-    replace_block(ROOT / "docs" / "microbenchmark.md", "phase1-results", f"{captions}\n\n{note}")
+    blocks = [(ROOT / "README.md", "findings-phase1", findings_sentence(figures)),
+              (ROOT / "docs" / "results.md", "phase1-table", f"{results_table(figures)}\n\n{note}"),
+              (ROOT / "docs" / "microbenchmark.md", "phase1-results", f"{captions}\n\n{note}")]
     if "reconcile" in figures:
         r = figures["reconcile"]
         sentences = "\n".join(f"{i}. {s}" for i, s in enumerate(r.get("sentences") or [], start=1))
-        replace_block(ROOT / "docs" / "microbenchmark.md", "phase1-reconcile",
-                      f"{sentences}\n\nFrom `{r['command']}` (run `<outputs>/{r['run']}`, figure reconcile.png there).")
-    print(json.dumps({n: f["status"] for n, f in figures.items()}, indent=2))
+        blocks.append((ROOT / "docs" / "microbenchmark.md", "phase1-reconcile",
+                       f"{sentences}\n\nFrom `{r['command']}` (run `<outputs>/{r['run']}`, figure reconcile.png there)."))
+    return blocks
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.report.docblocks import check_blocks, replace_block
-from numdev.runs.atomic import write_text
+from numdev.runs.atomic import read_json, write_text
 from numdev.runs.layout import RunDir
 from numdev.runs.provenance import machine_line, provenance
+from numdev.runs.schemas import result_fields
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "docs" / "results" / "qiu_yao_gpt_tiny.json"
@@ -196,13 +197,9 @@ def main() -> None:
     if args.docs_only:
         if args.runs:
             parser.error("--docs-only reads the committed JSON: give no run directories with it")
-        try:
-            result = json.loads(RESULT.read_text(encoding="utf-8"))
-            text = block(result)  # before anything is written: a forged or truncated result is refused whole
-        except (OSError, ValueError) as error:
-            parser.error(f"{RESULT}: {error}")
-        except (KeyError, TypeError, IndexError, AttributeError) as error:
-            parser.error(f"{RESULT}: not a result of this script ({type(error).__name__}: {error}): rerun it on the runs")
+        with result_fields(RESULT, "qiu-yao result"):  # before anything is written: a forged or truncated result is refused whole
+            result = read_json(RESULT, "qiu-yao result")
+            text = block(result)
         figure(result, FIGURE)
         replace_block(DOC, "qiu-yao", text)
         return

@@ -33,6 +33,7 @@ from numdev.numerics.stages import stage_formats
 from numdev.report.docblocks import check_blocks, replace_block
 from numdev.runs.atomic import read_json, write_text
 from numdev.runs.provenance import machine_line, provenance
+from numdev.runs.schemas import result_fields
 from numdev.stats import intervals as stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +113,9 @@ def main() -> None:
     if args.docs_only or args.write_docs:
         check_blocks((DOC, "tie-fix-bias"))
     if args.docs_only:
-        replace_block(DOC, "tie-fix-bias", block(read_json(RESULT, "tie-fix result")))
+        with result_fields(RESULT, "tie-fix result"):
+            text = block(read_json(RESULT, "tie-fix result"))
+        replace_block(DOC, "tie-fix-bias", text)
         return
     result = measure()
     json.dump(result, sys.stdout, indent=1)

@@ -78,6 +78,7 @@ def test_the_optimizations_tables_are_the_scripts_from_the_committed_summary(wor
     assert read_block(work.doc, work.ordering_block) == table.ordering_text(summary, work.result, work.command).strip()
     if workload == "dit":
         assert read_block(README, "findings-optimizations") == table.findings_sentence(summary, work.result, work.command).strip()
+        assert read_block(table.DOC, "optimization-catalogue") == table.catalogue_text().strip()  # every option in conf/
 
 
 def test_the_configuration_reference_lists_every_option_in_conf():

@@ -147,3 +147,38 @@ def test_gpu_call_refuses_write_docs_into_a_doc_without_its_block_before_the_reh
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
     assert f"--write-docs: {script.DOC}: block 'no-such-block' needs exactly one" in err
     assert not (tmp_path / "out").exists()
+
+
+# (script, arguments, the module attribute naming the result file ("ROOT": the repository root it lies under))
+FORGED = [
+    ("tie_fix_bias", ["--docs-only"], "RESULT"),
+    ("bench_lm_step", ["--write-docs"], "RESULT"),
+    ("qiu_yao_search", ["--docs-only"], "RESULT"),
+    ("gemm_results", ["--rejudge", "--no-docs"], "ROOT"),
+    ("phase1_results", ["--rejudge", "--no-docs"], "ROOT"),
+    ("bench_emulator", ["--table", "{result}", "--docs", "{tmp}/doc.md"], None),
+]
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '{"figures": 3, "rows": [1], "runs": {"a": null}, "machine": null}'])
+@pytest.mark.parametrize(("name", "args", "attribute"), FORGED, ids=[f[0] for f in FORGED])
+def test_a_forged_result_is_one_line_naming_it_and_nothing_is_written(tmp_path, monkeypatch, name, args, attribute, content):
+    """Valid JSON of the wrong shape (a field missing or of the wrong type) - not a KeyError's traceback."""
+    script = load_script(name)
+    result = tmp_path / "docs" / "results" / {"gemm_results": "gemm.json", "phase1_results": "phase1.json"}.get(name, "r.json")
+    result.parent.mkdir(parents=True)
+    result.write_text(content + "\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text(GOOD.replace(" t -->", " emulator-speed -->"))
+    if attribute is not None:
+        monkeypatch.setattr(script, attribute, tmp_path if attribute == "ROOT" else result)
+    if attribute == "RESULT" and hasattr(script, "REPO"):  # the help and the block name the result relative to it
+        monkeypatch.setattr(script, "REPO", tmp_path)
+    before = {p: p.read_bytes() for p in (*REPO.joinpath("docs").glob("*.md"), REPO / "README.md", doc)}
+    monkeypatch.setattr(sys, "argv", [name, *(a.format(tmp=tmp_path, result=result) for a in args)])
+    with pytest.raises(ValueError) as error:
+        script.main()
+    message = str(error.value)
+    assert message.startswith(f"{result}: not a ") and "as its script writes it" in message and "\n" not in message, message
+    assert result.read_text() == content + "\n"
+    assert {p: p.read_bytes() for p in before} == before

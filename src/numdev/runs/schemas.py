@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -284,6 +285,19 @@ def read_outcome(path: str | os.PathLike, key: str) -> float | None:
         if key == "heldout_loss" and value < 0:
             raise ValueError(f"{path}: {key} = {value!r} is negative, which a mean squared error cannot be: the record was edited or forged")
     return value
+
+
+@contextmanager
+def result_fields(path: str | os.PathLike, what: str):
+    """Reading the fields of a result with no FileSchema here (a script's own JSON under docs/results,
+    rendered into a doc block): a field missing or of the wrong type - a forged, edited or older
+    file - is one ValueError naming the file, not a KeyError's traceback. Render the whole block
+    inside it, before anything is written."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, AttributeError) as error:
+        field = f"no field {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+        raise ValueError(f"{path}: not a {what} as its script writes it ({field}): rerun the command that wrote it") from None
 
 
 def read_figure_summary(path: str | os.PathLike) -> dict:
