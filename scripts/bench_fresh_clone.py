@@ -29,6 +29,7 @@ from pathlib import Path
 from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.layout import tree_bytes
 from numdev.runs.provenance import git_state, provenance
+from numdev.runs.scratch import scratch
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {"demo": ["make", "demo"], "test": ["bash", ".ci/run"]}
@@ -48,7 +49,7 @@ def main() -> None:
     if args.keep_outputs is not None and args.keep_outputs.exists():
         parser.error(f"--keep-outputs {args.keep_outputs}: already exists; give a new directory")
     state = git_state()
-    with tempfile.TemporaryDirectory(prefix="numdev-fresh-") as tmp:
+    with scratch("numdev_bench_fresh_clone_") as tmp:
         clone = Path(tmp) / "numdev"
         subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}

@@ -17,11 +17,11 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser, run_script
+from numdev.runs.scratch import scratch
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
         parser.error(f"--keep {args.keep}: takes one repeat and a directory that does not exist yet")
     seconds, summary = [], {}
     for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory() as tmp:
+        with scratch("numdev_bench_reconcile_") as tmp:
             root = args.keep.resolve() if args.keep is not None else Path(tmp)
             start = time.perf_counter()
             subprocess.run([sys.executable, "-m", "numdev.bench.app", "experiment=reconcile", f"output_root={root}", *args.overrides],

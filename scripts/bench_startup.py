@@ -17,12 +17,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.provenance import provenance
+from numdev.runs.scratch import scratch
 
 BIN = Path(sys.executable).parent
 CASES = {  # name -> (command line, the exit status it must give)
@@ -61,7 +61,7 @@ def main() -> None:
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give at least 1")
     cases = {}
-    with tempfile.TemporaryDirectory(prefix="numdev-startup-") as cwd:  # nothing a case writes lands in the checkout
+    with scratch("numdev_bench_startup_") as cwd:  # nothing a case writes lands in the checkout
         for _ in range(args.repeats):  # interleaved: a slow moment of the machine touches every case alike
             for name, (argv, expected) in CASES.items():
                 wall, line = time_case(argv, expected, cwd)

@@ -26,7 +26,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from numdev.cli.demo import STUDY as DEMO_STUDY
 from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.layout import tree_bytes
 from numdev.runs.provenance import provenance
+from numdev.runs.scratch import scratch
 
 COMMANDS = {
     "demo": list(DEMO_STUDY),
@@ -90,7 +90,7 @@ def main() -> None:
     command = [*COMMANDS[args.which], "trainer.enable_progress_bar=false", *args.overrides]
     repeats = []
     for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory() as tmp:
+        with scratch("numdev_bench_study_") as tmp:
             study_dir = args.keep.resolve() if args.keep is not None else Path(tmp) / "study"
             load_before = os.getloadavg()
             cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)

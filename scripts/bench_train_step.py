@@ -31,7 +31,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from hydra.utils import instantiate
 from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.atomic import write_json
 from numdev.runs.provenance import provenance
+from numdev.runs.scratch import scratch
 from numdev.train.callbacks.sibling import SiblingDistance
 from numdev.train.precision import resolve
 from numdev.train.run import build_model, build_module
@@ -150,7 +150,7 @@ def snapshot_cost(model: str, step_seconds: float, repeats: int = 3) -> dict:
     net = build_model(cfg, instantiate(cfg.attention))
     named = list(net.named_parameters())
     seconds = []
-    with tempfile.TemporaryDirectory() as run_dir:
+    with scratch("numdev_bench_train_step_") as run_dir:
         writer = SnapshotWriter(run_dir, cfg.model.name, {n: list(p.shape) for n, p in named})
         for step in range(repeats):
             start = time.perf_counter()
@@ -171,7 +171,7 @@ def snapshot_cost(model: str, step_seconds: float, repeats: int = 3) -> dict:
 
 def sibling_cost(model: str, step_seconds: float, threads: int, repeats: int = 3) -> dict:
     """A live sibling comparison at a snapshot step after the first, against the training time between snapshots."""
-    with tempfile.TemporaryDirectory() as root:
+    with scratch("numdev_bench_train_step_") as root:
         mine_dir, reference_dir, states = make_runs(Path(root), model)
         callback = SiblingDistance(str(mine_dir), str(reference_dir), label="bench", threads=threads)
         callback.measure(1, states[1])

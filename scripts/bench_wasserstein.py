@@ -43,7 +43,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,6 +57,7 @@ from numdev.cli.script_args import ScriptParser, run_script
 from numdev.runs.atomic import write_json
 from numdev.runs.layout import RunDir, indexed_rows
 from numdev.runs.provenance import provenance
+from numdev.runs.scratch import scratch
 from numdev.train.callbacks.sibling import SiblingDistance
 from numdev.train.run import build_model
 from numdev.weights.distances import CompareCache, compare, distance_rows, prepare, split_sets
@@ -142,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
+    with scratch("numdev_bench_wasserstein_") as tmp, contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON only
         mine_dir, reference_dir, states = make_runs(Path(tmp), args.model)
         unsorted_dir = Path(tmp) / "reference_without_sorted_values"
         shutil.copytree(reference_dir, unsorted_dir, ignore=shutil.ignore_patterns("sorted_*"))
@@ -198,9 +198,9 @@ def main() -> None:
         )
         own_rows = indexed_rows([RunDir(reference_dir).read_token_rows()], 2)
         sorted_sets = SortedSets(prepared_theirs.sorted, prepared_theirs.pooled_sorted, own_rows)
-        scratch = Path(tmp) / "scratch"
+        sorted_dir = Path(tmp) / "scratch"
         cases["write_sorted_values"] = per_parameter(
-            timed(lambda: write_sorted_values(scratch, 2, sha256, sorted_sets), args.repeats), parameters
+            timed(lambda: write_sorted_values(sorted_dir, 2, sha256, sorted_sets), args.repeats), parameters
         )
         writer = SummaryWriter(str(Path(tmp) / "tensorboard"))
         cases["histogram"] = per_parameter(timed(lambda: callback.log_histograms(writer, 2, mine, theirs), args.repeats), parameters)

@@ -42,6 +42,7 @@ from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.workers import die_with_parent
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
+from numdev.runs.scratch import remove_stale
 
 REPO = Path(__file__).resolve().parents[1]
 REHEARSAL = REPO / "docs" / "results" / "gpu_call_rehearsal_cpu.json"  # --write-docs copies a rehearsal's record here
@@ -87,21 +88,7 @@ SWEEPS = Path("/tmp")  # where each call keeps its learning-rate sweep: numdev_l
 def remove_stale_sweeps(root: Path = SWEEPS) -> list[str]:
     """Remove the sweep folders of calls no longer running (a call killed outright cannot tidy its own);
     a live call's is left alone. The folders removed."""
-    removed = []
-    for folder in root.glob("numdev_lr_edge_*"):
-        pid = folder.name.removeprefix("numdev_lr_edge_")
-        if not pid.isdigit() or not folder.is_dir() or folder.is_symlink():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # that call (or a process with its pid) is alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:  # another user's process
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(str(folder))
-    return removed
+    return remove_stale(root, "numdev_lr_edge_")
 
 
 def steps(device: str, out: Path, workers: int) -> list[Step]:

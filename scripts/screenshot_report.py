@@ -16,10 +16,10 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser, run_script
+from numdev.runs.scratch import scratch
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # The stable section ids of a numdev report (numdev/report/provenance.py ANCHOR, report/study.py).
@@ -37,7 +37,7 @@ def screenshot(page: Path, out: Path, width: int = 1200, height: int = 9000, mar
     if not page.is_file():
         raise FileNotFoundError(f"{page} does not exist: run numdev-report first")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as profile:
+    with scratch("numdev_screenshot_report_") as profile:
         command = [
             browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
             f"--user-data-dir={profile}", f"--window-size={width},{height}", f"--screenshot={out}",

@@ -29,7 +29,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import provenance
+from numdev.runs.scratch import scratch
 
 DTYPES = ("bf16", "fp16")
 FORWARD_SWITCHES = ("CAUSAL", "FA1", "USE_EXP2", "STATS_LOW", "ACC_LOW")
@@ -83,7 +83,7 @@ def variants(kernel, dims: list[int], dtypes: list[str]) -> list[dict]:
 
 def ptxas_usage(ptxas: str, ptx: str, arch: str) -> dict:
     """Registers and spill bytes of the PTX's entry function, from `ptxas -v`."""
-    with tempfile.TemporaryDirectory() as folder:
+    with scratch("numdev_ptxas_") as folder:
         source = os.path.join(folder, "kernel.ptx")
         with open(source, "w") as file:
             file.write(ptx)
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
 
     # a fresh cache: every variant is compiled here, not read from an earlier run's files; removed however the run ends
     try:
-        with StopOnSignal(), tempfile.TemporaryDirectory(prefix="numdev_triton_cache_") as cache:
+        with StopOnSignal(), scratch("numdev_triton_cache_") as cache:  # a cache a SIGKILL left is removed by the next run
             os.environ["TRITON_CACHE_DIR"] = cache
             for index, variant in enumerate(todo, 1):
                 record = compile_one(kernel, variant, target, ptxas)

@@ -45,6 +45,7 @@ TIERS = {
         "test_gpu_call.py::test_a_step_past_its_limit_is_stopped_with_its_group_and_the_call_goes_on",
         "test_gpu_call.py::test_sigterm_to_the_call_stops_the_running_step_and_writes_the_record",
         "test_gpu_call.py::test_a_call_killed_outright_leaves_no_step_running",
+        "test_scratch.py::test_a_folder_a_sigkill_left_is_removed_by_the_next_run_and_nothing_else_is",
         "test_gpu_kernels_script.py::test_a_sigterm_stops_the_workers_and_keeps_the_finished_cells",
     ),
     "cli": (
@@ -63,6 +64,8 @@ TIERS = {
         "test_early.py::test_the_ladder_recovers_a_planted_eps",
         "test_gpu_call.py::test_the_whole_call_rehearses_on_the_cpu",
         "test_lr_edge.py",
+        "test_script_entry.py::test_run_script_turns_user_errors_into_one_line_and_passes_exit_codes_on",
+        "test_script_entry.py::test_a_bug_keeps_its_traceback",
         "test_gpu_kernels_script.py::test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline",
         "test_gpu_kernels_script.py::test_workers_give_the_rows_of_the_serial_run_bit_for_bit_in_grid_order",
         "test_bench_triton_script.py::test_the_cpu_rehearsal_times_triton_and_sdpa_flash_and_writes_the_report",
@@ -240,7 +243,7 @@ def _logging_as_it_was():
 
 # -- a unit test stays in-process --------------------------------------------------------------------
 def _starts_a_command(args) -> bool:
-    """A numdev console script, `python -m numdev...`, `python -c ...` or a script of this repository
+    """A numdev console script, `python -m numdev...`, `python -c ...`, a script of this repository or any `python X.py`
     (not the processes libraries start for themselves: a C compiler, torch.compile's workers, git)."""
     words = [str(w) for w in (args if isinstance(args, (list, tuple)) else [args])]
     if not words:
@@ -249,7 +252,8 @@ def _starts_a_command(args) -> bool:
         return True
     if words[0] != sys.executable or len(words) < 2:
         return False
-    return words[1] == "-c" or (words[1] == "-m" and words[2:3] and words[2].startswith("numdev")) or words[1].startswith(str(REPO))
+    return (words[1] == "-c" or (words[1] == "-m" and words[2:3] and words[2].startswith("numdev"))
+            or words[1].startswith(str(REPO)) or words[1].endswith(".py"))
 
 
 @pytest.fixture(autouse=True)
