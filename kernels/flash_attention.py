@@ -54,8 +54,10 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 LOG2_E = 1.4426950408889634
 
 # Backward tiles and launch options: performance only (the backward has no numeric knobs).
-# Chosen so that no kernel spills registers on sm80 or sm90 (compile_for_gpu, cuobjdump -res-usage).
-_BWD_OPTIONS = {"num_warps": 8, "num_stages": 3}
+# At d <= 64 no backward kernel spills registers on sm90; at d = 128 some variants of dK/dV (and,
+# under Triton 3.8, of dQ) spill a little: scripts/triton_compile.py's table in docs/gpu.md (ptxas -v
+# of every variant). Whether that costs time is for a GPU to say.
+BACKWARD_OPTIONS = {"num_warps": 8, "num_stages": 3}
 
 
 def backward_blocks(head_dim: int) -> dict[str, tuple[int, int]]:
@@ -578,14 +580,14 @@ def backward(
             module._bwd_dkdv_kernel, (triton.cdiv(n_k, block_n), batch * heads),
             (q, k, v, do, dk, dv, lse, delta, s_scale, scale, n_q, n_k, heads,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv)),
-            {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}, _BWD_OPTIONS,
+            {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}, BACKWARD_OPTIONS,
         )
         block_m, block_n = blocks["_bwd_dq_kernel"]
         _launch(
             module._bwd_dq_kernel, (triton.cdiv(n_q, block_m), batch * heads),
             (q, k, v, do, dq, lse, delta, s_scale, scale, n_q, n_k, heads,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq)),
-            {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}, _BWD_OPTIONS,
+            {"BLOCK_M": block_m, "BLOCK_N": block_n, **common}, BACKWARD_OPTIONS,
         )
     return dq, dk, dv
 
@@ -695,7 +697,7 @@ def compile_for_gpu(
             launch_options(head_dim, block_m, block_n, knobs),
         ),
         **{
-            name: ({**common, "BLOCK_M": block_m, "BLOCK_N": block_n}, _BWD_OPTIONS)
+            name: ({**common, "BLOCK_M": block_m, "BLOCK_N": block_n}, BACKWARD_OPTIONS)
             for name, (block_m, block_n) in backward_blocks(head_dim).items()
         },
     }

@@ -75,7 +75,7 @@ def variants(kernel, dims: list[int], dtypes: list[str]) -> list[dict]:
                                          **dict(zip(FORWARD_SWITCHES, values))}})
         for name, (block_m, block_n) in kernel.backward_blocks(dim).items():
             for values in itertools.product((False, True), repeat=len(BACKWARD_SWITCHES)):
-                found.append({"kernel": name, "dtype": dtype, "head_dim": dim, "options": dict(kernel._BWD_OPTIONS),
+                found.append({"kernel": name, "dtype": dtype, "head_dim": dim, "options": dict(kernel.BACKWARD_OPTIONS),
                               "constexprs": {"HEAD_DIM": dim, "BLOCK_M": block_m, "BLOCK_N": block_n,
                                              **dict(zip(BACKWARD_SWITCHES, values))}})
     return found
