@@ -46,7 +46,8 @@ def _read(path: Path, name: str) -> str:
 
 
 def _split(path: Path, name: str, content: str) -> tuple[str, str, str]:
-    """(head, begin marker + body + end marker's text before the tail, tail) of block NAME."""
+    """(the text before the begin marker, the body between the markers, the text after the end marker) of
+    block NAME, or DocBlockError."""
     begin, end = _markers(name)
     if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
         found = f"{content.count(begin)} begin and {content.count(end)} end marker(s)"
