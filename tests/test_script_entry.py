@@ -91,6 +91,18 @@ def test_run_script_turns_user_errors_into_one_line_and_passes_exit_codes_on(tmp
         assert len(lines) == 1 and lines[0].startswith(message), done.stderr[-2000:]
 
 
+def test_a_reader_that_goes_away_is_no_traceback(tmp_path):
+    """`script | head -c 1`: the script's later prints meet a closed pipe."""
+    path = tmp_path / "chatty.py"
+    path.write_text("from numdev.cli.script_args import run_script\n\n\ndef main():\n    for _ in range(100000):\n"
+                    "        print('x' * 100)\n\n\nrun_script(main)\n")
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, str(path)], stdout=reader.stdin, stderr=subprocess.PIPE, text=True, timeout=120)
+    reader.stdin.close()
+    reader.wait(timeout=60)
+    assert done.returncode == 1 and done.stderr == "", done.stderr[-2000:]
+
+
 def test_a_bug_keeps_its_traceback(tmp_path):
     """Only user errors are shortened: a script's own bug (here an AttributeError) shows where it is."""
     done = _script(tmp_path, "None.missing")

@@ -103,7 +103,8 @@ def run_script(main) -> None:
     return value (None: 0). A user error that reaches it - a results file that is missing or not
     valid JSON (numdev.runs.atomic.read_json), a doc block that lost its markers
     (numdev.report.docblocks), an output that cannot be written (WriteError) - is one line on stderr
-    and exit 2, like the apps (numdev.cli.errors.USER_ERRORS); Ctrl-C is one line and exit 130."""
+    and exit 2, like the apps (numdev.cli.errors.USER_ERRORS); Ctrl-C is one line and exit 130; a closed
+    pipe on stdout (`script | head`) is exit 1 without a traceback."""
     import sys
 
     from numdev.cli.errors import USER_ERRORS, fail, interrupted
@@ -115,4 +116,7 @@ def run_script(main) -> None:
         fail(program, error)
     except KeyboardInterrupt:
         interrupted(program)
+    except BrokenPipeError:  # `script | head`: the reader went away; nothing more to say (Python's docs, signal module)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     sys.exit(code)
