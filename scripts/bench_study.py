@@ -31,7 +31,7 @@ from pathlib import Path
 
 from numdev.cli.demo import STUDY as DEMO_STUDY
 from numdev.cli.script_args import ScriptParser, run_script
-from numdev.runs.layout import tree_bytes
+from numdev.runs.layout import RunDir, tree_bytes
 from numdev.runs.provenance import provenance
 from numdev.runs.scratch import scratch
 
@@ -53,9 +53,15 @@ BUDGET_S = {"demo": 360, "early": 900, "lowfloor": 900, "full": 1200, "smoke": 1
 def run_seconds(study_dir: Path) -> dict[str, float]:
     out = {}
     for record in sorted(study_dir.glob("r*/*/run.json")):
-        run = json.loads(record.read_text())
-        start = datetime.datetime.strptime(run["started"], "%Y-%m-%dT%H:%M:%S%z")
-        end = datetime.datetime.strptime(run["finished"], "%Y-%m-%dT%H:%M:%S%z")
+        run = RunDir(record.parent).read_record()  # checked: one line naming the file if truncated or forged
+        if "started" not in run or "finished" not in run:
+            raise ValueError(f"{record}: status {run['status']!r}, no start and finish time: not a finished run "
+                             "(finish the study, or time another one)")
+        try:
+            start = datetime.datetime.strptime(run["started"], "%Y-%m-%dT%H:%M:%S%z")
+            end = datetime.datetime.strptime(run["finished"], "%Y-%m-%dT%H:%M:%S%z")
+        except ValueError as error:
+            raise ValueError(f"{record}: started/finished are not times numdev writes ({error}): the record was edited") from None
         out[f"{record.parent.parent.name}/{record.parent.name}"] = (end - start).total_seconds()
     return out
 
@@ -66,7 +72,7 @@ def role_costs(study_dir: Path) -> dict[str, dict]:
     by_role: dict[str, dict[str, list]] = {}
     for name, seconds in run_seconds(study_dir).items():
         replicate, role = name.split("/")
-        run = json.loads((study_dir / replicate / role / "run.json").read_text())
+        run = RunDir(study_dir / replicate / role).read_record()
         entry = by_role.setdefault(role, {"run_s": [], "step_s": [], "steps": []})
         entry["run_s"].append(seconds)
         entry["steps"].append(run.get("final_step"))

@@ -194,3 +194,18 @@ def test_a_forged_result_is_one_line_naming_it_and_nothing_is_written(tmp_path, 
     assert message.startswith(f"{result}: not a ") and "as its script writes it" in message and "\n" not in message, message
     assert result.read_text() == content + "\n"
     assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize(("record", "says"), [
+    ('{"status": "run', "not valid JSON"),
+    ('["a list"]', "holds a list"),
+    ('{"status": "running"}', "status 'running', no start and finish time"),
+    ('{"status": "finished", "started": "yesterday", "finished": "today"}', "started/finished are not times numdev writes"),
+])
+def test_bench_study_reads_each_run_record_through_its_schema(tmp_path, record, says):
+    run = tmp_path / "r0" / "flash"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(record)
+    with pytest.raises(ValueError, match=r"run\.json") as error:
+        load_script("bench_study").run_seconds(tmp_path)
+    assert says in str(error.value) and "\n" not in str(error.value)
