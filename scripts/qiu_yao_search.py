@@ -189,8 +189,9 @@ def main() -> None:
     parser.add_argument("--heldout", type=at_least(1), default=64, help="held-out windows of the held-out loss")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--train-machine", default=None, help="the machine the runs trained on, for the docs (default: this one)")
-    parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--docs-only", action="store_true", help=f"rewrite the figure and the docs block from {RESULT.relative_to(REPO)}, reading no run")
+    docs = parser.add_mutually_exclusive_group()  # measure and write the docs, or write them from the committed result
+    docs.add_argument("--write-docs", action="store_true")
+    docs.add_argument("--docs-only", action="store_true", help=f"rewrite the figure and the docs block from {RESULT.relative_to(REPO)}, reading no run")
     args = parser.parse_args()
     if args.docs_only or args.write_docs:
         check_blocks((DOC, "qiu-yao"))

@@ -107,8 +107,9 @@ def block(result: dict) -> str:
 
 def main() -> None:
     parser = ScriptParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--docs-only", action="store_true", help=f"rewrite the block from {RESULT.relative_to(REPO)}, measuring nothing")
+    docs = parser.add_mutually_exclusive_group()  # measure and write the docs, or write them from the committed result
+    docs.add_argument("--write-docs", action="store_true")
+    docs.add_argument("--docs-only", action="store_true", help=f"rewrite the block from {RESULT.relative_to(REPO)}, measuring nothing")
     args = parser.parse_args()
     if args.docs_only or args.write_docs:
         check_blocks((DOC, "tie-fix-bias"))

@@ -86,6 +86,8 @@ SCRIPT_MISTAKES = [
     ("bench_emulator.py", ["--seed", str(2**64)], "must be a non-negative integer below 2^64"),
     ("bench_wasserstein.py", ["--out", "{tmp}"], "is a directory, not a regular file"),
     ("bench_train_step.py", ["--out", "{tmp}/file/x.json"], "{tmp}/file is not a directory"),
+    ("tie_fix_bias.py", ["--docs-only", "--write-docs"], "--write-docs: not allowed with argument --docs-only"),
+    ("qiu_yao_search.py", ["--write-docs", "--docs-only"], "--docs-only: not allowed with argument --write-docs"),
 ]
 
 
