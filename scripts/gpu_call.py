@@ -10,11 +10,19 @@ real kernels), `triton` and `triton_causal` (scripts/bench_triton.py: TFLOP/s be
 cuDNN), `lr_edge` (a learning-rate sweep, eager against Flash: experiment=lr_edge) and
 `lr_edge_summary` (scripts/lr_edge.py). Each step runs as its own process group under a limit of
 min(its budget, what is left of --budget); a step past its limit gets SIGTERM, then SIGKILL 10 s
-later; a step that would start with less than its minimum left is skipped. Every step writes under
---out and the call's record, <out>/gpu_call.json (command, limit, seconds, exit status, whether it
-timed out, its log and its outputs per step; provenance), is rewritten atomically after every step,
-so a call stopped at the machine's limit still returns what it finished. Logs: <out>/logs/<step>.log.
-A SIGTERM or SIGINT to this script stops the running step's whole group and writes the record.
+later; a step that would start with less than its minimum left is skipped. A SIGTERM or SIGINT to this
+script stops the running step's whole group and writes the record.
+
+What --out holds is what the device machine sends back, whose limits (../.library/device/README.md)
+are at most 8 files of at most 16 MiB, 64 MiB in all: the call's record, <out>/gpu_call.json (command,
+limit, seconds, exit status, whether it timed out, its log and its outputs per step; provenance), each
+step's result JSON, written there as the step runs (gpu_kernels.py rewrites its own after every cell),
+and <out>/gpu_call_files.tar.gz: every step's log (logs/<step>.log), pytest's report, the sweep's
+figure and its runs' small records (lr_edge_runs/<job>/), which the steps write in a scratch folder
+(/tmp/numdev_gpu_call_<pid>_*, printed at the start; the learning-rate sweep itself runs there too).
+The record and the archive are rewritten atomically after every step, so a call stopped at the
+machine's limit still returns what it finished. The call checks what --out holds against those
+limits at its end (the record's `returned`): a file more, or one too large, is one line and exit 1.
 Exit status: 0 when every step ran and exited 0 (in a --device cpu rehearsal pytest's 5, "no GPU
 test selected", counts as 0), else 1 (a step failed, timed out or was skipped); 2 for a bad argument.
 
@@ -26,12 +34,15 @@ numdev's Triton kernel in Triton's interpreter, and the sweep trains a small mod
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +51,9 @@ from numdev.cli.commands import argv
 from numdev.cli.errors import one_line
 from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.workers import die_with_parent
-from numdev.runs.atomic import write_text
+from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.provenance import provenance
-from numdev.runs.scratch import remove_stale
+from numdev.runs.scratch import scratch
 
 REPO = Path(__file__).resolve().parents[1]
 REHEARSAL = REPO / "docs" / "results" / "gpu_call_rehearsal_cpu.json"  # --write-docs copies a rehearsal's record here
@@ -52,6 +63,11 @@ IMAGE_REHEARSAL, IMAGE_BLOCK = REPO / "docs" / "results" / "gpu_call_rehearsal_c
 GPU_TESTS = ["tests/test_triton_kernel.py", "tests/test_flash_attn_backend.py", "tests/test_cli.py"]
 LR_GRID = "3e-2,1e-1,1e-2,3e-1,3e-3,1,1e-3"  # from the middle out: a sweep cut short keeps the likely edge
 GRACE_S = 10  # SIGTERM, then SIGKILL this much later
+ARCHIVE = "gpu_call_files.tar.gz"  # under --out: the logs, pytest's report, the figure, the sweep's run records
+SWEEP = "lr_edge_sweep"  # in the scratch folder, not packed: checkpoints and predictions are tens of MB
+# What the device machine sends back from $OUT (../.library/device/README.md, "files back from $OUT")
+RETURN_FILES, RETURN_FILE_BYTES, RETURN_BYTES = 8, 16 << 20, 64 << 20
+RETURN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass
@@ -61,9 +77,10 @@ class Step:
     budget_s: int  # its limit when that much of the call is left
     command: list[str]
     min_s: int = 20  # skipped when less than this is left
-    outputs: list[str] = field(default_factory=list)  # under --out
+    outputs: list[str] = field(default_factory=list)  # written under --out, sent back as they are
+    packed: list[str] = field(default_factory=list)  # written in the scratch folder, sent back in ARCHIVE
     ok_codes: tuple[int, ...] = (0,)
-    collect: Path | None = None  # a sweep kept outside --out: its jobs' small records are copied under <out>/<name>_runs
+    collect: Path | None = None  # a sweep in the scratch folder: its jobs' small records are copied to <name>_runs/ beside it
 
 
 RECORDS = ("run.json", "config.yaml", "heldout.json", "instability.json", "app.log", "continuations.json")
@@ -82,19 +99,44 @@ def collect_records(sweep: Path, into: Path) -> list[str]:
     return copied
 
 
-SWEEPS = Path("/tmp")  # where each call keeps its learning-rate sweep: numdev_lr_edge_<the call's pid>
+def pack(work: Path, into: Path) -> list[str]:
+    """Write every file under `work` but the sweep itself into the gzipped tar `into`, atomically (a
+    call stopped mid-write keeps the last whole archive); the members, relative to `work`."""
+    members = sorted(str(path.relative_to(work)) for path in work.rglob("*")
+                     if path.is_file() and not path.is_symlink() and path.relative_to(work).parts[0] != SWEEP)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name in members:
+            archive.add(work / name, arcname=name, recursive=False)
+    write_bytes(into, buffer.getvalue())
+    return members
 
 
-def remove_stale_sweeps(root: Path = SWEEPS) -> list[str]:
-    """Remove the sweep folders of calls no longer running (a call killed outright cannot tidy its own);
-    a live call's is left alone. The folders removed."""
-    return remove_stale(root, "numdev_lr_edge_")
+def returned(folder: Path) -> tuple[list[dict], list[str]]:
+    """What the device machine would send back from `folder`: ({name, bytes} per file) and one line per
+    limit it breaks (too many files, a file too large or too deep, a name it refuses, too much in all)."""
+    files = sorted(path for path in folder.rglob("*") if not path.is_dir())
+    found = [{"name": str(path.relative_to(folder)), "bytes": path.lstat().st_size} for path in files]
+    broken = []
+    if len(found) > RETURN_FILES:
+        broken.append(f"{len(found)} files, over the {RETURN_FILES} the device machine sends back")
+    for entry in found:
+        parts = Path(entry["name"]).parts
+        if entry["bytes"] > RETURN_FILE_BYTES:
+            broken.append(f"{entry['name']}: {entry['bytes'] / 2**20:.1f} MiB, over {RETURN_FILE_BYTES >> 20} MiB")
+        if len(parts) > 3 or not all(RETURN_NAME.fullmatch(part) for part in parts):
+            broken.append(f"{entry['name']}: too deep or a name other than letters, digits, '.', '_' and '-'")
+    total = sum(entry["bytes"] for entry in found)
+    if total > RETURN_BYTES:
+        broken.append(f"{total / 2**20:.1f} MiB in all, over {RETURN_BYTES >> 20} MiB")
+    return found, broken
 
 
-def steps(device: str, out: Path, workers: int) -> list[Step]:
+def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
+    """The call's steps: results under `out`, everything else in the scratch folder `work`."""
     py = sys.executable
     script = lambda name: str(REPO / "scripts" / name)  # noqa: E731
-    sweep = SWEEPS / f"numdev_lr_edge_{os.getpid()}"  # checkpoints and predictions stay on the machine
+    sweep = work / SWEEP
     if device == "cuda":
         # the lent H200 has 128 GiB (KINDS.md) but its memory starts small and grows as it is used: the
         # workers' cap is sized from the machine, not from MemAvailable at the start
@@ -114,8 +156,8 @@ def steps(device: str, out: Path, workers: int) -> list[Step]:
         Step("correctness", "pytest -m gpu: the Triton kernel, each FlashAttention kernel installed (forward, dQ/dK/dV), "
              "training with each backend", 150,
              [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *pytest_extra,
-              f"--junitxml={out / 'pytest_gpu.xml'}", *GPU_TESTS],
-             outputs=["pytest_gpu.xml"], ok_codes=(0,) if device == "cuda" else (0, 5)),
+              f"--junitxml={work / 'pytest_gpu.xml'}", *GPU_TESTS],
+             packed=["pytest_gpu.xml"], ok_codes=(0,) if device == "cuda" else (0, 5)),
         Step("kernels_bf16", "gpu_kernels.py, bf16: SDPA flash and cuDNN (and any FlashAttention installed) against the "
              "emulator bit for bit; Fig. 4 ratio with real kernels", 110,
              [py, script("gpu_kernels.py"), "--dtypes", "bf16", *kernel_grid, "--out", str(out / "gpu_kernels_bf16.json")],
@@ -132,8 +174,8 @@ def steps(device: str, out: Path, workers: int) -> list[Step]:
               "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}"], min_s=40, collect=sweep),
         Step("lr_edge_summary", "lr_edge.py: held-out loss against learning rate, the edge and the LR sensitivity per "
              "backend", 30,
-             [py, script("lr_edge.py"), str(sweep), "--out", str(out / "lr_edge.json"), "--figure", str(out / "lr_edge.png")],
-             min_s=5, outputs=["lr_edge.json", "lr_edge.png"]),
+             [py, script("lr_edge.py"), str(sweep), "--out", str(out / "lr_edge.json"), "--figure", str(work / "lr_edge.png")],
+             min_s=5, outputs=["lr_edge.json"], packed=["lr_edge.png"]),
         Step("triton_causal", "bench_triton.py --causal", 60,
              [py, script("bench_triton.py"), *triton_grid, "--causal", "--out", str(out / "bench_triton_causal.json")],
              outputs=["bench_triton_causal.json"]),
@@ -145,7 +187,7 @@ def table(record: dict, image: bool = False) -> str:
     (image: the rehearsal under the GPU image's versions)."""
     from numdev.runs.provenance import machine_line
 
-    plan = {step.name: step for step in steps("cuda", Path("$OUT"), 15)}
+    plan = {step.name: step for step in steps("cuda", Path("$OUT"), Path("work"), 15)}
     where = "under `.venv-gpu-image` (scripts/gpu_image_venv.sh) " if image else ""
     lines = [f"Rehearsed {where}with `python scripts/gpu_call.py --device cpu --out <folder> --budget {record['budget_s']}` on "
              f"{machine_line(record['provenance'])}: {record['seconds']:.0f} s in all, exit "
@@ -157,8 +199,8 @@ def table(record: dict, image: bool = False) -> str:
         if "skipped" in entry:
             done = f"skipped: {entry['skipped']}"
         else:
-            files = [name for name in entry.get("outputs", []) if "/" not in name]
-            runs = len({name.split("/")[1] for name in entry.get("outputs", []) if "/" in name})
+            files = entry.get("outputs", []) + [name for name in entry.get("packed", []) if "/" not in name]
+            runs = len({name.split("/")[1] for name in entry.get("packed", []) if name.startswith(f"{entry['name']}_runs/")})
             done = (f"{entry['seconds']:.1f} s, exit {entry['rc']}" + (" (timed out)" if entry.get("timed_out") else "")
                     + (f", {', '.join(files)}" if files else "") + (f", the records of {runs} runs" if runs else ""))
         lines.append(f"| `{entry['name']}` | {plan[entry['name']].what} | {plan[entry['name']].budget_s} | {done} |")
@@ -203,9 +245,58 @@ def _end_group(child: subprocess.Popen) -> None:
             continue
 
 
+def run_plan(plan: list[Step], manifest: dict, deadline: float, out: Path, work: Path, record_path: Path) -> bool:
+    """Run each step of `plan` in turn, rewriting the record and the archive after each; True when one
+    failed, timed out, was skipped or the call was stopped."""
+    def stop(signum, frame):
+        raise Stopped
+
+    failed = False
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for step in plan:
+            entry = {"name": step.name, "command": " ".join(step.command), "budget_s": step.budget_s,
+                     "log": f"{ARCHIVE}:logs/{step.name}.log"}
+            left = deadline - time.monotonic()
+            if left < step.min_s:
+                entry["skipped"] = f"{left:.0f} s of the call left, under this step's minimum of {step.min_s} s"
+                manifest["steps"].append(entry)
+                failed = True  # asked for and not done
+                continue
+            entry["limit_s"] = round(min(step.budget_s, left), 1)
+            print(f"gpu_call: {step.name} (limit {entry['limit_s']:.0f} s)", file=sys.stderr, flush=True)
+            try:
+                entry.update(run_step(step, entry["limit_s"], work / "logs" / f"{step.name}.log"))
+            finally:
+                entry["outputs"] = [name for name in step.outputs if (out / name).is_file()]
+                entry["packed"] = [name for name in step.packed if (work / name).is_file()]
+                if step.collect is not None:
+                    entry["packed"] += collect_records(step.collect, work / f"{step.name}_runs")
+                entry["ok"] = entry.get("rc") in step.ok_codes and not entry.get("timed_out")
+                failed |= not entry["ok"]
+                manifest["steps"].append(entry)
+                pack(work, out / ARCHIVE)
+                write_text(record_path, json.dumps(manifest, indent=1) + "\n")
+            print(f"gpu_call: {step.name}: exit {entry['rc']}, {entry['seconds']} s"
+                  + (" (timed out)" if entry["timed_out"] else ""), file=sys.stderr, flush=True)
+            if "stopped" in entry:
+                raise Stopped
+        manifest["complete"] = True
+    except Stopped:
+        manifest["stopped"] = "SIGTERM or SIGINT: the call ended early"
+        failed = True
+    finally:
+        manifest["seconds"] = round(manifest["budget_s"] - (deadline - time.monotonic()), 1)
+        pack(work, out / ARCHIVE)
+        write_text(record_path, json.dumps(manifest, indent=1) + "\n")
+        for sig, handler in handlers.items():  # a signal from here on ends the call as it would any script
+            signal.signal(sig, handler)
+    return failed
+
+
 def main(argv_=None) -> int:
     parser = ScriptParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", dest="folder", type=Path, required=True, help="folder for every result, log and gpu_call.json")
+    parser.add_argument("--out", dest="folder", type=Path, required=True, help="a new or empty folder: gpu_call.json, the results and gpu_call_files.tar.gz")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--budget", type=at_least(1), default=480, help="seconds for the whole call (default 8 minutes)")
     parser.add_argument("--only", nargs="+", default=None, help="these steps only, in the call's order")
@@ -221,20 +312,16 @@ def main(argv_=None) -> int:
     args = parser.parse_args(argv_)
     deadline = time.monotonic() + args.budget
     workers = args.workers or (max(1, (os.cpu_count() or 2) - 1) if args.device == "cuda" else 2)
-    plan = steps(args.device, args.folder.resolve(), workers)
-    names = [s.name for s in plan]
-    if args.only:
-        unknown = [n for n in args.only if n not in names]
-        if unknown:
-            parser.error(f"--only {' '.join(unknown)}: no such step (steps: {', '.join(names)})")
-        plan = [s for s in plan if s.name in args.only]
+    names = [s.name for s in steps(args.device, args.folder, Path("work"), workers)]
+    unknown = [n for n in args.only or [] if n not in names]
+    if unknown:
+        parser.error(f"--only {' '.join(unknown)}: no such step (steps: {', '.join(names)})")
+    limits = {}
     for item in args.limit:
         name, _, seconds = item.partition("=")
         if name not in names or not seconds.isdigit() or int(seconds) < 1:
             parser.error(f"--limit {item}: give STEP=SECONDS, a step of {', '.join(names)} and a whole number of seconds >= 1")
-        for step in plan:
-            if step.name == name:
-                step.budget_s, step.min_s = int(seconds), min(step.min_s, int(seconds))
+        limits[name] = int(seconds)
     if args.write_docs and (args.device != "cpu" or args.only or args.limit):
         parser.error("--write-docs records a whole rehearsal: --device cpu, without --only or --limit")
     if args.write_docs:  # before the rehearsal's minutes: the doc can take its table
@@ -254,7 +341,7 @@ def main(argv_=None) -> int:
         parser.error(f"--out {args.folder} is not empty: give a new or empty folder (a result left there by an "
                      "earlier call would be taken for this one's)")
     try:
-        (args.folder / "logs").mkdir(parents=True, exist_ok=True)
+        args.folder.mkdir(parents=True, exist_ok=True)
         os.close(os.open(record_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # a second call into it now is refused
     except FileExistsError as error:
         taken = error.filename == str(record_path)
@@ -263,56 +350,28 @@ def main(argv_=None) -> int:
     except OSError as error:
         parser.error(f"--out {args.folder}: {error.strerror or error}")
 
-    def stop(signum, frame):
-        raise Stopped
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for folder in remove_stale_sweeps():
-        print(f"gpu_call: removed {folder}, the sweep of a call no longer running", file=sys.stderr, flush=True)
     manifest = {"what": "issue 37's prepared GPU call: each step's limit, time, exit status and outputs",
                 "device": args.device, "rehearsal": args.device == "cpu", "budget_s": args.budget,
                 "commit": args.commit, "workers": workers, "complete": False, "steps": [],
                 "provenance": provenance(threads=None)}
     write_text(record_path, json.dumps(manifest, indent=1) + "\n")
-    failed = False
-    try:
+    with scratch("numdev_gpu_call_") as work:  # a killed call's is removed by the next call
+        work = Path(work)
+        (work / "logs").mkdir()
+        print(f"gpu_call: logs and the sweep in {work}, packed into {args.folder / ARCHIVE} after every step",
+              file=sys.stderr, flush=True)
+        plan = [step for step in steps(args.device, args.folder.resolve(), work, workers) if step.name in (args.only or names)]
         for step in plan:
-            entry = {"name": step.name, "command": " ".join(step.command), "budget_s": step.budget_s,
-                     "log": f"logs/{step.name}.log"}
-            left = deadline - time.monotonic()
-            if left < step.min_s:
-                entry["skipped"] = f"{left:.0f} s of the call left, under this step's minimum of {step.min_s} s"
-                manifest["steps"].append(entry)
-                failed = True  # asked for and not done
-                continue
-            entry["limit_s"] = round(min(step.budget_s, left), 1)
-            print(f"gpu_call: {step.name} (limit {entry['limit_s']:.0f} s)", file=sys.stderr, flush=True)
-            try:
-                entry.update(run_step(step, entry["limit_s"], args.folder / entry["log"]))
-            finally:
-                entry["outputs"] = [name for name in step.outputs if (args.folder / name).is_file()]
-                if step.collect is not None:
-                    entry["outputs"] += collect_records(step.collect, args.folder / f"{step.name}_runs")
-                entry["ok"] = entry.get("rc") in step.ok_codes and not entry.get("timed_out")
-                failed |= not entry["ok"]
-                manifest["steps"].append(entry)
-                write_text(record_path, json.dumps(manifest, indent=1) + "\n")
-            print(f"gpu_call: {step.name}: exit {entry['rc']}, {entry['seconds']} s"
-                  + (" (timed out)" if entry["timed_out"] else ""), file=sys.stderr, flush=True)
-            if "stopped" in entry:
-                raise Stopped
-        manifest["complete"] = True
-    except Stopped:
-        manifest["stopped"] = "SIGTERM or SIGINT: the call ended early"
+            if step.name in limits:
+                step.budget_s, step.min_s = limits[step.name], min(step.min_s, limits[step.name])
+        failed = run_plan(plan, manifest, deadline, args.folder, work, record_path)
+    manifest["returned"], broken = returned(args.folder)
+    if broken:
+        manifest["returned_over_limits"] = broken
+        print(f"gpu_call: error: --out {args.folder} holds more than the device machine sends back: {'; '.join(broken)}",
+              file=sys.stderr)
         failed = True
-    finally:
-        manifest["seconds"] = round(args.budget - (deadline - time.monotonic()), 1)
-        write_text(record_path, json.dumps(manifest, indent=1) + "\n")
-        if args.device == "cpu":  # a rehearsal leaves nothing in /tmp (the GPU machine's /tmp goes with it)
-            for step in plan:
-                if step.collect is not None:
-                    shutil.rmtree(step.collect, ignore_errors=True)
+    write_text(record_path, json.dumps(manifest, indent=1) + "\n")
     if args.write_docs and manifest["complete"]:
         from numdev.report.docblocks import replace_block
 

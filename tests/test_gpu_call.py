@@ -5,10 +5,11 @@ a SIGTERM to the call stops the running step and writes the record, and bad argu
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +37,26 @@ def _left(text: str, timeout_s: float = 20) -> list[str]:
     return left
 
 
+def _work(call: subprocess.Popen, timeout_s: float = 60) -> Path:
+    """The call's scratch folder (its logs and sweep), once it has one."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := list(Path(tempfile.gettempdir()).glob(f"numdev_gpu_call_{call.pid}_*"))):
+        assert time.monotonic() < deadline and call.poll() is None, "the call made no scratch folder"
+        time.sleep(0.1)
+    return found[0]
+
+
+def _started(log: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (log.is_file() and log.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.1)  # numdev-train has started and printed
+
+
+def _packed(out: Path, name: str) -> str:
+    with tarfile.open(out / "gpu_call_files.tar.gz") as archive:
+        return archive.extractfile(name).read().decode()
+
+
 def _call(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(REPO / "scripts" / "gpu_call.py"), "--device", "cpu", *args],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -52,10 +73,11 @@ def test_a_step_past_its_limit_is_stopped_with_its_group_and_the_call_goes_on(tm
     assert 4 <= edge["seconds"] < 4 + 10 + 5  # the limit, then at most SIGTERM's grace and SIGKILL's wait
     # the summary ran on what the sweep left (no job finished): its own one-line refusal, recorded
     assert summary["rc"] == 2 and summary["ok"] is False and summary["outputs"] == []
-    said = (tmp_path / "logs" / "lr_edge_summary.log").read_text()
-    assert said.startswith("lr_edge.py: error: /tmp/numdev_lr_edge_") and said.count("\n") == 1, said
-    sweep = f"numdev_lr_edge_{call.pid}"
-    assert _left(sweep) == [] and not (Path("/tmp") / sweep).exists()  # no process, no folder left behind
+    said = _packed(tmp_path, "logs/lr_edge_summary.log")
+    assert said.startswith(f"lr_edge.py: error: {tempfile.gettempdir()}/numdev_gpu_call_{call.pid}_") and said.count("\n") == 1, said
+    assert record["steps"][0]["log"] == "gpu_call_files.tar.gz:logs/lr_edge.log"
+    work = f"numdev_gpu_call_{call.pid}_"
+    assert _left(work) == [] and not list(Path(tempfile.gettempdir()).glob(f"{work}*"))  # no process, no folder left
 
 
 def test_a_step_that_the_call_has_no_time_for_is_skipped_and_the_call_fails(tmp_path):
@@ -66,38 +88,30 @@ def test_a_step_that_the_call_has_no_time_for_is_skipped_and_the_call_fails(tmp_
 
 def test_sigterm_to_the_call_stops_the_running_step_and_writes_the_record(tmp_path):
     call = _call("--out", str(tmp_path), "--only", "lr_edge", "lr_edge_summary")
-    log = tmp_path / "logs" / "lr_edge.log"
-    deadline = time.monotonic() + 60
-    while not (log.is_file() and log.stat().st_size) and time.monotonic() < deadline:
-        time.sleep(0.1)  # numdev-train has started and printed
+    work = _work(call)
+    _started(work / "logs" / "lr_edge.log")
     call.send_signal(signal.SIGTERM)
     _, err = call.communicate(timeout=60)
     record = json.loads((tmp_path / "gpu_call.json").read_text())
     assert call.returncode == 1 and "stopped" in record and record["complete"] is False, err
     assert [s["name"] for s in record["steps"]] == ["lr_edge"] and "stopped" in record["steps"][0]
-    assert _left(f"numdev_lr_edge_{call.pid}") == []
+    assert _packed(tmp_path, "logs/lr_edge.log")  # the stopped step's log came back in the archive
+    assert _left(work.name) == [] and not work.exists()
 
 
 def test_a_call_killed_outright_leaves_no_step_running(tmp_path):
     call = _call("--out", str(tmp_path), "--only", "lr_edge")
-    log = tmp_path / "logs" / "lr_edge.log"
-    deadline = time.monotonic() + 60
-    while not (log.is_file() and log.stat().st_size) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _processes_naming(f"numdev_lr_edge_{call.pid}")  # the sweep runs in its own session
+    work = _work(call)
+    _started(work / "logs" / "lr_edge.log")
+    assert _processes_naming(work.name)  # the sweep runs in its own session, in the call's scratch folder
     call.kill()
     call.communicate(timeout=30)
-    assert _left(f"numdev_lr_edge_{call.pid}", timeout_s=40) == []  # it got SIGTERM as its parent died
-    # a killed call cannot tidy /tmp: the next call removes the sweeps of calls no longer running (here, or a
-    # call another test starts meanwhile), never a live one's
-    gpu_call = load_script("gpu_call")
-    gpu_call.remove_stale_sweeps()
-    assert not (Path("/tmp") / f"numdev_lr_edge_{call.pid}").exists()
-    root = tmp_path / "sweeps"
-    stale, live = root / f"numdev_lr_edge_{call.pid}", root / f"numdev_lr_edge_{os.getpid()}"
-    for folder in (stale, live):
-        (folder / "0").mkdir(parents=True)
-    assert gpu_call.remove_stale_sweeps(root) == [str(stale)] and not stale.exists() and live.is_dir()
+    assert _left(work.name, timeout_s=40) == []  # it got SIGTERM as its parent died
+    # a killed call cannot tidy /tmp: the next call removes the scratch folders of calls no longer running
+    assert work.exists()
+    assert load_script("gpu_call").main(["--device", "cpu", "--out", str(tmp_path / "next"), "--budget", "3",
+                                         "--only", "lr_edge"]) == 1  # skipped: no time
+    assert not work.exists()
 
 
 def test_a_second_call_into_the_same_folder_is_refused(tmp_path, capsys):
@@ -156,7 +170,55 @@ def test_the_whole_call_rehearses_on_the_cpu(tmp_path):
     for step in record["steps"]:
         assert step["ok"] and not step["timed_out"], step
         assert all((tmp_path / name).is_file() for name in step["outputs"]), step
+    # what --out holds is what the device machine sends back: 8 files at most, the rest packed
+    assert load_script("gpu_call").returned(tmp_path)[1] == [] and "returned_over_limits" not in record
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(e["name"] for e in record["returned"]) == sorted(
+        ["gpu_call.json", "gpu_call_files.tar.gz", "gpu_kernels_bf16.json", "gpu_kernels_fp16.json", "bench_triton.json",
+         "bench_triton_causal.json", "lr_edge.json"])
+    with tarfile.open(tmp_path / "gpu_call_files.tar.gz") as archive:
+        members = set(archive.getnames())
+    assert {f"logs/{step['name']}.log" for step in record["steps"]} | {"pytest_gpu.xml", "lr_edge.png"} <= members
+    assert all(name in members for step in record["steps"] for name in step["packed"])
+    assert any(name.startswith("lr_edge_runs/") and name.endswith("/run.json") for name in members)
+    assert not any(name.startswith("lr_edge_sweep") for name in members)  # checkpoints stay behind
     kernels = json.loads((tmp_path / "gpu_kernels_bf16.json").read_text())
     assert kernels["complete"] is True and kernels["summary"]
     edge = json.loads((tmp_path / "lr_edge.json").read_text())
     assert {c["backend"] for c in edge["cells"]} == {"eager", "sdpa_flash"} and not edge["not_run"]
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_every_plan_fits_what_the_device_machine_sends_back(device, tmp_path):
+    gpu_call = load_script("gpu_call")
+    plan = gpu_call.steps(device, tmp_path / "out", tmp_path / "work", 15)
+    top = ["gpu_call.json", gpu_call.ARCHIVE] + [name for step in plan for name in step.outputs]
+    assert len(top) == len(set(top)) <= gpu_call.RETURN_FILES
+    assert all(gpu_call.RETURN_NAME.fullmatch(name) for name in top)
+    for step in plan:  # nothing else is written under --out: each path a command names there is an output
+        named = {arg.split("=")[-1] for arg in step.command if str(tmp_path / "out") in arg}
+        assert named == {str(tmp_path / "out" / name) for name in step.outputs}, step.name
+
+
+def test_what_the_device_machine_would_not_send_back_is_named(tmp_path):
+    returned = load_script("gpu_call").returned
+    for i in range(8):
+        (tmp_path / f"r{i}.json").write_text("{}")
+    assert returned(tmp_path)[1] == []
+    (tmp_path / "ninth.json").write_text("{}")
+    assert returned(tmp_path)[1] == ["9 files, over the 8 the device machine sends back"]
+    for path in tmp_path.iterdir():
+        path.unlink()
+    with open(tmp_path / "big.bin", "wb") as sparse:  # 17 MiB, sparse: no disk used
+        sparse.truncate(17 << 20)
+    (tmp_path / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "c" / "deep.json").write_text("{}")
+    (tmp_path / "a b.json").write_text("{}")
+    found, broken = returned(tmp_path)
+    assert {e["name"]: e["bytes"] for e in found}["big.bin"] == 17 << 20
+    assert sorted(broken) == ["a b.json: too deep or a name other than letters, digits, '.', '_' and '-'",
+                      "a/b/c/deep.json: too deep or a name other than letters, digits, '.', '_' and '-'",
+                      "big.bin: 17.0 MiB, over 16 MiB"]
+    for i in range(4):
+        with open(tmp_path / f"big{i}.bin", "wb") as sparse:
+            sparse.truncate(16 << 20)
+    assert returned(tmp_path)[1][-1] == "81.0 MiB in all, over 64 MiB"
