@@ -17,7 +17,8 @@ What --out holds is what the device machine sends back, whose limits (../.librar
 are at most 8 files of at most 16 MiB, 64 MiB in all: the call's record, <out>/gpu_call.json (command,
 limit, seconds, exit status, whether it timed out, its log and its outputs per step; provenance), each
 step's result JSON, written there as the step runs (gpu_kernels.py rewrites its own after every cell),
-and <out>/gpu_call_files.tar.gz: every step's log (logs/<step>.log), pytest's report, the sweep's
+and <out>/gpu_call_files.tar.gz: every step's log (logs/<step>.log), pytest's report, the kernels'
+sampled outputs (gpu_kernels_<dtype>.safetensors, for gpu_kernels.py --from-samples here), the sweep's
 figure and its runs' small records (lr_edge_runs/<job>/), which the steps write in a scratch folder
 (/tmp/numdev_gpu_call_<pid>_*, printed at the start; the learning-rate sweep itself runs there too).
 The record and the archive are rewritten atomically after every step, so a call stopped at the
@@ -160,11 +161,13 @@ def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
              packed=["pytest_gpu.xml"], ok_codes=(0,) if device == "cuda" else (0, 5)),
         Step("kernels_bf16", "gpu_kernels.py, bf16: SDPA flash and cuDNN (and any FlashAttention installed) against the "
              "emulator bit for bit; Fig. 4 ratio with real kernels", 110,
-             [py, script("gpu_kernels.py"), "--dtypes", "bf16", *kernel_grid, "--out", str(out / "gpu_kernels_bf16.json")],
-             outputs=["gpu_kernels_bf16.json"]),
+             [py, script("gpu_kernels.py"), "--dtypes", "bf16", *kernel_grid, "--out", str(out / "gpu_kernels_bf16.json"),
+              "--samples", str(work / "gpu_kernels_bf16.safetensors")],
+             outputs=["gpu_kernels_bf16.json"], packed=["gpu_kernels_bf16.safetensors"]),
         Step("kernels_fp16", "the same in fp16", 90,
-             [py, script("gpu_kernels.py"), "--dtypes", "fp16", *kernel_grid, "--out", str(out / "gpu_kernels_fp16.json")],
-             outputs=["gpu_kernels_fp16.json"]),
+             [py, script("gpu_kernels.py"), "--dtypes", "fp16", *kernel_grid, "--out", str(out / "gpu_kernels_fp16.json"),
+              "--samples", str(work / "gpu_kernels_fp16.safetensors")],
+             outputs=["gpu_kernels_fp16.json"], packed=["gpu_kernels_fp16.safetensors"]),
         Step("triton", "bench_triton.py: numdev's Triton kernel, TFLOP/s forward and forward+backward beside SDPA flash "
              "and cuDNN, perturbed formats", 80,
              [py, script("bench_triton.py"), *triton_grid, "--out", str(out / "bench_triton.json")],

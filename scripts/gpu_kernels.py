@@ -6,6 +6,8 @@ Prints JSON.
     python scripts/gpu_kernels.py --dtypes bf16 --n 512 4096 16384        # a part of the grid
     python scripts/gpu_kernels.py --device cpu --n 256 1000 --dims 64     # here: PyTorch's CPU flash kernel
     python scripts/gpu_kernels.py --device cpu --n 1024 2048 --workers 2  # the comparison in 2 processes
+    python scripts/gpu_kernels.py --samples $OUT/s.safetensors ...        # also keep the kernels' outputs at sampled rows
+    python scripts/gpu_kernels.py --from-samples s.safetensors            # here, later: the presets as they are now against them
 
 Kernels: on CUDA, `sdpa_flash` (PyTorch's SDPA FLASH_ATTENTION: FlashAttention-2's code compiled
 into torch), `sdpa_cudnn` when it runs, and every FlashAttention kernel `flash_attn` finds (fa2, fa3,
@@ -52,11 +54,24 @@ the workers (a worker also dies with the main process if that is killed outright
 and exits 143 (130) with one line; a worker that dies (out of memory) ends the run with one line, exit 1.
 A kernel that refuses a cell is recorded with its error; one that failed in every cell ends the run,
 after the report, with one line each and exit 1.
+
+--samples FILE keeps what the CPU side needs to build a GPU preset of the emulator without another GPU
+call: for the cells of --sample-seeds (default the first seed), each kernel's output at --sample-rows
+query rows (spread evenly, the first and last among them) of the first compared head, SDPA flash's
+log-sum-exp over every row, the cell's inputs' SHA-256 and each preset's share on those rows in the call
+(`sampled_bit_identical_fraction` in the rows too); about 1.7 MB per dtype for the GPU grid with two
+kernels. --from-samples FILE regenerates each cell's inputs from its seed (refused in one line when
+they hash differently: torch's CPU generator changed), runs the presets as numdev builds them now, and
+reports each one's sampled share beside the call's (`at_call`), SDPA flash's log-sum-exp against the
+CUDA model's over the first head, and a summary per kernel, dtype, d and causal. Same machine, same
+code: the shares are the call's, bit for bit (tests/test_gpu_kernels_script.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -84,8 +99,9 @@ from numdev.cli.script_args import seed as seed_type
 from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.cli.workers import die_with_parent
 from numdev.numerics.stages import stage_formats
-from numdev.runs.atomic import write_text
+from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.provenance import provenance
+from numdev.runs.schemas import FINITE, FileSchema
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -164,13 +180,30 @@ def kernel_lse(device: str, q, k, v, causal: bool):
     return found[0], found[1]
 
 
+def inputs(precision: str, batch: int, heads: int, n: int, dim: int, seed: int) -> tuple:
+    """A cell's q, k, v: N(0, 1) in (batch, heads, N, d) from torch's CPU generator seeded `seed`, in `precision`."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, heads, n, dim, generator=g).to(DTYPES[precision]) for _ in range(3))
+
+
+def inputs_sha256(q, k, v) -> str:
+    """The compared heads' inputs, hashed: --from-samples checks that it regenerates the GPU's inputs bit for bit."""
+    digest = hashlib.sha256()
+    for t in (q, k, v):
+        digest.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def sample_rows(n: int, count: int) -> torch.Tensor:
+    """`count` query rows spread evenly over 0..n-1, the first and last among them (all when n <= count)."""
+    return torch.linspace(0, n - 1, min(count, n)).round().long().unique()
+
+
 def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
     """One cell's device work, in the main process: the inputs, every kernel of `real` ({label:
     backend}) on the whole batch and the golden value of the compared heads; what `compare` needs, on
     the CPU."""
-    dtype = DTYPES[precision]
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(args.batch, args.heads, n, dim, generator=g).to(dtype) for _ in range(3))
+    q, k, v = inputs(precision, args.batch, args.heads, n, dim, seed)
     part = (slice(0, 1), slice(0, args.compare_heads))
     cq, ck, cv = (t[part].contiguous() for t in (q, k, v))
     golden = golden_attention(*(t.to(device) for t in (cq, ck, cv)), causal=causal).cpu()
@@ -194,7 +227,9 @@ def prepare(device, precision, dim, causal, n, seed, args, real: dict) -> dict:
                 again, lse = kernel_lse(device, *(t.to(device) for t in (q, k, v)), causal)
             ran[-1].update(lse=lse[part].contiguous().cpu(), lse_call_same_output=bool(torch.equal(again.view(torch.int16).cpu(), out.view(torch.int16).cpu())))
     sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else cuda_kernel.SM90_SMS
+    sampled = getattr(args, "samples", None) and seed in args.sample_seeds
     return {"device": device, "precision": precision, "dim": dim, "causal": causal,
+            "sample_rows": sample_rows(n, args.sample_rows) if sampled else None,
             "shape": {"batch": args.batch, "heads": args.heads, "sms": sms},
             "mma_max_n": {"mma16": args.mma_max_n, "mma16_rz": args.mma_rz_max_n},
             "q": cq, "k": ck, "v": cv, "golden": golden, "kernels": ran,
@@ -272,9 +307,11 @@ def _compare(job: dict) -> list[dict]:
                        "lse_within_2ulp_fraction": float((ulps <= 2).double().mean()), "lse_max_ulp": int(ulps.max()),
                        "lse_max_abs": float((emulator.last_lse.double() - ran["lse"].double()).abs().max()),
                        "lse_call_same_output": ran["lse_call_same_output"]}
+            rows = job.get("sample_rows")
             record["emulators"][preset] = {
                 **({"kv_splits": emulator.kv_splits, "tiles": [emulator.block_r, emulator.block_c], **lse}
                    if emulator.formats.cuda_model else {}),
+                **({"sampled_bit_identical_fraction": bits_equal(emulated[0, 0, rows], out[0, 0, rows])} if rows is not None else {}),
                 "bit_identical_fraction": bits_equal(emulated, out),
                 "vs_kernel_mean_abs": gap,
                 "vs_kernel_relative_to_paper_baseline": gap / record["paper_baseline_vs_kernel_mean_abs"]
@@ -419,6 +456,159 @@ def summarise(rows: list[dict]) -> list[dict]:
     return summary
 
 
+# -- the kernels' outputs kept for the CPU side (--samples) and compared there again (--from-samples) -----
+# The GPU preset of the emulator is built on the CPU from what the kernels did, and a GPU is lent for
+# minutes: --samples keeps, for the seeds of --sample-seeds, each kernel's output at --sample-rows query
+# rows of the first compared head (and SDPA flash's log-sum-exp over every row), with each cell's
+# inputs' SHA-256 (they are regenerated from the seed) and the sampled share each preset had in the call.
+# --from-samples compares the emulator presets, as numdev now builds them, with those outputs on the
+# CPU: edit the model (numdev.attention.cuda_kernel, numdev.numerics.stages) and see the share move.
+SAMPLES_FORMAT = 1
+
+
+def take_samples(job: dict) -> dict:
+    """A prepared cell's samples: its rows, its inputs' hash and each kernel's output there (and log-sum-exp)."""
+    rows = job["sample_rows"]
+    kept = {}
+    for ran in job["kernels"]:
+        if "error" not in ran:
+            kept[ran["kernel"]] = {"describe": ran["describe"], "out": ran["out"][0, 0, rows].contiguous(),
+                                   **({"lse": ran["lse"][0, 0].contiguous()} if "lse" in ran else {})}
+    return {"rows": rows, "inputs_sha256": inputs_sha256(job["q"], job["k"], job["v"]), "kernels": kept}
+
+
+def write_samples(path, grid: dict, cells: list[tuple[tuple, dict, list[dict]]]) -> None:
+    """The samples file (safetensors, atomically): `cells` are (grid key, take_samples' dict, the cell's records)."""
+    from safetensors.torch import save
+
+    tensors, entries = {}, []
+    for (precision, dim, causal, n, seed), taken, records in cells:
+        shares = {r["kernel"]: {preset: e["sampled_bit_identical_fraction"] for preset, e in r.get("emulators", {}).items()}
+                  for r in records}
+        for label, kept in taken["kernels"].items():
+            i = len(entries)
+            tensors[f"{i}.rows"], tensors[f"{i}.out"] = taken["rows"], kept["out"]
+            if "lse" in kept:
+                tensors[f"{i}.lse"] = kept["lse"]
+            entries.append({"dtype": precision, "dim": dim, "causal": causal, "n": n, "seed": seed, "kernel": label,
+                            "describe": kept["describe"], "inputs_sha256": taken["inputs_sha256"], "lse": "lse" in kept,
+                            "sampled_bit_identical_at_call": shares.get(label, {})})
+    meta = {"what": "real kernels' outputs at sampled query rows (scripts/gpu_kernels.py --samples)",
+            "format": SAMPLES_FORMAT, "grid": grid, "provenance": provenance(), "cells": entries}
+    write_bytes(path, save(tensors, metadata={"numdev": json.dumps(meta)}))
+
+
+SAMPLES_CELL = FileSchema("samples file's cell", required={
+    "dtype": str, "dim": int, "causal": bool, "n": int, "seed": int, "kernel": str, "describe": (str, dict),
+    "inputs_sha256": str, "lse": bool, "sampled_bit_identical_at_call": dict},
+    each={"sampled_bit_identical_at_call": FINITE})
+SAMPLES_META = FileSchema("samples file", required={
+    "format": int, "cells": list, "provenance": dict,
+    "grid": FileSchema("samples file's grid", required={
+        "device": str, "batch": int, "heads": int, "compare_heads": int, "sms": int, "mma_max_n": dict})},
+    items={"cells": SAMPLES_CELL})
+
+
+def read_samples(path) -> tuple[dict, dict]:
+    """(metadata, tensors) of a samples file, checked: a file that is not one, or whose cells do not match
+    their tensors, is a ValueError of one line naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+        from safetensors import safe_open
+
+        with safe_open(path, "pt") as handle:
+            meta = json.loads((handle.metadata() or {}).get("numdev", "null"))
+    except FileNotFoundError as error:
+        raise ValueError(f"{path}: no such file ({error.strerror}); give a file that gpu_kernels.py --samples wrote") from None
+    except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a samples file as gpu_kernels.py --samples writes it ({one_line(error)})") from None
+    SAMPLES_META.check(path, meta)
+    if meta["format"] != SAMPLES_FORMAT:
+        raise ValueError(f"{path}: samples format {meta['format']}, not {SAMPLES_FORMAT}: written by another numdev")
+    grid = meta["grid"]
+    if grid["device"] not in ("cuda", "cpu") or not 1 <= grid["compare_heads"] <= grid["heads"] or grid["batch"] < 1:
+        raise ValueError(f"{path}: its grid (device, batch, heads, compare_heads) was edited: {grid}")
+    for i, cell in enumerate(meta["cells"]):
+        where = f"{path}: cell {i} ({cell['kernel']}, {cell['dtype']}, d={cell['dim']}, N={cell['n']})"
+        rows, out = tensors.get(f"{i}.rows"), tensors.get(f"{i}.out")
+        lse = tensors.get(f"{i}.lse")
+        if cell["dtype"] not in DTYPES or cell["dim"] < 1 or cell["n"] < 1:
+            raise ValueError(f"{where}: dtype, d or N out of range: the file was edited")
+        if rows is None or out is None or (lse is None) == cell["lse"]:
+            raise ValueError(f"{where}: its tensors are missing: the file was edited or truncated")
+        if (rows.dtype != torch.int64 or rows.dim() != 1 or len(rows) == 0 or int(rows.min()) < 0
+                or int(rows.max()) >= cell["n"] or out.dtype != DTYPES[cell["dtype"]] or tuple(out.shape) != (len(rows), cell["dim"])
+                or (lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (cell["n"],)))):
+            raise ValueError(f"{where}: its tensors' shapes or types do not match the cell: the file was edited")
+    return meta, tensors
+
+
+def from_samples(path, out_path=None) -> dict:
+    """The emulator presets as numdev builds them now against the kernels' sampled outputs, on the CPU on one thread."""
+    meta, tensors = read_samples(path)
+    grid = meta["grid"]
+    shape = {"batch": grid["batch"], "heads": grid["heads"], "sms": grid["sms"]}
+    rows_out, started = [], time.perf_counter()
+    @functools.lru_cache(maxsize=1)  # a cell's kernels are consecutive: its inputs are made once
+    def made(precision: str, n: int, dim: int, seed: int) -> tuple:
+        q, k, v = inputs(precision, grid["batch"], grid["heads"], n, dim, seed)
+        return tuple(t[:1, :grid["compare_heads"]].contiguous() for t in (q, k, v))
+
+    def compared(cell: dict) -> tuple:
+        return made(cell["dtype"], cell["n"], cell["dim"], cell["seed"])
+
+    for i, cell in enumerate(meta["cells"]):  # every cell's inputs checked before the minutes of comparison
+        if inputs_sha256(*compared(cell)) != cell["inputs_sha256"]:
+            raise ValueError(f"{path}: cell {i}: the inputs regenerated here from seed {cell['seed']} differ from the "
+                             f"call's (torch {torch.__version__} here, {meta['provenance'].get('versions', {}).get('torch')} "
+                             "there): torch's CPU generator changed or the file was edited; nothing can be compared bit for bit")
+    with one_thread(), torch.no_grad():
+        for i, cell in enumerate(meta["cells"]):
+            cq, ck, cv = compared(cell)
+            rows, kernel_out = tensors[f"{i}.rows"], tensors[f"{i}.out"]
+            record = {key_: cell[key_] for key_ in ("dtype", "dim", "causal", "n", "seed", "kernel")} | {"rows": len(rows), "emulators": {}}
+            for preset, emulator in emulators(cell["kernel"], grid["device"], cell["dtype"], cell["dim"], cell["causal"],
+                                              cell["n"], shape, grid["mma_max_n"]).items():
+                emulated = emulator(cq, ck, cv, causal=cell["causal"])[0, 0, rows]
+                entry = {"sampled_bit_identical_fraction": bits_equal(emulated, kernel_out),
+                         "at_call": cell["sampled_bit_identical_at_call"].get(preset),
+                         "vs_kernel_mean_abs": float((emulated.double() - kernel_out.double()).abs().mean())}
+                if emulator.formats.cuda_model and cell["lse"]:
+                    ulps = ulp_distance(emulator.last_lse[0, 0], tensors[f"{i}.lse"])
+                    entry.update(lse_bit_identical_fraction=float((ulps == 0).double().mean()),
+                                 lse_within_2ulp_fraction=float((ulps <= 2).double().mean()), lse_max_ulp=int(ulps.max()))
+                record["emulators"][preset] = entry
+            rows_out.append(record)
+            print(f"{cell['dtype']} d={cell['dim']} causal={int(cell['causal'])} N={cell['n']} seed {cell['seed']} {cell['kernel']}: "
+                  f"{ {p: round(e['sampled_bit_identical_fraction'], 6) for p, e in record['emulators'].items()} }",
+                  file=sys.stderr, flush=True)
+    return {"what": "the emulator presets as numdev builds them now against real kernels' sampled outputs",
+            "samples": str(path), "call": {"grid": grid, "provenance": meta["provenance"]},
+            "provenance": provenance(threads=1), "seconds": round(time.perf_counter() - started, 1),
+            "summary": sampled_summary(rows_out), "rows": rows_out}
+
+
+def sampled_summary(rows: list[dict]) -> list[dict]:
+    """Per kernel, dtype, d and causal: each preset's share of bit-identical sampled outputs over its cells
+    (every N and seed, each cell's rows weighted alike), now and in the call."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["kernel"], row["dtype"], row["dim"], row["causal"]), []).append(row)
+    summary = []
+    for (label, precision, dim, causal), group in sorted(groups.items()):
+        entry = {"kernel": label, "dtype": precision, "dim": dim, "causal": causal, "cells": len(group), "presets": {}}
+        for preset in group[0]["emulators"]:
+            now = [r["emulators"][preset]["sampled_bit_identical_fraction"] for r in group if preset in r["emulators"]]
+            then = [r["emulators"][preset]["at_call"] for r in group if r["emulators"].get(preset, {}).get("at_call") is not None]
+            entry["presets"][preset] = {"sampled_bit_identical_mean": sum(now) / len(now), "worst_cell": min(now),
+                                        "at_call_mean": sum(then) / len(then) if then else None}
+        summary.append(entry)
+    return summary
+
+
 def main(argv=None) -> int:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -442,7 +632,31 @@ def main(argv=None) -> int:
                         help="the machine's memory for the workers' cap (default: MemAvailable now; a lent GPU "
                              "machine's memory starts small and grows as it is used, so give its size there)")
     parser.add_argument("--out", default=None, help="also write the JSON here (atomically)")
+    parser.add_argument("--samples", default=None,
+                        help="also keep the kernels' outputs at sampled rows here (safetensors, rewritten after every cell) "
+                             "for --from-samples on the CPU")
+    parser.add_argument("--sample-seeds", type=seed_type, nargs="+", default=None,
+                        help="the seeds whose cells --samples keeps (default: the first of --seeds)")
+    parser.add_argument("--sample-rows", type=at_least(1), default=128, help="query rows kept per cell and kernel")
+    parser.add_argument("--from-samples", default=None, metavar="FILE",
+                        help="instead of running kernels: compare the emulator presets as numdev builds them now with the "
+                             "outputs a --samples FILE kept (on the CPU, no GPU needed); prints JSON (and --out)")
     args = parser.parse_args(argv)
+    if args.from_samples:
+        if args.samples:
+            parser.error("--from-samples reads a samples file; --samples writes one: give one of them")
+        try:
+            found = from_samples(args.from_samples)
+        except ValueError as error:
+            parser.exit(2, f"gpu_kernels: error: --from-samples {one_line(error)}\n")
+        text = json.dumps(found, indent=1)
+        if args.out:
+            write_text(args.out, text + "\n")
+        print(text)
+        return 0
+    args.sample_seeds = args.sample_seeds or args.seeds[:1]
+    if args.samples and not set(args.sample_seeds) <= set(args.seeds):
+        parser.error(f"--sample-seeds {' '.join(map(str, args.sample_seeds))}: each must be one of --seeds")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_kernels: error: --device cuda but no CUDA GPU here; use --device cpu for PyTorch's CPU kernel", file=sys.stderr)
         return 2
@@ -484,9 +698,14 @@ def main(argv=None) -> int:
             "rows": done,
         }
 
+    taken: dict[int, dict] = {}  # grid index: its samples (--samples)
+    sample_grid: dict = {}
+
     def finish(index: int, records: list[dict]) -> None:
         precision, dim, causal, n, seed = grid[index]
         finished[index] = [{"dtype": precision, "dim": dim, "causal": causal, "n": n, "seed": seed, **r} for r in records]
+        if index in taken:
+            write_samples(args.samples, sample_grid, [(grid[i], taken[i], finished[i]) for i in sorted(taken) if i in finished])
         for row in finished[index]:
             shares = {p: round(e["bit_identical_fraction"], 6) for p, e in row.get("emulators", {}).items()}
             print(f"{precision} d={dim} causal={int(causal)} N={n} seed {seed} {row['kernel']}: "
@@ -509,6 +728,10 @@ def main(argv=None) -> int:
         try:
             for index, (precision, dim, causal, n, seed) in enumerate(grid):
                 job = prepare(args.device, precision, dim, causal, n, seed, args, real[precision])
+                if job["sample_rows"] is not None:
+                    taken[index] = take_samples(job)
+                    sample_grid.update(device=args.device, batch=args.batch, heads=args.heads, compare_heads=args.compare_heads,
+                                       sms=job["shape"]["sms"], mma_max_n=job["mma_max_n"])
                 if pool is None:
                     finish(index, compare(job))
                     continue

@@ -142,7 +142,7 @@ def test_the_gpu_call_rehearsal_table_is_the_scripts_from_the_committed_record()
     call = _script("gpu_call")
     record = json.loads(call.REHEARSAL.read_text(encoding="utf-8"))
     assert record["complete"] and record["rehearsal"] and all(step["ok"] for step in record["steps"])
-    assert [step["name"] for step in record["steps"]] == [step.name for step in call.steps("cuda", call.REPO, 1)]
+    assert [step["name"] for step in record["steps"]] == [step.name for step in call.steps("cuda", call.REPO, call.REPO, 1)]
     assert read_block(call.DOC, call.BLOCK) == call.table(record).strip()
     # the rehearsal under the GPU image's versions: its own record and table (its steps may fail: the table says which)
     image = json.loads(call.IMAGE_REHEARSAL.read_text(encoding="utf-8"))

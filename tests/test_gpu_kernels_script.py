@@ -198,3 +198,128 @@ def test_a_kernel_that_failed_in_every_cell_ends_the_run_with_exit_1(capsys, mon
     assert captured.err.splitlines()[-1] == ("gpu_kernels: error: broken failed in all 2 of its runs "
                                              "(the first: FlashAttention only supports Ampere GPUs or newer.)")
 
+
+
+# -- --samples and --from-samples: the kernels' outputs kept for the CPU side ------------------------------------
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("samples")
+    script = load_script("gpu_kernels")
+    args = ["--device", "cpu", "--n", "200", "520", "--dims", "64", "--seeds", "0", "1", "--heads", "2",
+            "--compare-heads", "1", "--samples", str(folder / "s.safetensors"), "--sample-rows", "64",
+            "--out", str(folder / "k.json")]
+    assert script.main(args) == 0
+    return script, folder / "s.safetensors", json.loads((folder / "k.json").read_text())
+
+
+def test_samples_keep_the_kernels_outputs_and_the_cpu_side_reproduces_the_calls_shares(samples):
+    script, path, report = samples
+    meta, tensors = script.read_samples(path)
+    assert len(meta["cells"]) == 2 * 2 * 2  # dtypes x causal x N, seed 0 only, one kernel
+    assert {c["seed"] for c in meta["cells"]} == {0} and meta["grid"]["sms"] == script.cuda_kernel.SM90_SMS
+    kernel = script.build_backend("sdpa_flash")
+    for i, cell in enumerate(meta["cells"]):
+        rows = tensors[f"{i}.rows"]
+        assert rows[0] == 0 and rows[-1] == cell["n"] - 1 and len(rows) == min(64, cell["n"]) and cell["lse"]
+        # the kept rows are PyTorch's kernel's output on the inputs regenerated from the seed, bit for bit
+        q, k, v = (t[:1, :1] for t in script.inputs(cell["dtype"], 2, 2, cell["n"], 64, 0))
+        out = kernel(q, k, v, causal=cell["causal"])[0, 0, rows]
+        assert torch.equal(out.view(torch.int16), tensors[f"{i}.out"].view(torch.int16))
+    again = script.from_samples(path)
+    in_call = {(r["dtype"], r["causal"], r["n"]): r for r in report["rows"] if r["seed"] == 0}
+    for row in again["rows"]:
+        call_row = in_call[(row["dtype"], row["causal"], row["n"])]
+        for preset, entry in row["emulators"].items():
+            # same machine, same code: the call's sampled shares, bit for bit
+            assert entry["sampled_bit_identical_fraction"] == entry["at_call"] == call_row["emulators"][preset]["sampled_bit_identical_fraction"]
+        assert row["emulators"]["cpu_sdpa"]["sampled_bit_identical_fraction"] == 1.0  # the CPU kernel's model
+        assert row["emulators"]["fa2"]["sampled_bit_identical_fraction"] < 1.0  # a preset that does not model it
+        assert 0 <= row["emulators"]["fa2_cuda"]["lse_within_2ulp_fraction"] <= 1
+    for entry in again["summary"]:
+        assert entry["cells"] == 2 and entry["presets"]["cpu_sdpa"]["sampled_bit_identical_mean"] == 1.0
+        fa2 = entry["presets"]["fa2"]
+        assert fa2["at_call_mean"] == fa2["sampled_bit_identical_mean"] and fa2["worst_cell"] <= fa2["sampled_bit_identical_mean"]
+
+
+def test_an_output_changed_in_one_bit_is_found(samples, tmp_path):
+    """The positive control: the comparison can fail. One value moved by one bf16 ulp in one cell."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    script, path, _ = samples
+    with safe_open(path, "pt") as handle:
+        tensors, metadata = {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
+    out = tensors["0.out"].clone()
+    out.view(torch.int16)[0, 0] += 1
+    tensors["0.out"] = out
+    save_file(tensors, tmp_path / "edited.safetensors", metadata=metadata)
+    rows = script.from_samples(tmp_path / "edited.safetensors")["rows"]
+    assert rows[0]["emulators"]["cpu_sdpa"]["sampled_bit_identical_fraction"] == 1 - 1 / out.numel()
+    assert rows[0]["emulators"]["cpu_sdpa"]["at_call"] == 1.0
+    assert all(r["emulators"]["cpu_sdpa"]["sampled_bit_identical_fraction"] == 1.0 for r in rows[1:])
+
+
+def _edited(samples, tmp_path, edit) -> Path:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    _, path, _ = samples
+    with safe_open(path, "pt") as handle:
+        tensors, meta = {key: handle.get_tensor(key) for key in handle.keys()}, json.loads(handle.metadata()["numdev"])
+    edit(tensors, meta)
+    save_file(tensors, tmp_path / "forged.safetensors", metadata={"numdev": json.dumps(meta)})
+    return tmp_path / "forged.safetensors"
+
+
+FORGED = {
+    "inputs hash": (lambda t, m: m["cells"][1].update(inputs_sha256="0" * 64), "cell 1: the inputs regenerated here from seed 0 differ"),
+    "a tensor gone": (lambda t, m: t.pop("2.out"), "cell 2 (sdpa_flash, bf16, d=64, N=200): its tensors are missing"),
+    "lse said, not kept": (lambda t, m: t.pop("0.lse"), "cell 0 (sdpa_flash, bf16, d=64, N=200): its tensors are missing"),
+    "out of another shape": (lambda t, m: t.update({"0.out": t["0.out"][:, :16].contiguous()}), "shapes or types do not match"),
+    "rows past N": (lambda t, m: t["0.rows"].add_(1), "shapes or types do not match"),
+    "another dtype": (lambda t, m: m["cells"][0].update(dtype="fp8"), "dtype, d or N out of range"),
+    "format 2": (lambda t, m: m.update(format=2), "samples format 2, not 1"),
+    "grid edited": (lambda t, m: m["grid"].update(compare_heads=0), "its grid (device, batch, heads, compare_heads) was edited"),
+    "a field gone": (lambda t, m: m["cells"][3].pop("kernel"), "field 'kernel' is missing"),
+    "a share NaN": (lambda t, m: m["cells"][0]["sampled_bit_identical_at_call"].update(fa2=float("nan")), "not a finite number"),
+}
+
+
+@pytest.mark.parametrize("case", FORGED)
+def test_an_edited_samples_file_is_one_line_naming_it(case, samples, tmp_path, capsys):
+    edit, says = FORGED[case]
+    forged = _edited(samples, tmp_path, edit)
+    with pytest.raises(SystemExit) as exit_:
+        samples[0].main(["--from-samples", str(forged)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and str(forged) in err and says in err, err
+
+
+@pytest.mark.parametrize("content", [b"", b"not a safetensors file", None, "truncated", "no metadata"])
+def test_a_file_that_is_no_samples_file_is_one_line(content, samples, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "bad.safetensors"
+    if content == "truncated":
+        path.write_bytes(samples[1].read_bytes()[: samples[1].stat().st_size // 2])
+    elif content == "no metadata":
+        save_file({"0.out": torch.zeros(2)}, path)
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as exit_:
+        samples[0].main(["--from-samples", str(path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and str(path) in err, err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--seeds", "0", "--samples", "{tmp}/s.safetensors", "--sample-seeds", "3"], "--sample-seeds 3: each must be one of --seeds"),
+    (["--samples", "{tmp}/s.safetensors", "--from-samples", "{tmp}/s.safetensors"], "give one of them"),
+    (["--samples", "{tmp}"], "--samples"),
+    (["--sample-rows", "0"], "argument --sample-rows"),
+])
+def test_bad_sample_arguments_are_one_line(args, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_script("gpu_kernels").main(["--device", "cpu", *(a.format(tmp=tmp_path) for a in args)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err, err

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 SEED_LIMIT = 2**64
-OUTPUT_DESTS = ("out",)
+OUTPUT_DESTS = ("out", "samples")  # output file arguments: checked writable before any work
 SEED_DESTS = ("seeds",)
 
 
