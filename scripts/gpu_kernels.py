@@ -562,9 +562,13 @@ def from_samples(path, out_path=None) -> dict:
 
     for i, cell in enumerate(meta["cells"]):  # every cell's inputs checked before the minutes of comparison
         if inputs_sha256(*compared(cell)) != cell["inputs_sha256"]:
+            machine, versions = (meta["provenance"].get(key) if isinstance(meta["provenance"].get(key), dict) else {}
+                                 for key in ("machine", "versions"))
             raise ValueError(f"{path}: cell {i}: the inputs regenerated here from seed {cell['seed']} differ from the "
-                             f"call's (torch {torch.__version__} here, {meta['provenance'].get('versions', {}).get('torch')} "
-                             "there): torch's CPU generator changed or the file was edited; nothing can be compared bit for bit")
+                             f"call's (torch {torch.__version__} on {torch.backends.cpu.get_cpu_capability()} here, "
+                             f"{versions.get('torch')} on {machine.get('torch_cpu_capability')} "
+                             "there; torch.randn's CPU values change with the ISA: ATEN_CPU_CAPABILITY=<theirs> may match), "
+                             "or the file was edited; nothing can be compared bit for bit")
     with one_thread(), torch.no_grad():
         for i, cell in enumerate(meta["cells"]):
             cq, ck, cv = compared(cell)

@@ -323,3 +323,22 @@ def test_bad_sample_arguments_are_one_line(args, says, tmp_path, capsys):
         load_script("gpu_kernels").main(["--device", "cpu", *(a.format(tmp=tmp_path) for a in args)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_the_inputs_regenerate_alike_under_avx2_and_avx512_dispatch():
+    """--from-samples regenerates the call's inputs from their seeds on another machine: torch.randn's CPU values
+    must not depend on whether torch dispatches to AVX2 or AVX512 (they do change under DEFAULT, which no x86-64
+    machine numdev runs on uses: the samples' hash catches it)."""
+    code = ("import sys; sys.path.insert(0, 'tests'); from helpers import load_script; import torch; g = load_script('gpu_kernels'); "
+            "print(torch.backends.cpu.get_cpu_capability(), "
+            "g.inputs_sha256(*(t[:1, :1] for t in g.inputs('bf16', 2, 8, 1000, 128, 3))))")
+    found = {}
+    for capability in ("avx2", None):
+        env = {key: value for key, value in os.environ.items() if key != "ATEN_CPU_CAPABILITY"}
+        if capability:
+            env["ATEN_CPU_CAPABILITY"] = capability
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        dispatched, digest = done.stdout.split()
+        found[dispatched] = digest
+    assert "AVX2" in found and len(set(found.values())) == 1, found

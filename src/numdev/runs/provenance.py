@@ -93,6 +93,8 @@ def provenance(seeds=None, threads: int | None = None) -> dict:
             "cpu_flags": cpu_flags_of_interest(),
             "logical_cpus": os.cpu_count(),
             "torch_threads": threads if threads is not None else torch.get_num_threads(),
+            # the ISA torch's CPU kernels dispatch to: their results (torch.randn's too) can differ between DEFAULT and AVX2
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "gpu": accelerator,
             "platform": platform.platform(),
             **gpu_machine,
