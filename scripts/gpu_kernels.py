@@ -392,15 +392,21 @@ BYTES_PER_SCORE = 28  # a worker's peak at N=4096 and 8192 (bf16, d=128): ~22-24
 WORKER_BASE_BYTES = 0.7e9  # a worker's torch and numdev
 
 
+def memory_available() -> int | None:
+    """The bytes of memory available now (MemAvailable), or None where unknown (no /proc/meminfo)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def memory_workers(args, available: float | None = None) -> int | None:
     """How many comparisons at the grid's largest N fit in 3/4 of `available` bytes (default: the
     memory available now; None where unknown, without /proc/meminfo)."""
+    available = memory_available() if available is None else available
     if available is None:
-        try:
-            with open("/proc/meminfo") as handle:
-                available = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("MemAvailable:"))
-        except (OSError, StopIteration, ValueError):
-            return None
+        return None
     per_worker = WORKER_BASE_BYTES + BYTES_PER_SCORE * args.compare_heads * max(args.n) ** 2
     return max(1, int(0.75 * available // per_worker))
 
@@ -531,6 +537,8 @@ def read_samples(path) -> tuple[dict, dict]:
     grid = meta["grid"]
     if grid["device"] not in ("cuda", "cpu") or not 1 <= grid["compare_heads"] <= grid["heads"] or grid["batch"] < 1:
         raise ValueError(f"{path}: its grid (device, batch, heads, compare_heads) was edited: {grid}")
+    if not meta["cells"]:
+        raise ValueError(f"{path}: it holds no cells (a call stopped before its first cell finished): nothing to compare")
     for i, cell in enumerate(meta["cells"]):
         where = f"{path}: cell {i} ({cell['kernel']}, {cell['dtype']}, d={cell['dim']}, N={cell['n']})"
         rows, out = tensors.get(f"{i}.rows"), tensors.get(f"{i}.out")
@@ -560,6 +568,13 @@ def from_samples(path, out_path=None) -> dict:
     def compared(cell: dict) -> tuple:
         return made(cell["dtype"], cell["n"], cell["dim"], cell["seed"])
 
+    available = memory_available()
+    for i, cell in enumerate(meta["cells"]):  # what a cell needs here: its inputs and one comparison (memory_workers)
+        need = 3 * 6 * grid["batch"] * grid["heads"] * cell["n"] * cell["dim"] + BYTES_PER_SCORE * grid["compare_heads"] * cell["n"] ** 2
+        if available is not None and need > 0.75 * available:
+            raise ValueError(f"{path}: cell {i} (N={cell['n']}, d={cell['dim']}, batch {grid['batch']} x {grid['heads']} heads) "
+                             f"needs ~{need / 2**30:.1f} GiB here, more than 3/4 of the {available / 2**30:.1f} GiB available: "
+                             "compare it on a larger machine (or the file was edited)")
     for i, cell in enumerate(meta["cells"]):  # every cell's inputs checked before the minutes of comparison
         if inputs_sha256(*compared(cell)) != cell["inputs_sha256"]:
             machine, versions = (meta["provenance"].get(key) if isinstance(meta["provenance"].get(key), dict) else {}

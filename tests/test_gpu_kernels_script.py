@@ -281,6 +281,8 @@ FORGED = {
     "format 2": (lambda t, m: m.update(format=2), "samples format 2, not 1"),
     "grid edited": (lambda t, m: m["grid"].update(compare_heads=0), "its grid (device, batch, heads, compare_heads) was edited"),
     "a field gone": (lambda t, m: m["cells"][3].pop("kernel"), "field 'kernel' is missing"),
+    "N of ten million": (lambda t, m: (m["cells"][0].update(n=10**7, lse=False), t.pop("0.lse")), "GiB available: compare it on a larger machine"),
+    "no cells": (lambda t, m: (m.update(cells=[]), t.clear()), "it holds no cells"),
     "a share NaN": (lambda t, m: m["cells"][0]["sampled_bit_identical_at_call"].update(fa2=float("nan")), "not a finite number"),
 }
 
