@@ -80,6 +80,7 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import torch
 
@@ -518,17 +519,16 @@ SAMPLES_META = FileSchema("samples file", required={
 def read_samples(path) -> tuple[dict, dict]:
     """(metadata, tensors) of a samples file, checked: a file that is not one, or whose cells do not match
     their tensors, is a ValueError of one line naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
+    if Path(path).exists() and not Path(path).is_file():
+        raise ValueError(f"{path}: a directory or device, not a samples file; give a file that gpu_kernels.py --samples wrote")
     try:
-        tensors = load_file(path)
-        from safetensors import safe_open
-
         with safe_open(path, "pt") as handle:
             meta = json.loads((handle.metadata() or {}).get("numdev", "null"))
-    except FileNotFoundError as error:
-        raise ValueError(f"{path}: no such file ({error.strerror}); give a file that gpu_kernels.py --samples wrote") from None
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; give a file that gpu_kernels.py --samples wrote") from None
     except (OSError, SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not a samples file as gpu_kernels.py --samples writes it ({one_line(error)})") from None
     SAMPLES_META.check(path, meta)
@@ -659,7 +659,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample-rows", type=at_least(1), default=128, help="query rows kept per cell and kernel")
     parser.add_argument("--from-samples", default=None, metavar="FILE",
                         help="instead of running kernels: compare the emulator presets as numdev builds them now with the "
-                             "outputs a --samples FILE kept (on the CPU, no GPU needed); prints JSON (and --out)")
+                             "outputs a --samples FILE kept (on the CPU, no GPU needed; the grid, batch, heads and "
+                             "--mma-max-n are the file's, the grid options are not read); prints JSON (and --out)")
     args = parser.parse_args(argv)
     if args.from_samples:
         if args.samples:

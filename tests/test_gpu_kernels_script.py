@@ -297,7 +297,7 @@ def test_an_edited_samples_file_is_one_line_naming_it(case, samples, tmp_path, c
     assert exit_.value.code == 2 and err.count("\n") == 1 and str(forged) in err and says in err, err
 
 
-@pytest.mark.parametrize("content", [b"", b"not a safetensors file", None, "truncated", "no metadata"])
+@pytest.mark.parametrize("content", [b"", b"not a safetensors file", None, "truncated", "no metadata", "a directory"])
 def test_a_file_that_is_no_samples_file_is_one_line(content, samples, tmp_path, capsys):
     from safetensors.torch import save_file
 
@@ -306,6 +306,8 @@ def test_a_file_that_is_no_samples_file_is_one_line(content, samples, tmp_path, 
         path.write_bytes(samples[1].read_bytes()[: samples[1].stat().st_size // 2])
     elif content == "no metadata":
         save_file({"0.out": torch.zeros(2)}, path)
+    elif content == "a directory":
+        path.mkdir()
     elif content is not None:
         path.write_bytes(content)
     with pytest.raises(SystemExit) as exit_:
