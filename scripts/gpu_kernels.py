@@ -59,8 +59,9 @@ after the report, with one line each and exit 1.
 call: for the cells of --sample-seeds (default the first seed), each kernel's output at --sample-rows
 query rows (spread evenly, the first and last among them) of the first compared head, SDPA flash's
 log-sum-exp over every row, the cell's inputs' SHA-256 and each preset's share on those rows in the call
-(`sampled_bit_identical_fraction` in the rows too); about 1.7 MB per dtype for the GPU grid with two
-kernels. --from-samples FILE regenerates each cell's inputs from its seed (refused in one line when
+(`sampled_bit_identical_fraction` in the rows too); the file is rewritten as each cell's kernels have
+run (a run stopped during a cell's comparison keeps its outputs, without its shares) and as each
+cell's comparison finishes; about 1.7 MB per dtype for the GPU grid with two kernels. --from-samples FILE regenerates each cell's inputs from its seed (refused in one line when
 they hash differently: torch's CPU generator changed), runs the presets as numdev builds them now, and
 reports each one's sampled share beside the call's (`at_call`), SDPA flash's log-sum-exp against the
 CUDA model's over the first head, and a summary per kernel, dtype, d and causal. Same machine, same
@@ -721,11 +722,16 @@ def main(argv=None) -> int:
     taken: dict[int, dict] = {}  # grid index: its samples (--samples)
     sample_grid: dict = {}
 
+    def keep_samples() -> None:
+        """Rewrite the samples file: every prepared cell's kernel outputs (a cell whose comparison a stop cut short
+        keeps them too: its shares are recomputed here later), with the shares of those finished."""
+        write_samples(args.samples, sample_grid, [(grid[i], taken[i], finished.get(i, [])) for i in sorted(taken)])
+
     def finish(index: int, records: list[dict]) -> None:
         precision, dim, causal, n, seed = grid[index]
         finished[index] = [{"dtype": precision, "dim": dim, "causal": causal, "n": n, "seed": seed, **r} for r in records]
-        if index in taken:
-            write_samples(args.samples, sample_grid, [(grid[i], taken[i], finished[i]) for i in sorted(taken) if i in finished])
+        if index in taken:  # the call's shares on the kept rows
+            keep_samples()
         for row in finished[index]:
             shares = {p: round(e["bit_identical_fraction"], 6) for p, e in row.get("emulators", {}).items()}
             print(f"{precision} d={dim} causal={int(causal)} N={n} seed {seed} {row['kernel']}: "
@@ -752,6 +758,7 @@ def main(argv=None) -> int:
                     taken[index] = take_samples(job)
                     sample_grid.update(device=args.device, batch=args.batch, heads=args.heads, compare_heads=args.compare_heads,
                                        sms=job["shape"]["sms"], mma_max_n=job["mma_max_n"])
+                    keep_samples()  # the GPU's part of the cell, kept before its minutes of CPU comparison
                 if pool is None:
                     finish(index, compare(job))
                     continue

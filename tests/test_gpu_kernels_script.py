@@ -109,7 +109,8 @@ def test_a_sigterm_stops_the_workers_and_keeps_the_finished_cells(tmp_path):
     # one quick cell, then cells of seconds each: the workers are busy when the signal comes
     process = subprocess.Popen(
         _script("--n", "64", "4096", "--dims", "64", "--causal", "0", "--seeds", "0", "1", "2", "--heads", "2",
-                "--compare-heads", "2", "--workers", "2", "--out", str(out)),
+                "--compare-heads", "2", "--workers", "2", "--out", str(out), "--samples", str(tmp_path / "s.safetensors"),
+                "--sample-seeds", "0", "1", "2"),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=die_with_parent)
     try:
         workers = lambda: sum("spawn_main" in line for line in session_processes(process.pid))  # noqa: E731
@@ -122,6 +123,12 @@ def test_a_sigterm_stops_the_workers_and_keeps_the_finished_cells(tmp_path):
         report = json.loads(out.read_text())
         assert report["complete"] is False and report["rows"] and len(report["rows"]) < 6
         assert report["rows"][0]["n"] == 64 and report["grid"]["workers"] == 2
+        # the samples keep every cell whose kernels ran, those still in comparison too (without the call's shares)
+        meta, _ = load_script("gpu_kernels").read_samples(tmp_path / "s.safetensors")
+        compared = {(r["n"], r["seed"]) for r in report["rows"]}
+        kept = {(c["n"], c["seed"]): c["sampled_bit_identical_at_call"] for c in meta["cells"]}
+        assert compared < set(kept) and all(kept[cell] for cell in compared)
+        assert all(shares == {} for cell, shares in kept.items() if cell not in compared)
     finally:
         kill_session(process)
         process.wait()
