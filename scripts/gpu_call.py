@@ -113,6 +113,19 @@ def pack(work: Path, into: Path) -> list[str]:
     return members
 
 
+def keep_archive(work: Path, out: Path, manifest: dict) -> bool:
+    """Pack `work` into <out>/ARCHIVE; False, with one line and the record's `archive_error`, where it cannot
+    be written (a full disk): the record and the steps' own results are still written and the call goes on."""
+    try:
+        pack(work, out / ARCHIVE)
+    except OSError as error:  # WriteError: the last whole archive, if any, is left as it was
+        manifest["archive_error"] = one_line(error)
+        print(f"gpu_call: error: {one_line(error)}", file=sys.stderr, flush=True)
+        return False
+    manifest.pop("archive_error", None)
+    return True
+
+
 def returned(folder: Path) -> tuple[list[dict], list[str]]:
     """What the device machine would send back from `folder`: ({name, bytes} per file) and one line per
     limit it breaks (too many files, a file too large or too deep, a name it refuses, too much in all)."""
@@ -278,7 +291,7 @@ def run_plan(plan: list[Step], manifest: dict, deadline: float, out: Path, work:
                 entry["ok"] = entry.get("rc") in step.ok_codes and not entry.get("timed_out")
                 failed |= not entry["ok"]
                 manifest["steps"].append(entry)
-                pack(work, out / ARCHIVE)
+                failed |= not keep_archive(work, out, manifest)
                 write_text(record_path, json.dumps(manifest, indent=1) + "\n")
             print(f"gpu_call: {step.name}: exit {entry['rc']}, {entry['seconds']} s"
                   + (" (timed out)" if entry["timed_out"] else ""), file=sys.stderr, flush=True)
@@ -290,7 +303,7 @@ def run_plan(plan: list[Step], manifest: dict, deadline: float, out: Path, work:
         failed = True
     finally:
         manifest["seconds"] = round(manifest["budget_s"] - (deadline - time.monotonic()), 1)
-        pack(work, out / ARCHIVE)
+        failed |= not keep_archive(work, out, manifest)
         write_text(record_path, json.dumps(manifest, indent=1) + "\n")
         for sig, handler in handlers.items():  # a signal from here on ends the call as it would any script
             signal.signal(sig, handler)

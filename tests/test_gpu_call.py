@@ -222,3 +222,20 @@ def test_what_the_device_machine_would_not_send_back_is_named(tmp_path):
         with open(tmp_path / f"big{i}.bin", "wb") as sparse:
             sparse.truncate(16 << 20)
     assert returned(tmp_path)[1][-1] == "81.0 MiB in all, over 64 MiB"
+
+
+def test_an_archive_that_cannot_be_written_is_one_line_and_the_record_goes_on(tmp_path, monkeypatch, capsys):
+    from numdev.runs.atomic import WriteError
+
+    gpu_call = load_script("gpu_call")
+
+    def full(work, into):
+        raise WriteError(into, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(gpu_call, "pack", full)
+    assert gpu_call.main(["--device", "cpu", "--out", str(tmp_path), "--budget", "3", "--only", "lr_edge"]) == 1  # skipped
+    record = json.loads((tmp_path / "gpu_call.json").read_text())
+    assert record["complete"] is True and "No space left on device" in record["archive_error"]
+    assert [s["name"] for s in record["steps"]] == ["lr_edge"]
+    err = capsys.readouterr().err
+    assert "gpu_call: error: could not write" in err and "Traceback" not in err
