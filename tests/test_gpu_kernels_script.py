@@ -328,12 +328,13 @@ def test_a_file_that_is_no_samples_file_is_one_line(content, samples, tmp_path, 
     (["--samples", "{tmp}/s.safetensors", "--from-samples", "{tmp}/s.safetensors"], "give one of them"),
     (["--samples", "{tmp}"], "--samples"),
     (["--sample-rows", "0"], "argument --sample-rows"),
+    (["--samples", "{tmp}/same", "--out", "{tmp}/./same"], "--out and --samples both name {tmp}/./same: one would overwrite the other"),
 ])
 def test_bad_sample_arguments_are_one_line(args, says, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         load_script("gpu_kernels").main(["--device", "cpu", *(a.format(tmp=tmp_path) for a in args)])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says.format(tmp=tmp_path) in err, err
 
 
 def test_the_inputs_regenerate_alike_under_avx2_and_avx512_dispatch():

@@ -89,12 +89,16 @@ class ScriptParser(argparse.ArgumentParser):
                 if twice:
                     self.error(f"--{dest.replace('_', '-')} lists {', '.join(map(str, twice))} more than once: each seed is "
                                "one independent replicate; list each once")
+        given = {}  # resolved path: the option that names it
         for dest in OUTPUT_DESTS:
             value = getattr(parsed, dest, None)
             if value:
                 problem = output_file_problem(value)
                 if problem:
                     self.error(f"--{dest} {value}: {problem}")
+                twin = given.setdefault(Path(value).resolve(), dest)
+                if twin != dest:
+                    self.error(f"--{twin} and --{dest} both name {value}: one would overwrite the other; give each its own file")
         return parsed
 
 
