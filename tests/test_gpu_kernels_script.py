@@ -328,7 +328,7 @@ def test_a_file_that_is_no_samples_file_is_one_line(content, samples, tmp_path, 
     (["--samples", "{tmp}/s.safetensors", "--from-samples", "{tmp}/s.safetensors"], "give one of them"),
     (["--samples", "{tmp}"], "--samples"),
     (["--sample-rows", "0"], "argument --sample-rows"),
-    (["--samples", "{tmp}/same", "--out", "{tmp}/./same"], "--out and --samples both name {tmp}/./same: one would overwrite the other"),
+    (["--samples", "{tmp}/same", "--out", "{tmp}/./same"], "--out and --samples both name {tmp}/same: one would overwrite the other"),
 ])
 def test_bad_sample_arguments_are_one_line(args, says, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
