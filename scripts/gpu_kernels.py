@@ -730,7 +730,7 @@ def main(argv=None) -> int:
     def finish(index: int, records: list[dict]) -> None:
         precision, dim, causal, n, seed = grid[index]
         finished[index] = [{"dtype": precision, "dim": dim, "causal": causal, "n": n, "seed": seed, **r} for r in records]
-        if index in taken:  # the call's shares on the kept rows
+        if index in taken:  # the call's shares on the kept rows, before the JSON: a cell the JSON holds has them here
             keep_samples()
         for row in finished[index]:
             shares = {p: round(e["bit_identical_fraction"], 6) for p, e in row.get("emulators", {}).items()}
