@@ -61,11 +61,13 @@ query rows (spread evenly, the first and last among them) of the first compared 
 log-sum-exp over every row, the cell's inputs' SHA-256 and each preset's share on those rows in the call
 (`sampled_bit_identical_fraction` in the rows too); the file is rewritten as each cell's kernels have
 run (a run stopped during a cell's comparison keeps its outputs, without its shares) and as each
-cell's comparison finishes; about 1.7 MB per dtype for the GPU grid with two kernels. --from-samples FILE regenerates each cell's inputs from its seed (refused in one line when
-they hash differently: torch's CPU generator changed), runs the presets as numdev builds them now, and
-reports each one's sampled share beside the call's (`at_call`), SDPA flash's log-sum-exp against the
-CUDA model's over the first head, and a summary per kernel, dtype, d and causal. Same machine, same
-code: the shares are the call's, bit for bit (tests/test_gpu_kernels_script.py).
+cell's comparison finishes; about 1.7 MB per dtype for the GPU grid with two kernels.
+--from-samples FILE regenerates each cell's inputs from its seed (refused in one line when they hash
+differently: torch.randn's CPU values changed, with torch's version or the ISA it dispatches to, or
+the file was edited), runs the presets as numdev builds them now, and reports each one's sampled share
+beside the call's (`at_call`), SDPA flash's log-sum-exp against the CUDA model's over the first head,
+and a summary per kernel, dtype, d and causal. Same machine, same code: the shares are the call's,
+bit for bit (tests/test_gpu_kernels_script.py).
 """
 
 from __future__ import annotations
