@@ -396,6 +396,11 @@ BYTES_PER_SCORE = 28  # a worker's peak at N=4096 and 8192 (bf16, d=128): ~22-24
 WORKER_BASE_BYTES = 0.7e9  # a worker's torch and numdev
 
 
+def comparison_bytes(compare_heads: int, n: int) -> int:
+    """The memory one cell's CPU comparison takes at its peak (the emulators' scores), in bytes."""
+    return BYTES_PER_SCORE * compare_heads * n ** 2
+
+
 def memory_available() -> int | None:
     """The bytes of memory available now (MemAvailable), or None where unknown (no /proc/meminfo)."""
     try:
@@ -411,7 +416,7 @@ def memory_workers(args, available: float | None = None) -> int | None:
     available = memory_available() if available is None else available
     if available is None:
         return None
-    per_worker = WORKER_BASE_BYTES + BYTES_PER_SCORE * args.compare_heads * max(args.n) ** 2
+    per_worker = WORKER_BASE_BYTES + comparison_bytes(args.compare_heads, max(args.n))
     return max(1, int(0.75 * available // per_worker))
 
 
@@ -573,7 +578,7 @@ def from_samples(path, out_path=None) -> dict:
 
     available = memory_available()
     for i, cell in enumerate(meta["cells"]):  # what a cell needs here: its inputs and one comparison (memory_workers)
-        need = 3 * 6 * grid["batch"] * grid["heads"] * cell["n"] * cell["dim"] + BYTES_PER_SCORE * grid["compare_heads"] * cell["n"] ** 2
+        need = 3 * 6 * grid["batch"] * grid["heads"] * cell["n"] * cell["dim"] + comparison_bytes(grid["compare_heads"], cell["n"])
         if available is not None and need > 0.75 * available:
             raise ValueError(f"{path}: cell {i} (N={cell['n']}, d={cell['dim']}, batch {grid['batch']} x {grid['heads']} heads) "
                              f"needs ~{need / 2**30:.1f} GiB here, more than 3/4 of the {available / 2**30:.1f} GiB available: "
