@@ -562,7 +562,7 @@ def read_samples(path) -> tuple[dict, dict]:
     return meta, tensors
 
 
-def from_samples(path, out_path=None) -> dict:
+def from_samples(path) -> dict:
     """The emulator presets as numdev builds them now against the kernels' sampled outputs, on the CPU on one thread."""
     meta, tensors = read_samples(path)
     grid = meta["grid"]
@@ -636,6 +636,11 @@ def sampled_summary(rows: list[dict]) -> list[dict]:
     return summary
 
 
+# the options that choose what runs; --from-samples takes them from its file and refuses them here
+GRID_OPTIONS = ("device", "dtypes", "dims", "causal", "n", "seeds", "batch", "heads", "compare_heads", "mma_max_n",
+                "mma_rz_max_n", "workers", "memory_gib", "sample_seeds", "sample_rows")
+
+
 def main(argv=None) -> int:
     parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -668,11 +673,15 @@ def main(argv=None) -> int:
     parser.add_argument("--from-samples", default=None, metavar="FILE",
                         help="instead of running kernels: compare the emulator presets as numdev builds them now with the "
                              "outputs a --samples FILE kept (on the CPU, no GPU needed; the grid, batch, heads and "
-                             "--mma-max-n are the file's, the grid options are not read); prints JSON (and --out)")
+                             "--mma-max-n are the file's: the grid options are refused); prints JSON (and --out)")
     args = parser.parse_args(argv)
     if args.from_samples:
         if args.samples:
             parser.error("--from-samples reads a samples file; --samples writes one: give one of them")
+        ignored = [f"--{dest.replace('_', '-')}" for dest in GRID_OPTIONS if getattr(args, dest) != parser.get_default(dest)]
+        if ignored:
+            parser.error(f"--from-samples compares the grid the samples file holds: {' '.join(ignored)} would not be "
+                         "read; drop it (run the cells you want with --samples on the GPU)")
         try:
             found = from_samples(args.from_samples)
         except ValueError as error:
