@@ -235,3 +235,35 @@ def test_a_run_on_a_folder_of_captioned_images(tmp_path):
     record = train(compose_train("data=folder", f"data.root={images}", run_dir=tmp_path / "run"))
     assert record["status"] == "finished" and list_snapshots(tmp_path / "run") == [0, 2, 4]
     assert record["eval"]["scored"] == 0  # not shapes captions: sampled and shown, not scored
+
+
+class _Probed(Exception):
+    pass
+
+
+@pytest.mark.parametrize(("deterministic", "before", "after"), [
+    ("true", None, ":4096:8"),     # set before the backend probe's first cuBLAS call
+    ("warn", ":0:0", ":4096:8"),   # a nondeterministic workspace is replaced
+    ("true", ":16:8", ":16:8"),    # the other deterministic workspace is kept
+    ("false", None, None),         # left alone when determinism is off
+])
+def test_the_cublas_workspace_is_deterministic_before_the_backend_probe(deterministic, before, after, tmp_path,
+                                                                        monkeypatch):
+    """torch reads CUBLAS_WORKSPACE_CONFIG once, at the first cuBLAS call, which the backend probe makes before
+    Lightning's Trainer sets it: a deterministic run must have it set before that probe (eager on a GPU raised)."""
+    import numdev.train.run as run
+
+    seen = {}
+
+    def probe(cfg, backend):
+        seen["value"] = run.os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        raise _Probed
+
+    if before is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", before)
+    monkeypatch.setattr(run, "check_backend_for", probe)
+    with pytest.raises(_Probed):
+        train(compose_train(f"trainer.deterministic={deterministic}", run_dir=tmp_path / "run"))
+    assert seen["value"] == after

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -365,9 +366,23 @@ def _hangup_ends_the_run():
         signal.signal(signal.SIGHUP, previous)
 
 
+# The CUBLAS_WORKSPACE_CONFIG values under which cuBLAS's products are deterministic (Lightning sets the first).
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+def deterministic_cublas(cfg: DictConfig) -> None:
+    """With trainer.deterministic on (true or warn), CUBLAS_WORKSPACE_CONFIG set before any CUDA work. torch reads it
+    once, at the process's first cuBLAS call, and keeps the answer; the backend probe (check_backend_for) makes that
+    call before Lightning's Trainer sets the variable, after which every product under deterministic algorithms
+    would raise (the eager backend on a GPU, from its first step)."""
+    if cfg.trainer.get("deterministic") and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_DETERMINISTIC:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC[0]
+
+
 def train(cfg: DictConfig) -> dict:
     """Train as `cfg` says; returns the run record (also in <run_dir>/run.json)."""
     check_config(cfg)
+    deterministic_cublas(cfg)
     run_dir = Path(cfg.run_dir)
     if cfg.get("threads") is not None:
         torch.set_num_threads(cfg.threads)
