@@ -3,6 +3,7 @@ stable section ids, and the page as headless Chromium renders it."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import inspect
 import json
@@ -250,21 +251,31 @@ def test_the_report_finds_the_study_and_the_catalogue_apart_and_shows_the_catalo
         build_report([], None, tmp_path / "report2", catalogue=study)
 
 
-def test_a_gpu_result_names_its_gpu_driver_and_kernel_libraries(monkeypatch):
+def test_a_gpu_result_names_its_gpu_driver_and_kernel_libraries(monkeypatch, tmp_path, request):
     """On a CUDA machine the block adds the capability, the driver (nvidia-smi), cuDNN and Triton;
     on a CPU machine none of these keys appear. The GPU is faked here: the fields' plumbing only."""
     import subprocess
 
     import torch
 
+    from numdev.runs import provenance as module
+
     assert "gpu_driver" not in provenance()["machine"] or torch.cuda.is_available()
+    module.gpu_details.cache_clear()  # read once per process: cleared for the faked GPU, and after it
+    request.addfinalizer(module.gpu_details.cache_clear)
+    library = tmp_path / "libtorch_cuda.so"
+    library.write_bytes(b"machine code")
+    monkeypatch.setattr(module, "torch_cuda_library", lambda: library)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91400)
     real_run = subprocess.run
 
+    calls = []
+
     def run(args, *rest, **options):
+        calls.append(args[0])
         if args[0] == "nvidia-smi":
             return subprocess.CompletedProcess(args, 0, stdout="580.95.05\n")
         return real_run(args, *rest, **options)
@@ -273,6 +284,9 @@ def test_a_gpu_result_names_its_gpu_driver_and_kernel_libraries(monkeypatch):
     block = provenance()
     assert block["machine"]["gpu_capability"] == "9.0" and block["machine"]["gpu_driver"] == "580.95.05"
     assert block["versions"]["cudnn"] == 91400
+    assert block["versions"]["torch_cuda_sha256"] == hashlib.sha256(b"machine code").hexdigest()
+    provenance()
+    assert calls.count("nvidia-smi") == 1  # once per process, however often results are written
     assert ", GPU NVIDIA H100 80GB HBM3 (driver 580.95.05);" in machine_line(block)
 
 

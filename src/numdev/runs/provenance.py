@@ -8,6 +8,7 @@ which machine it describes.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -58,9 +59,27 @@ def git_state() -> dict:
     return {"commit": commit, "dirty": dirty}
 
 
+def torch_cuda_library() -> Path:
+    """The installed torch's CUDA library (its kernels' machine code: scripts/kernel_sass.py reads it)."""
+    import torch
+
+    return Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """A file's SHA-256, read in blocks (never the whole file in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)  # one nvidia-smi and one hash per process: result files rewrite their provenance often
 def gpu_details() -> tuple[dict, dict]:
     """On a CUDA machine, (machine fields, version fields): the GPU's compute capability and
-    driver, cuDNN's and Triton's versions. Empty on a machine without one."""
+    driver, cuDNN's and Triton's versions, and the SHA-256 of torch's CUDA library (whose kernels
+    scripts/kernel_sass.py read on a machine without a GPU). Empty on a machine without one."""
     import torch
 
     if not torch.cuda.is_available():
@@ -75,8 +94,12 @@ def gpu_details() -> tuple[dict, dict]:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = None
+    try:
+        library = file_sha256(torch_cuda_library())
+    except OSError:
+        library = None
     return ({"gpu_capability": f"{major}.{minor}", "gpu_driver": driver},
-            {"cudnn": torch.backends.cudnn.version(), "triton": triton})
+            {"cudnn": torch.backends.cudnn.version(), "triton": triton, "torch_cuda_sha256": library})
 
 
 def provenance(seeds=None, threads: int | None = None) -> dict:

@@ -35,6 +35,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from numdev.runs.atomic import read_bounded, write_bytes, write_json
 from numdev.runs.layout import checkpoint_digest_path
+from numdev.runs.provenance import file_sha256
 from numdev.weights.store import plain
 
 
@@ -48,7 +49,7 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> None:
     torch.save(_plain_tensors(checkpoint), buffer)
     data = buffer.getvalue()
     digest = checkpoint_digest_path(path)
-    previous, previous_bytes = (_file_sha256(path), path.stat().st_size) if path.is_file() else (None, None)
+    previous, previous_bytes = (file_sha256(path), path.stat().st_size) if path.is_file() else (None, None)
     write_json(digest, {"sha256": hashlib.sha256(data).hexdigest(), "previous": previous, "bytes": len(data),
                         "previous_bytes": previous_bytes})
     write_bytes(path, data)
@@ -64,15 +65,6 @@ def _plain_tensors(value):
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(_plain_tensors(v) for v in value)
     return value
-
-
-def _file_sha256(path: Path) -> str:
-    """A file's sha256, read in chunks (never the whole file in memory)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check_size(path: Path) -> None:
@@ -101,7 +93,7 @@ def _check_size(path: Path) -> None:
                 "it aside and rerun with resume=auto to train again from step 0 (nothing was read)"
             )
         return
-    if size > (1 << 30) and _file_sha256(path) not in {record.get("sha256"), record.get("previous")}:
+    if size > (1 << 30) and file_sha256(path) not in {record.get("sha256"), record.get("previous")}:
         raise CheckpointError(f"{path}: its sha256 does not match {digest_path.name} ({size} bytes): the checkpoint was changed "
                               "or damaged after it was written; restore it from a copy, or move it aside and rerun with resume=auto")
 
