@@ -122,3 +122,24 @@ def test_wandb_runs_offline_into_the_run_directory(tmp_path, monkeypatch):
     assert run["status"] == "finished"
     offline = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+def test_a_step_on_a_gpu_waits_for_its_kernels_at_both_ends(monkeypatch):
+    """CUDA runs kernels after their launch: without a synchronize the optimizer's kernels would count in the next step."""
+    import types
+
+    import torch
+
+    from numdev.train.callbacks.step_time import StepTimes
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(str(device)))
+    times = StepTimes()
+    trainer = types.SimpleNamespace(global_step=1, log_every_n_steps=50, max_steps=10)
+    for device, expected in ((torch.device("cpu"), []), (torch.device("cuda", 0), ["cuda:0", "cuda:0"])):
+        waited.clear()
+        module = types.SimpleNamespace(device=device)
+        times.on_train_batch_start(trainer, module, None, 0)
+        times.on_train_batch_end(trainer, module, {"loss": torch.tensor(1.0)}, None, 0)
+        assert waited == expected
+    assert len(times.seconds) == 2

@@ -1,7 +1,8 @@
 """The wall time of every training step, from the run itself: run.json's `step_seconds`.
 
 A step here is Lightning's training batch: forward, backward and the optimizer step, from this
-callback's on_train_batch_start to its on_train_batch_end. It is the first callback
+callback's on_train_batch_start to its on_train_batch_end (on a GPU, each end waits for the device,
+so a step's kernels count in it, not in the next). It is the first callback
 (conf/train/callbacks/default.yaml lists it first), so snapshot writing and sibling comparisons, which
 run in later callbacks' on_train_batch_end, are not in it; data loading happens before the start.
 The median over steps is the run's cost (robust to the compilation of the first steps and to
@@ -20,8 +21,16 @@ import statistics
 import time
 
 import lightning.pytorch as pl
+import torch
 
 log = logging.getLogger(__name__)
+
+
+def _synchronize(module) -> None:
+    """Wait for the module's device to finish what was launched (CUDA runs kernels asynchronously)."""
+    device = getattr(module, "device", None)
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class StepTimes(pl.Callback):
@@ -30,10 +39,12 @@ class StepTimes(pl.Callback):
         self._start: float | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        _synchronize(pl_module)
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._start is not None:
+            _synchronize(pl_module)  # a GPU's kernels run after their launch: the step ends when they have
             self.seconds.append(time.perf_counter() - self._start)
             self._start = None
         step = int(trainer.global_step)
