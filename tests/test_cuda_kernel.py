@@ -90,7 +90,7 @@ def reference_row(q, k, v, i, scale, causal, block_m, block_n, lo, hi_split, exp
     empty = float(row_sum) == 0
     inverse = f32(1.0) if empty else f32(1.0) / row_sum
     out = [a * inverse for a in acc]
-    lse = f32(NEG_INF) if empty else cpu_kernel.fma(m, f32(scale), ck.log(row_sum))
+    lse = f32(NEG_INF) if empty else cpu_kernel.fma(m, f32(scale), ck.fast_log(row_sum))
     return out, lse
 
 
@@ -117,18 +117,18 @@ def reference(q, k, v, scale, causal, block_m, block_n, splits, exp, half, dot=m
         padded = lses + [f32(NEG_INF)] * (lanes * per_lane - splits)
         sums = []
         for t in range(lanes):  # thread t holds splits t, t + lanes, ...
-            total = ck.exp(padded[t] - top)
+            total = ck.expf(padded[t] - top)
             for layer in range(1, per_lane):
-                total = total + ck.exp(padded[layer * lanes + t] - top)
+                total = total + ck.expf(padded[layer * lanes + t] - top)
             sums.append(total)
         offset = lanes // 2
         while offset:
             sums = [sums[t] + sums[t ^ offset] for t in range(lanes)]
             offset //= 2
-        lse = ck.log(sums[0]) + top
+        lse = ck.logf(sums[0]) + top
         out = [f32(0.0)] * v.shape[1]
         for (o, split_lse) in parts:
-            weight = ck.exp(split_lse - lse)
+            weight = ck.expf(split_lse - lse)
             out = [cpu_kernel.fma(weight, x, acc) for x, acc in zip(o, out)]
         rows.append(out)
         row_lses.append(float(lse))
@@ -307,3 +307,74 @@ def test_cuda_model_has_no_gradient():
     q = torch.randn(1, 1, 8, 16, requires_grad=True)
     with pytest.raises(ValueError, match="forward only"):
         FlashEmulated(stage_formats("fa2_cuda", "bf16"))(q, q.detach(), q.detach())
+
+
+# -- the GPU's float32 functions as the kernels' machine code computes them (scripts/kernel_sass.py reads them) --
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def ordered(x):
+        bits = x.to(F32).contiguous().view(torch.int32).long()
+        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+    return (ordered(a) - ordered(b)).abs()
+
+
+def every_positive_float32(count: int, seed: int = 0) -> torch.Tensor:
+    """`count` float32 drawn uniformly over the positive finite bit patterns: subnormals to the largest."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 0x7F800000, (count,), generator=g, dtype=torch.int64).to(torch.int32).view(F32)
+
+
+def test_libdevice_logf_is_within_an_ulp_of_the_log_and_a_wrong_coefficient_is_not(monkeypatch):
+    """libdevice's logf is documented within 1 ulp: the transcription of its polynomial must be too, on every
+    exponent (subnormals through the 2^23 scaling); one coefficient off by 2^-10 of itself breaks the bound."""
+    x = every_positive_float32(1 << 20)
+    error = ulps(ck.logf(x), torch.log(x.double()).to(F32))
+    assert int(error.max()) <= 1 and float((error == 0).double().mean()) > 0.9
+    wrong = list(ck.LOGF_POLY)
+    wrong[-2] *= 1 + 2.0 ** -10  # the cubic's coefficient
+    monkeypatch.setattr(ck, "LOGF_POLY", tuple(wrong))
+    assert int(ulps(ck.logf(x), torch.log(x.double()).to(F32)).max()) > 1
+
+
+def test_libdevice_logf_and_expf_special_values():
+    inf, nan = float("inf"), float("nan")
+    logf = ck.logf(torch.tensor([0.0, -0.0, 1.0, inf, nan, -1.0, -inf, 1e-45, -1e-40]))
+    assert logf[:4].tolist() == [-inf, -inf, 0.0, inf] and torch.isnan(logf[4:7]).all() and torch.isnan(logf[-1])
+    assert float(logf[7]) == float(torch.tensor(1e-45).double().log().to(F32))  # the smallest subnormal, scaled by 2^23
+    expf = ck.expf(torch.tensor([0.0, -inf, nan, 89.0, -104.0, -87.5]))
+    assert expf[0] == 1 and expf[1] == 0 and torch.isnan(expf[2]) and expf[3] == inf
+    assert expf[4] == float(torch.tensor(-104.0).double().exp().to(F32))  # a subnormal: the final FMUL by 2^j rounds it
+    assert 0 < float(expf[5]) < 2.0 ** -126
+
+
+def test_libdevice_expf_is_within_its_documented_2_ulp_given_a_correctly_rounded_ex2(monkeypatch):
+    """The range reduction (j from FFMA.SAT and FFMA.RM, log2(e) in two floats, z rounded to float32) costs at
+    most an ulp more than MUFU.EX2's own rounding: within libdevice's documented 2 ulp, within 1 nearly always
+    (2 where z's rounding is largest: x near the overflow, z near 2). log2(e)'s low part dropped breaks it."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(1 << 20, generator=g, dtype=F64) * 190 - 100).to(F32)
+    error = ulps(ck.expf(x), torch.exp(x.double()).to(F32))
+    assert int(error.max()) <= 2 and float((error <= 1).double().mean()) > 0.9999 and float((error == 0).double().mean()) > 0.8
+    monkeypatch.setattr(ck, "EXPF_LOG2E", (ck.EXPF_LOG2E[0], 0.0))
+    assert int(ulps(ck.expf(x), torch.exp(x.double()).to(F32)).max()) > 2
+
+
+def test_fast_log_is_lg2_times_ln2_in_float32_and_exp2_halves_below_minus_126():
+    """__logf: RN(RN(log2 x) * RN(ln 2)), x below FLT_MIN through 2^24; exp2f: ex2(x / 2)^2 below -126. Held to
+    scalar Python here; the share where __logf differs from the correctly rounded log is what the model changed."""
+    def as_f32(value: float) -> float:
+        return float(torch.tensor(value, dtype=F64).to(F32))
+
+    x = torch.cat([every_positive_float32(4096, seed=2), torch.tensor([1.0, 2.0, 1e-40, 2.0 ** -126])])
+    expected = []
+    for value in x.tolist():
+        scaled = value < 2.0 ** -126
+        lg2 = as_f32(math.log2(value * 2.0 ** 24 if scaled else value))
+        expected.append(as_f32(as_f32(lg2 - 24) * ck.LN2_F32) if scaled else as_f32(lg2 * ck.LN2_F32))
+    assert ck.fast_log(x).tolist() == expected
+    sums = 1 + torch.rand(1 << 16, generator=torch.Generator().manual_seed(3), dtype=F64).to(F32) * 1000
+    differs = float((ck.fast_log(sums) != torch.log(sums.double()).to(F32)).double().mean())
+    assert 0.05 < differs < 0.6  # the row sums' logs: __logf is not the correctly rounded log on a share of them
+    low = torch.tensor([-126.5, -140.25, -149.0, -200.0, float("-inf")])
+    halved = [as_f32(as_f32(2.0 ** (v / 2)) ** 2) if v > -1e9 else 0.0 for v in low.tolist()]
+    assert ck.exp2(low).tolist() == halved and ck.exp2(torch.tensor([-126.0, 0.0, -3.5])).tolist() == [2.0 ** -126, 1.0, as_f32(2.0 ** -3.5)]

@@ -14,29 +14,34 @@ query tile of B_r rows and key/value block of B_c, in float32 registers:
                                           (8n + 2t + e, n-major) over every block, unrounded P
   O = O + bf16(P) V                       the tensor cores, P rounded to the input format (nearest even)
 Key/value blocks run last to first. At the end l is summed over the quad (a butterfly: lanes xor 2,
-then xor 1) and O * (1 / l) is rounded to the input format.
+then xor 1), O * (1 / l) (a correctly rounded reciprocal: MUFU.RCP and a Newton step) is rounded to
+the input format, and lse = m * scale + __logf(l) (MUFU.LG2 times ln 2 in float32, then one FFMA).
 
 Split-KV: when batch x heads x ceil(N_q / 64) < 0.8 x 2 x SMs, `flash_api.cpp` splits the key/value
 blocks into `num_splits` ranges (its num_splits_heuristic; `schedule` here), run by the split kernel
 with its own tiles (B_r = 64, B_c = 256 for d <= 64, 128 for d <= 128); each split writes its
-normalised O in float32 and its log-sum-exp lse_i = m * scale + log(l), and a combine kernel
-computes lse = log(sum_i exp(lse_i - max)) + max (the sum over the kernel's thread layout, then a
-butterfly) and O = sum_i exp(lse_i - lse) O_i (one FFMA per split, in split order).
+normalised O in float32 and its lse_i as above, and a combine kernel computes
+lse = logf(sum_i expf(lse_i - max)) + max (the sum over the kernel's thread layout, then a butterfly)
+and O = sum_i expf(lse_i - lse) O_i (one FFMA per split, in split order), with libdevice's expf
+(a range reduction around MUFU.EX2) and logf (a polynomial: no MUFU).
 
-What is not modelled, and so bounds the share of bit-identical outputs: the GPU's exp2, exp and log
-(MUFU.EX2 and the libdevice functions, within 2 ulp) are correctly rounded float32 functions here; the tensor
-cores' sums are float32 matmuls (matmul=aten) or one of two hypotheses to measure: each 16-term
-chunk's exact sum added to the float32 accumulator with one rounding to nearest (matmul=mma16), or
-the accumulator and the chunk's 16 exact products aligned to the largest with 25 bits kept, cut
-toward zero, summed and cut toward zero to float32 (matmul=mma16_rz: the truncating multi-term adder
-Fasi et al., PeerJ CS 7:e330, 2021, found in V100-A100 tensor cores; 25 bits is what public probes
-of H100 report, and 16 terms per step is this model's guess). Nothing here has been
-compared with a GPU yet: scripts/gpu_kernels.py measures the share per kernel.
+Where each of these forms comes from: torch 2.11's sm_90 machine code, read without a GPU by
+scripts/kernel_sass.py (the constants here are the ones in the binary). What is not modelled, and
+so bounds the share of bit-identical outputs: the multi-function unit's own bits (MUFU.EX2 and
+MUFU.LG2, within 2 ulp) are correctly rounded float32 functions here; the tensor cores' sums are
+float32 matmuls (matmul=aten) or one of two hypotheses to measure: each 16-term chunk's exact sum
+added to the float32 accumulator with one rounding to nearest (matmul=mma16), or the accumulator
+and the chunk's 16 exact products aligned to the largest with 25 bits kept, cut toward zero, summed
+and cut toward zero to float32 (matmul=mma16_rz: the truncating multi-term adder Fasi et al., PeerJ
+CS 7:e330, 2021, found in V100-A100 tensor cores; 25 bits is what public probes of H100 report, and
+16 terms per step is this model's guess). Nothing here has been compared with a GPU's outputs yet:
+scripts/gpu_kernels.py measures the share per kernel.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -93,19 +98,89 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32)
 
 
-# The GPU's exp2, exp and log (MUFU.EX2, libdevice's expf and logf: within 2 ulp) as correctly rounded float32
-# functions, through float64: the same bits for an element wherever it lies (ATen's float32 exp2 takes
-# its vector path or its scalar tail by position, and the two differ in the last bit).
-def exp2(x: torch.Tensor) -> torch.Tensor:
+# -- The GPU's float32 functions, as torch's FA2 machine code for sm_90 computes them ----------------------
+# Read from the kernels' SASS (scripts/kernel_sass.py checks each of these forms in the binary). What the
+# machine code cannot say is the bits of the multi-function unit's approximations (MUFU.EX2, MUFU.LG2:
+# PTX's ex2.approx.f32 and lg2.approx.f32, within 2 ulp): those two are correctly rounded float32
+# functions here, through float64 (the same bits for an element wherever it lies: ATen's float32 exp2
+# takes its vector path or its scalar tail by position, and the two differ in the last bit). Everything
+# around them (range reduction, scaling, polynomials, FFMA against FMUL + FADD) is the kernels' own.
+LN2_F32 = 0.6931471824645996  # __logf's multiplier after MUFU.LG2: ln 2 rounded to float32
+FLT_MIN = 2.0 ** -126
+
+
+def mufu_ex2(x: torch.Tensor) -> torch.Tensor:
+    """MUFU.EX2, the hypothesis: 2^x correctly rounded to float32."""
     return _f32(torch.exp2(x.double()))
 
 
-def exp(x: torch.Tensor) -> torch.Tensor:
-    return _f32(torch.exp(x.double()))
+def mufu_lg2(x: torch.Tensor) -> torch.Tensor:
+    """MUFU.LG2, the hypothesis: log2(x) correctly rounded to float32 (x >= FLT_MIN: its callers scale)."""
+    return _f32(torch.log2(x.double()))
 
 
-def log(x: torch.Tensor) -> torch.Tensor:
-    return _f32(torch.log(x.double()))
+def exp2(x: torch.Tensor) -> torch.Tensor:
+    """exp2f in FA2's softmax (ex2.approx.f32, not flushed): below -126 the argument is halved, MUFU.EX2
+    taken and the result squared (FSETP.GEU -126, FMUL 0.5, MUFU.EX2, FMUL r r), so that subnormal
+    results are not flushed."""
+    low = x < -126  # NaN is not: FSETP.GEU is true when unordered
+    r = mufu_ex2(torch.where(low, x * 0.5, x))
+    return torch.where(low, r * r, r)
+
+
+def fast_log(x: torch.Tensor) -> torch.Tensor:
+    """__logf in FA2's softmax (the log-sum-exp): MUFU.LG2 times ln 2 rounded to float32 (one FMUL); an
+    argument below FLT_MIN is scaled by 2^24 first and 24 subtracted after (one FADD)."""
+    x = _f32(x)
+    low = x.abs() < FLT_MIN
+    r = mufu_lg2(torch.where(low, x * 16777216.0, x))
+    r = torch.where(low, r - 24.0, r)
+    return r * LN2_F32
+
+
+def float32_from_bits(bits: int) -> float:
+    """The float32 whose bits are `bits` (the machine code's constants, exactly)."""
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+# libdevice's expf (the split-KV combine's exp): t = sat(x * log2(e)/252 + 1/2); j = floor(252 t) - 126
+# (FFMA.RM against 1.5 * 2^23 + 1, then FADD); z = x log2(e) - j in two FFMAs (log2(e) split in two
+# floats); 2^j (built from the integer's bits) times MUFU.EX2(z), one FMUL.
+EXPF_T = float32_from_bits(0x3BBB989D)  # log2(e) / 252
+EXPF_LOG2E = (float32_from_bits(0x3FB8AA3B), float32_from_bits(0x32A57060))
+
+
+def expf(x: torch.Tensor) -> torch.Tensor:
+    x = _f32(x)
+    t = torch.nan_to_num(_fma(x, EXPF_T, torch.full_like(x, 0.5)), nan=0.0).clamp(0.0, 1.0)  # .SAT: NaN to 0
+    j = torch.floor(t.double() * 252.0) - 126.0  # exact: t * 252 has at most 32 significant bits
+    z = _fma(x, EXPF_LOG2E[1], _fma(x, EXPF_LOG2E[0], _f32(-j)))
+    return torch.ldexp(torch.ones_like(x), j.to(torch.int32)) * mufu_ex2(z)
+
+
+# libdevice's logf (the split-KV combine's log): a = 2^e m with m in [2/3, 4/3) by integer arithmetic on its
+# bits (a below FLT_MIN scaled by 2^23 first), f = m - 1, log1p(f) = f + f (f p(f)) with p of degree 8 in
+# FFMAs (no MUFU), + e ln 2 in one FFMA; +inf, NaN and negatives through a FFMA with +inf, 0 to -inf.
+LOGF_POLY = tuple(float32_from_bits(b) for b in (0xBE055027, 0x3E1039F6, 0xBDF8CDCC, 0x3E0F2955, 0xBE2AD8B9, 0x3E4CED0B,
+                                        0xBE7FFF22, 0x3EAAAA78, 0xBF000000))
+
+
+def logf(x: torch.Tensor) -> torch.Tensor:
+    a = _f32(x)
+    small = a < FLT_MIN  # FSETP.GEU a, FLT_MIN (a, not |a|): negatives are scaled too, NaN is not
+    a = torch.where(small, a * 8388608.0, a)
+    bits = a.view(torch.int32)
+    e_bits = (bits - 0x3F2AAAAB) & -0x800000  # LOP3 with 0xff800000: the exponent's step, a signed integer
+    f = (bits - e_bits).view(torch.float32) - 1.0
+    e = _fma(e_bits.to(torch.float32), 2.0 ** -23, torch.where(small, -23.0, 0.0))
+    r = torch.full_like(f, LOGF_POLY[0])
+    for coefficient in LOGF_POLY[1:]:
+        r = _fma(f, r, torch.full_like(f, coefficient))
+    r = _fma(f, f * r, f)
+    r = _fma(e, LN2_F32, r)
+    special = (bits.long() & 0xFFFFFFFF) >= 0x7F800000  # unsigned: +inf, NaN and every negative
+    r = torch.where(special, torch.where(a == float("inf"), a, torch.full_like(a, float("nan"))), r)
+    return torch.where(a == 0, torch.full_like(a, _NEG_INF), r)
 
 
 def _fma(a: torch.Tensor, b, c: torch.Tensor) -> torch.Tensor:
@@ -242,8 +317,8 @@ def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: in
     empty = (row_sum == 0) | torch.isnan(row_sum)
     inverse = torch.where(empty, torch.ones_like(row_sum), 1.0 / row_sum)
     out = acc * inverse
-    # lse = m * scale + log(l): contracted to one FFMA (log: __logf on the GPU)
-    lse = _fma(row_max, scale32, log(row_sum.masked_fill(empty, 1.0)))
+    # lse = m * scale + __logf(l): the FMUL after MUFU.LG2, then one FFMA with m * scale
+    lse = _fma(row_max, scale32, fast_log(row_sum.masked_fill(empty, 1.0)))
     lse = lse.masked_fill(empty, _NEG_INF if split_kernel else float("inf"))
     return out, lse.squeeze(-1)
 
@@ -260,15 +335,15 @@ def _combine(outs: torch.Tensor, lses: torch.Tensor, dim: int) -> tuple[torch.Te
     padded[:splits] = lses
     lse_max = padded.amax(dim=0)
     lse_max = lse_max.masked_fill(lse_max == _NEG_INF, 0.0)
-    terms = exp(padded - lse_max).unflatten(0, (per_lane, lanes))  # row l*lanes + t: lane t's l-th
+    terms = expf(padded - lse_max).unflatten(0, (per_lane, lanes))  # row l*lanes + t: lane t's l-th
     local = terms[0]
     for i in range(1, per_lane):
         local = local + terms[i]
     lse_sum = _butterfly(local.movedim(0, -1))
     bad = (lse_sum == 0) | torch.isnan(lse_sum)
-    lse = torch.where(bad, torch.full_like(lse_sum, float("inf")), log(lse_sum.masked_fill(bad, 1.0)) + lse_max)
+    lse = torch.where(bad, torch.full_like(lse_sum, float("inf")), logf(lse_sum.masked_fill(bad, 1.0)) + lse_max)
     out = torch.zeros_like(outs[0])
     for split in range(splits):
-        weight = exp(lses[split] - lse).unsqueeze(-1)
+        weight = expf(lses[split] - lse).unsqueeze(-1)
         out = _fma(weight.expand_as(outs[split]), outs[split], out)
     return out, lse
