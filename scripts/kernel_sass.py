@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from numdev.attention import cuda_kernel
 from numdev.cli.errors import one_line
-from numdev.cli.script_args import ScriptParser, run_script
+from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import file_sha256, provenance, torch_cuda_library
 from numdev.runs.scratch import scratch
@@ -84,7 +85,7 @@ def immediate(operand: str) -> float | None:
 def constants_of(opcode: str, operands: list[str]) -> list[float]:
     """The float32 constants an instruction brings: an FFMA/FMUL/FADD's immediates, a MOV's 32 bits, or the two
     halves `HFMA2.MMA Rd, -RZ, RZ, hi, lo` (how ptxas materialises a 32-bit constant: -0 * 0 + (hi, lo))."""
-    if opcode == "HFMA2.MMA" and operands[1:3] == ["-RZ", "RZ"] and len(operands) == 5:
+    if opcode in ("HFMA2", "HFMA2.MMA") and operands[1:3] == ["-RZ", "RZ"] and len(operands) == 5:
         halves = [immediate(o) for o in operands[3:]]
         if None in halves:
             return []
@@ -109,6 +110,19 @@ def writer(code: list, index: int, register: str) -> tuple[tuple | None, bool]:
     return None, halved
 
 
+def reader(code: list, index: int, register: str) -> tuple | None:
+    """The first instruction after `index` that reads `register` (passing over the predicated FADD of -24 that
+    __logf's subnormal branch applies to it), or None when it is overwritten or the function ends first."""
+    for predicate, opcode, operands in code[index + 1:]:
+        if predicate and opcode == "FADD" and operands == [register, register, "-24"]:
+            continue
+        if any(re.fullmatch(rf"-?\|?{register}(\.reuse)?\|?", o) for o in operands[1:]):
+            return predicate, opcode, operands
+        if operands and operands[0] == register:
+            return None
+    return None
+
+
 def census(body: str) -> dict:
     """What the checks read in one function: the instruction counts, MUFU.EX2's argument writers, the guards."""
     code = instructions(body)
@@ -121,11 +135,17 @@ def census(body: str) -> dict:
         found, guarded = writer(code, i, operands[1])
         writers[found[1] if found else "none"] += 1
         halved += guarded
-    after_lg2 = [immediate(ops[2]) for i, (_, opcode, _) in enumerate(code) if opcode == "MUFU.LG2"
-                 for p, o, ops in code[i + 1:i + 4] if o == "FMUL" and len(ops) == 3 and immediate(ops[2]) is not None]
-    newton = sum(opcode == "MUFU.RCP" and any(o == "FFMA" and ops[-1] == "-1" and operands[0] in ops[1:3]
-                                             for _, o, ops in code[i + 1:i + 4])
-                 for i, (_, opcode, operands) in enumerate(code))
+    after_lg2 = []  # __logf: the multiplier of the first FMUL that reads MUFU.LG2's result
+    for i, (_, opcode, operands) in enumerate(code):
+        if opcode == "MUFU.LG2":
+            found = reader(code, i, operands[0])
+            if found and found[1] == "FMUL" and len(found[2]) == 3:
+                after_lg2.append(immediate(found[2][2]))
+    newton = 0  # rcp.rn: MUFU.RCP's result first read by FFMA(x, r, -1), the Newton step's residual
+    for i, (_, opcode, operands) in enumerate(code):
+        if opcode == "MUFU.RCP":
+            found = reader(code, i, operands[0])
+            newton += bool(found and found[1] == "FFMA" and found[2][-1] == "-1")
     constants = [value for _, opcode, operands in code for value in constants_of(opcode, operands)]
     return {"instructions": len(code), "counts": {k: counts[k] for k in sorted(counts) if k.startswith(
                 ("MUFU", "HMMA", "HGMMA", "FFMA", "FMUL", "FADD", "F2FP"))},
@@ -216,8 +236,11 @@ def kernel_bodies(lib: Path, cuobjdump: str, arch: int, dims: list[int], dtypes:
                 if found and found["dim"] in dims and found["dtype"] in dtypes:
                     wanted[name] = (demangled, found)
             if wanted:  # only these functions' machine code: a cubin holds variants the grid never runs
-                sass = subprocess.run([cuobjdump, "-sass", "-fun", ",".join(wanted), str(cubin)],
-                                      capture_output=True, text=True, check=True).stdout
+                run = subprocess.run([cuobjdump, "-sass", "-fun", ",".join(wanted), str(cubin)], capture_output=True, text=True)
+                if run.returncode:
+                    raise ValueError(f"{lib}: cuobjdump could not disassemble {cubin.name} ({one_line(run.stderr)}): "
+                                     "the library is damaged, or this cuobjdump is older than its machine code")
+                sass = run.stdout
                 parts = _FUNCTION.split(sass)
                 for name, body in zip(parts[1::2], parts[2::2]):
                     demangled, found = wanted[name]
@@ -301,7 +324,8 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-lib", default=None,
                         help="torch's libtorch_cuda.so (default: the installed torch's); the GPU image's: "
                              ".venv-gpu-image/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so")
-    parser.add_argument("--arch", type=int, default=90, help="the compute capability x 10 (default 90: H100/H200)")
+    parser.add_argument("--arch", type=at_least(80), default=90,
+                        help="the compute capability x 10 (default 90: H100/H200; FA2 is built for 80 and up)")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128], choices=[64, 128])
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -309,19 +333,26 @@ def main(argv=None) -> int:
                                                                   "docs/results/kernel_sass_*.json")
     args = parser.parse_args(argv)
     if args.write_docs:
-        if args.torch_lib or args.out:
-            parser.error("--write-docs reads no library and writes no JSON: give it alone")
+        given = [f"--{name.replace('_', '-')}" for name in ("torch_lib", "out", "arch", "dims", "dtypes")
+                 if getattr(args, name) != parser.get_default(name)]
+        if given:
+            parser.error(f"--write-docs reads no library and writes no JSON, so {', '.join(given)} would be ignored: "
+                         "give it alone")
         return write_docs()
     lib = Path(args.torch_lib or torch_cuda_library()).resolve()
     if not lib.is_file():
-        parser.exit(2, f"kernel_sass: error: {lib}: no such file: torch's CUDA build has it (a CPU-only torch does "
-                       "not); name one with --torch-lib\n")
+        parser.exit(2, f"kernel_sass: error: {lib}: {'a folder, not a file' if lib.is_dir() else 'no such file'}: "
+                       "torch's CUDA build has libtorch_cuda.so (a CPU-only torch does not); name one with --torch-lib\n")
     try:
         import triton
 
         cuobjdump = triton.knobs.nvidia.cuobjdump.path
     except (ImportError, AttributeError) as error:
         parser.exit(2, f"kernel_sass: error: no cuobjdump: Triton's wheel carries it ({one_line(error)})\n")
+    missing = [tool for tool in (cuobjdump, "c++filt") if not tool or not shutil.which(tool)]
+    if missing:
+        parser.exit(2, f"kernel_sass: error: {', '.join(map(str, missing))} not found: cuobjdump comes with Triton's "
+                       "wheel (or set TRITON_CUOBJDUMP_PATH), c++filt with binutils (apt-get install binutils)\n")
     version_file = lib.parent.parent / "version.py"
     version = re.search(r"__version__ = '([^']+)'", version_file.read_text()) if version_file.is_file() else None
     try:

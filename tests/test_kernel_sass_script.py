@@ -93,6 +93,28 @@ def test_each_check_fails_on_machine_code_built_to_fail_it(script, edit, broken)
     assert checks[broken] is not True and all(v is True for k, v in checks.items() if k != broken)
 
 
+def test_the_census_follows_registers_not_distances(script):
+    """A scheduler may put other instructions between MUFU.LG2 and its FMUL (sm_100 does): the reader is found by
+    register; the subnormal branch's predicated FADD of -24 is passed over; an overwrite before any read is no read."""
+    spread = SNIPPET.replace("FMUL R2, R0, 0.69314718246459960938 ;",
+                             "IADD3 R7, R7, 0x1, RZ ;\n        /*00b0*/ @!P0 FADD R0, R0, -24 ;\n"
+                             "        /*00c0*/ MOV R8, R9 ;\n        /*00d0*/ FMUL R2, R0, 0.69314718246459960938 ;")
+    assert script.census(spread)["fmul_after_lg2"] == [cuda_kernel.LN2_F32]
+    overwritten = SNIPPET.replace("FMUL R2, R0, 0.69314718246459960938 ;", "MOV R0, RZ ;\n        /*00b0*/ FMUL R2, R0, 0.5 ;")
+    assert script.census(overwritten)["fmul_after_lg2"] == []
+
+
+def test_a_missing_tool_is_one_line(script, monkeypatch, capsys):
+    pytest.importorskip("triton")
+    if not torch_cuda_library().is_file():
+        pytest.skip("a CPU-only torch has no CUDA machine code")
+    monkeypatch.setattr(script.shutil, "which", lambda tool: None if tool == "c++filt" else tool)
+    with pytest.raises(SystemExit) as exit_:
+        script.main([])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "c++filt not found" in err and "binutils" in err, err
+
+
 def test_constants_are_read_from_immediates_moves_and_half_pairs(script):
     assert script.constants_of("HFMA2.MMA", ["R21", "-RZ", "RZ", "0.96630859375", "-0.0022525787353515625"]) == [cuda_kernel.EXPF_T]
     assert script.constants_of("MOV", ["R21", "0x3e055027"]) == [-cuda_kernel.LOGF_POLY[0]]
@@ -111,8 +133,11 @@ def test_only_the_variants_the_grid_runs_are_read(script):
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--write-docs", "--out", "x.json"], "--write-docs reads no library and writes no JSON: give it alone"),
+    (["--write-docs", "--out", "x.json"], "--write-docs reads no library and writes no JSON, so --out would be ignored"),
+    (["--write-docs", "--dims", "64", "--arch", "80"], "so --arch, --dims would be ignored: give it alone"),
+    (["--arch", "75"], "argument --arch: 75 must be >= 80"),
     (["--torch-lib", "{tmp}/missing.so"], "missing.so: no such file"),
+    (["--torch-lib", "{tmp}"], ": a folder, not a file"),
     (["--torch-lib", "{tmp}/text.so"], "found no sm_90 machine code in it"),
     (["--dims", "96"], "argument --dims: invalid choice"),
 ])
