@@ -35,6 +35,7 @@ import collections
 import json
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from pathlib import Path
 from numdev.attention import cuda_kernel
 from numdev.cli.errors import one_line
 from numdev.cli.script_args import ScriptParser, at_least, run_script
+from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.runs.atomic import write_text
 from numdev.runs.provenance import file_sha256, provenance, torch_cuda_library
 from numdev.runs.scratch import scratch
@@ -356,9 +358,13 @@ def main(argv=None) -> int:
     version_file = lib.parent.parent / "version.py"
     version = re.search(r"__version__ = '([^']+)'", version_file.read_text()) if version_file.is_file() else None
     try:
-        records = read_kernels(lib, cuobjdump, args.arch, args.dims, args.dtypes)
+        with StopOnSignal():  # the scratch folder (hundreds of MB of machine code) and cuobjdump go with a stop
+            records = read_kernels(lib, cuobjdump, args.arch, args.dims, args.dtypes)
     except ValueError as error:
         parser.exit(2, f"kernel_sass: error: {one_line(error)}\n")
+    except Stopped as stop:
+        print(f"kernel_sass: stopped by {signal.Signals(stop.signum).name}: nothing written", file=sys.stderr)
+        return 128 + stop.signum
     if not records:
         parser.exit(2, f"kernel_sass: error: {lib}: no FA2 forward kernel (pytorch_flash) for sm_{args.arch} at d = "
                        f"{' '.join(map(str, args.dims))}: this torch was built without them for this architecture\n")

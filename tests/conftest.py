@@ -47,6 +47,7 @@ TIERS = {
         "test_gpu_call.py::test_a_call_killed_outright_leaves_no_step_running",
         "test_scratch.py::test_a_folder_a_sigkill_left_is_removed_by_the_next_run_and_nothing_else_is",
         "test_gpu_kernels_script.py::test_a_sigterm_stops_the_workers_and_keeps_the_finished_cells",
+        "test_kernel_sass_script.py::test_a_sigterm_stops_the_run_and_takes_its_scratch_and_cuobjdump_with_it",
     ),
     "cli": (
         "test_custom_model.py::test_the_user_model_goes_through_the_harm_study_unchanged",

@@ -177,3 +177,30 @@ def test_the_script_reads_the_installed_torch_and_every_check_holds(script, tmp_
     assert all(count == row["kernels"] for row in report["summary"] for count in row["holds"].values())
     assert report["library_sha256"] == file_sha256(torch_cuda_library())
     assert "| forward | 128 | bf16 |" in script.doc_table([report])
+
+
+def test_a_sigterm_stops_the_run_and_takes_its_scratch_and_cuobjdump_with_it(tmp_path):
+    """The scratch folder holds hundreds of MB of machine code: a stopped run removes it and leaves no cuobjdump."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    pytest.importorskip("triton")
+    if not torch_cuda_library().is_file():
+        pytest.skip("a CPU-only torch has no CUDA machine code")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # its scratch folder here, to be looked for
+    process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "kernel_sass.py"), "--out", str(tmp_path / "k.json")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    first = process.stderr.readline()  # a kernel read: the scratch folder exists and cuobjdump is at work
+    assert first.startswith("kernel_sass: "), first
+    assert any(p.name.startswith("numdev_kernel_sass_") for p in tmp_path.iterdir())
+    process.send_signal(signal.SIGTERM)
+    rest = process.stderr.read()
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    assert rest.strip().splitlines()[-1] == "kernel_sass: stopped by SIGTERM: nothing written"
+    assert not any(p.name.startswith("numdev_kernel_sass_") for p in tmp_path.iterdir()) and not (tmp_path / "k.json").exists()
+    left = subprocess.run(["pgrep", "-f", f"cuobjdump.*{tmp_path}"], capture_output=True, text=True).stdout
+    assert not left, left
