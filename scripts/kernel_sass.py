@@ -295,29 +295,15 @@ def doc_table(reports: list[dict]) -> str:
 
 
 def write_docs() -> int:
-    from numdev.report.docblocks import replace_block
+    """Rewrite docs/gpu.md's table from the committed reports (nothing measured)."""
+    from numdev.report.docblocks import write_results_block
 
-    files = sorted(RESULTS.glob("kernel_sass_*.json"))
-    if not files:
-        print(f"kernel_sass: error: no {RESULTS.relative_to(REPO)}/kernel_sass_*.json to write the table from: "
-              "run with --out there first", file=sys.stderr)
-        return 2
-    reports = []
-    for file in files:
-        try:
-            report = json.loads(file.read_text(encoding="utf-8"))
-            doc_table([report])  # every field the table reads is there
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            why = f"a field the table reads is missing ({error})" if isinstance(error, KeyError) else one_line(error) or type(error).__name__
-            print(f"kernel_sass: error: {file.relative_to(REPO)}: {why}: rerun the command that wrote it", file=sys.stderr)
-            return 2
-        reports.append(report)
     try:
-        replace_block(DOC, "kernel-sass", doc_table(reports))
-    except (OSError, ValueError) as error:
-        print(f"kernel_sass: error: {DOC}: {one_line(error)}: the table was not written", file=sys.stderr)
+        count = write_results_block(RESULTS, "kernel_sass_*.json", doc_table, DOC, "kernel-sass", REPO)
+    except ValueError as error:
+        print(f"kernel_sass: error: {error}", file=sys.stderr)
         return 2
-    print(f"kernel_sass: {DOC.relative_to(REPO)}: the table of {len(reports)} report(s) written", file=sys.stderr)
+    print(f"kernel_sass: {DOC.relative_to(REPO)}: the table of {count} report(s) written", file=sys.stderr)
     return 0
 
 

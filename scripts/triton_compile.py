@@ -178,33 +178,20 @@ def doc_table(reports: list[dict]) -> str:
 
 
 def write_docs() -> int:
-    """Rewrite docs/gpu.md's table from the committed reports (no compiling)."""
-    from numdev.report.docblocks import replace_block
+    """Rewrite docs/gpu.md's table from the committed reports (nothing measured)."""
+    from numdev.report.docblocks import write_results_block
 
-    files = sorted(RESULTS.glob("triton_compile_*.json"))
-    if not files:
-        print(f"triton_compile: error: no {RESULTS.relative_to(REPO)}/triton_compile_*.json to write the table from: "
-              "run with --out there first", file=sys.stderr)
-        return 2
-    reports = []
-    for file in files:
-        try:
-            report = json.loads(file.read_text(encoding="utf-8"))
-            if not report.get("complete"):
-                raise ValueError("it is not complete (a run stopped before its end)")
-            doc_table([report])  # every field the table reads is there
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            why = f"a field the table reads is missing ({error})" if isinstance(error, KeyError) else one_line(error) or type(error).__name__
-            print(f"triton_compile: error: {file.relative_to(REPO)}: {why}: rerun the command that wrote it", file=sys.stderr)
-            return 2
-        reports.append(report)
+    def complete_table(reports: list[dict]) -> str:
+        if not all(report.get("complete") for report in reports):
+            raise ValueError("it is not complete (a run stopped before its end)")
+        return doc_table(reports)
+
     try:
-        replace_block(DOC, "triton-compile", doc_table(reports))
-    except (OSError, ValueError) as error:  # the doc cannot be written (WriteError); moved or lost its markers (DocBlockError)
-        why = error.strerror if isinstance(error, OSError) and error.strerror else one_line(error).replace(f"{DOC}: ", "")
-        print(f"triton_compile: error: {DOC}: {why}: the table was not written", file=sys.stderr)
+        count = write_results_block(RESULTS, "triton_compile_*.json", complete_table, DOC, "triton-compile", REPO)
+    except ValueError as error:
+        print(f"triton_compile: error: {error}", file=sys.stderr)
         return 2
-    print(f"triton_compile: {DOC.relative_to(REPO)}: the table of {len(reports)} report(s) written", file=sys.stderr)
+    print(f"triton_compile: {DOC.relative_to(REPO)}: the table of {count} report(s) written", file=sys.stderr)
     return 0
 
 

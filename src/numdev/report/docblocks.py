@@ -16,11 +16,12 @@ prints it). Each generated block should name the command that produced it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
-from numdev.cli.errors import UserError
+from numdev.cli.errors import UserError, one_line
 from numdev.runs.atomic import write_text
 
 
@@ -78,3 +79,39 @@ def replace_block(path: Path, name: str, text: str) -> None:
 
 def read_block(path: Path, name: str) -> str:
     return _split(path, name, _read(path, name))[1].strip()
+
+
+def read_results(results: Path, pattern: str, render, shown_from: Path | None = None) -> list[dict]:
+    """The committed results `<results>/<pattern>` a doc block is rendered from, each read as input that may
+    be edited, truncated or forged: `render([result])` must succeed on each alone (its own ValueError, a
+    field missing or of the wrong type) before the block is written. A file that fails, or none at all, is a
+    ValueError naming it (relative to `shown_from`, if given) and saying to rerun the command that wrote it."""
+    def shown(path: Path) -> Path:
+        return path.relative_to(shown_from) if shown_from is not None and path.is_relative_to(shown_from) else path
+
+    files = sorted(Path(results).glob(pattern))
+    if not files:
+        raise ValueError(f"no {shown(Path(results))}/{pattern} to write the table from: run with --out there first")
+    found = []
+    for file in files:
+        try:
+            result = json.loads(file.read_text(encoding="utf-8"))
+            render([result])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            why = f"a field the table reads is missing ({error})" if isinstance(error, KeyError) else one_line(error) or type(error).__name__
+            raise ValueError(f"{shown(file)}: {why}: rerun the command that wrote it") from None
+        found.append(result)
+    return found
+
+
+def write_results_block(results: Path, pattern: str, render, doc: Path, block: str, shown_from: Path | None = None) -> int:
+    """Rewrite `block` of `doc` with `render(results)` from every committed result (read_results): how many
+    there were. A result that fails, or a doc that cannot be written or lost its markers, is one ValueError
+    (the block untouched)."""
+    found = read_results(results, pattern, render, shown_from)
+    try:
+        replace_block(doc, block, render(found))
+    except (OSError, ValueError) as error:  # cannot be written (WriteError); moved or lost its markers (DocBlockError)
+        why = error.strerror if isinstance(error, OSError) and error.strerror else one_line(error).replace(f"{doc}: ", "")
+        raise ValueError(f"{doc}: {why}: the table was not written") from None
+    return len(found)
