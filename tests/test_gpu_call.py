@@ -173,8 +173,8 @@ def test_the_whole_call_rehearses_on_the_cpu(tmp_path):
     # what --out holds is what the device machine sends back: 8 files at most, the rest packed
     assert load_script("gpu_call").returned(tmp_path)[1] == [] and "returned_over_limits" not in record
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(e["name"] for e in record["returned"]) == sorted(
-        ["gpu_call.json", "gpu_call_files.tar.gz", "gpu_kernels_bf16.json", "gpu_kernels_fp16.json", "bench_triton.json",
-         "bench_triton_causal.json", "lr_edge.json"])
+        ["gpu_call.json", "gpu_call_files.tar.gz", "gpu_kernels_bf16.json", "gpu_kernels_fp16.json", "mufu_probe.json",
+         "bench_triton.json", "bench_triton_causal.json", "lr_edge.json"])
     with tarfile.open(tmp_path / "gpu_call_files.tar.gz") as archive:
         members = set(archive.getnames())
     assert {f"logs/{step['name']}.log" for step in record["steps"]} | {"pytest_gpu.xml", "lr_edge.png"} <= members
