@@ -147,6 +147,23 @@ def returned(folder: Path) -> tuple[list[dict], list[str]]:
     return found, broken
 
 
+def machine_code_read_here(block: dict) -> list[str] | None:
+    """The committed scripts/kernel_sass.py results (docs/results/kernel_sass_*.json) that read the very torch CUDA
+    library this call runs (the same SHA-256): the FA2 machine code the model was checked against is the code the
+    GPU runs. None without a GPU (no library hash in the provenance)."""
+    ran = block.get("versions", {}).get("torch_cuda_sha256")
+    if not ran:
+        return None
+    found = []
+    for path in sorted((REPO / "docs" / "results").glob("kernel_sass_*.json")):
+        try:
+            if json.loads(path.read_text(encoding="utf-8")).get("library_sha256") == ran:
+                found.append(path.name)
+        except (OSError, ValueError, AttributeError):  # a damaged result reads as not matching; the call goes on
+            continue
+    return found
+
+
 def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
     """The call's steps: results under `out`, everything else in the scratch folder `work`."""
     py = sys.executable
@@ -378,6 +395,7 @@ def main(argv_=None) -> int:
                 "device": args.device, "rehearsal": args.device == "cpu", "budget_s": args.budget,
                 "commit": args.commit, "workers": workers, "complete": False, "steps": [],
                 "provenance": provenance(threads=None)}
+    manifest["machine_code_read_here"] = machine_code_read_here(manifest["provenance"])
     write_text(record_path, json.dumps(manifest, indent=1) + "\n")
     with scratch("numdev_gpu_call_") as work:  # a killed call's is removed by the next call
         work = Path(work)

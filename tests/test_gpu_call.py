@@ -239,3 +239,14 @@ def test_an_archive_that_cannot_be_written_is_one_line_and_the_record_goes_on(tm
     assert [s["name"] for s in record["steps"]] == ["lr_edge"]
     err = capsys.readouterr().err
     assert "gpu_call: error: could not write" in err and "Traceback" not in err
+
+
+def test_the_record_says_whether_the_gpu_runs_the_machine_code_read_here(tmp_path, monkeypatch):
+    """On a GPU the provenance carries the SHA-256 of torch's CUDA library: the record names the committed
+    kernel_sass results that read that very library (none when another torch runs); nothing without a GPU."""
+    gpu_call = load_script("gpu_call")
+    committed = json.loads((gpu_call.REPO / "docs" / "results" / "kernel_sass_torch211_sm90.json").read_text())
+    assert gpu_call.machine_code_read_here({"versions": {"torch": "2.14.1"}}) is None
+    assert gpu_call.machine_code_read_here({"versions": {"torch_cuda_sha256": committed["library_sha256"]}}) == [
+        "kernel_sass_torch211_sm90.json"]
+    assert gpu_call.machine_code_read_here({"versions": {"torch_cuda_sha256": "0" * 64}}) == []

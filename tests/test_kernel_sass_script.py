@@ -37,10 +37,12 @@ def script():
 @pytest.fixture(scope="module")
 def machine_code(script):
     """One forward, one split-KV and one combine kernel (bf16, d = 128) of the installed torch's sm_90 machine code."""
+    import shutil
+
     triton = pytest.importorskip("triton")
     lib = torch_cuda_library()
-    if not lib.is_file():
-        pytest.skip(f"{lib}: a CPU-only torch has no CUDA machine code")
+    if not lib.is_file() or not shutil.which("c++filt"):
+        pytest.skip(f"{lib}: a CPU-only torch has no CUDA machine code" if not lib.is_file() else "no c++filt (binutils)")
     bodies = {}
     kernels = script.kernel_bodies(lib, triton.knobs.nvidia.cuobjdump.path, 90, [128], ["bf16"])
     for found, _, body in kernels:
