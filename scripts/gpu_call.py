@@ -6,7 +6,8 @@
 Steps, in this order (docs/gpu.md says why): `correctness` (pytest -m gpu: the Triton kernel, every
 FlashAttention kernel installed, training with each backend), `kernels_bf16` and `kernels_fp16`
 (scripts/gpu_kernels.py: the emulator against SDPA flash and cuDNN bit for bit, the Fig. 4 ratio with
-real kernels), `mufu` (scripts/mufu_probe.py: MUFU.EX2 and MUFU.LG2 alone, bit for bit), `triton` and `triton_causal` (scripts/bench_triton.py: TFLOP/s beside SDPA flash and
+real kernels), `mufu` (scripts/mufu_probe.py: MUFU.EX2 and MUFU.LG2 alone, bit for bit), `mma`
+(scripts/mma_probe.py: one tensor-core instruction against the model's hypotheses of its sums), `triton` and `triton_causal` (scripts/bench_triton.py: TFLOP/s beside SDPA flash and
 cuDNN), `lr_edge` (a learning-rate sweep, eager against Flash: experiment=lr_edge) and
 `lr_edge_summary` (scripts/lr_edge.py). Each step runs as its own process group under a limit of
 min(its budget, what is left of --budget); a step past its limit gets SIGTERM, then SIGKILL 10 s
@@ -19,7 +20,8 @@ limit, seconds, exit status, whether it timed out, its log and its outputs per s
 step's result JSON, written there as the step runs (gpu_kernels.py rewrites its own after every cell),
 and <out>/gpu_call_files.tar.gz: every step's log (logs/<step>.log), pytest's report, the kernels'
 sampled outputs (gpu_kernels_<dtype>.safetensors, for gpu_kernels.py --from-samples here), the MUFU
-probe's per-input distances (mufu_probe.npz), the sweep's
+probe's per-input distances (mufu_probe.npz), the tensor-core probe's summary and outputs (mma_probe.json,
+mma_probe.npz), the sweep's
 figure and its runs' small records (lr_edge_runs/<job>/), which the steps write in a scratch folder
 (/tmp/numdev_gpu_call_<pid>_*, printed at the start; the learning-rate sweep itself runs there too).
 The record and the archive are rewritten atomically after every step, so a call stopped at the
@@ -177,6 +179,7 @@ def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
         edge = ["trainer=gpu", f"optim.optimizer.lr={LR_GRID}"]
         pytest_extra = ["-n", "8"]
         probe_grid: list[str] = []
+        mma_grid: list[str] = []
     else:  # the rehearsal: the same commands at sizes of seconds
         kernel_grid = ["--device", "cpu", "--n", "256", "1024", "--dims", "64", "--seeds", "0", "1",
                        "--heads", "2", "--compare-heads", "2", "--workers", str(workers)]
@@ -186,6 +189,7 @@ def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
         edge = ["optim.optimizer.lr=1e-2,10", "model.hidden=64", "trainer.max_steps=12", "data.batch_size=4", "threads=1"]
         pytest_extra = []
         probe_grid = ["--device", "cpu", "--size", "16", "--random-size", "14"]
+        mma_grid = ["--device", "cpu", "--cases", "256"]
     return [
         Step("correctness", "pytest -m gpu: the Triton kernel, each FlashAttention kernel installed (forward, dQ/dK/dV), "
              "training with each backend", 150,
@@ -206,6 +210,11 @@ def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
              [py, script("mufu_probe.py"), *probe_grid, "--out", str(out / "mufu_probe.json"),
               "--out-arrays", str(work / "mufu_probe.npz")],
              min_s=10, outputs=["mufu_probe.json"], packed=["mufu_probe.npz"]),
+        Step("mma", "mma_probe.py: one tensor-core instruction (HMMA.16816, FA2's; HGMMA, wgmma's) against the FA2 model's "
+             "hypotheses of its sums, bit for bit", 40,
+             [py, script("mma_probe.py"), *mma_grid, "--out", str(work / "mma_probe.json"),
+              "--out-arrays", str(work / "mma_probe.npz")],
+             min_s=10, packed=["mma_probe.json", "mma_probe.npz"]),
         Step("triton", "bench_triton.py: numdev's Triton kernel, TFLOP/s forward and forward+backward beside SDPA flash "
              "and cuDNN, perturbed formats", 80,
              [py, script("bench_triton.py"), *triton_grid, "--out", str(out / "bench_triton.json")],

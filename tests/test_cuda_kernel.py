@@ -191,8 +191,8 @@ def test_tensor_core_hypotheses_on_worked_sums(terms, mma16, mma16_rz):
     """One tensor-core step: the accumulator terms[0] plus the products terms[1:] x 1."""
     acc = torch.tensor([[terms[0]]], dtype=F32)
     a, b = torch.tensor([terms[1:]], dtype=F32), torch.ones(len(terms) - 1, 1)
-    assert float(ck._matmul(a, b, acc, "mma16")) == mma16
-    assert float(ck._matmul(a, b, acc, "mma16_rz")) == mma16_rz
+    assert float(ck.tensor_core_matmul(a, b, acc, "mma16")) == mma16
+    assert float(ck.tensor_core_matmul(a, b, acc, "mma16_rz")) == mma16_rz
 
 
 def test_split_heuristic_worked_cases():

@@ -188,7 +188,7 @@ def _fma(a: torch.Tensor, b, c: torch.Tensor) -> torch.Tensor:
     return cpu_kernel.fma(a, torch.as_tensor(b, dtype=torch.float32), c)
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, matmul: str) -> torch.Tensor:
+def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, matmul: str) -> torch.Tensor:
     """acc + a @ b (acc None: zero) in float32, as the tensor cores of `matmul` sum it."""
     if matmul == "aten":
         product = a @ b
@@ -296,7 +296,7 @@ def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: in
         # the rows whose tile reads this block: a suffix (row_hi never decreases down the rows), computed alone
         first = int(torch.searchsorted(row_hi, block, right=True))
         rows = slice(first, n_q)
-        scores = _matmul(q[:, :, rows], k[:, :, start:stop].transpose(-1, -2), None, matmul)
+        scores = tensor_core_matmul(q[:, :, rows], k[:, :, start:stop].transpose(-1, -2), None, matmul)
         if causal:
             keys = torch.arange(start, stop)[None, :]
             scores = scores.masked_fill(keys > torch.arange(first, n_q)[:, None] + (n_k - n_q), _NEG_INF)
@@ -311,7 +311,7 @@ def _split(q, k, v, scale32: float, c: float, causal: bool, block_n: int, lo: in
             argument = _fma(scores, c, -max_scaled).masked_fill(scores == _NEG_INF, _NEG_INF)
         probs = exp2(argument)
         lanes[:, :, rows] = _lane_sums(lanes[:, :, rows] * alpha, probs)
-        acc[:, :, rows] = _matmul(_f32(probs.to(half)), v[:, :, start:stop], acc[:, :, rows] * alpha, matmul)
+        acc[:, :, rows] = tensor_core_matmul(_f32(probs.to(half)), v[:, :, start:stop], acc[:, :, rows] * alpha, matmul)
         row_max[:, :, rows] = new_max
     row_sum = _butterfly(lanes).unsqueeze(-1)
     empty = (row_sum == 0) | torch.isnan(row_sum)
