@@ -206,12 +206,12 @@ def steps(device: str, out: Path, work: Path, workers: int) -> list[Step]:
               "--samples", str(work / "gpu_kernels_fp16.safetensors")],
              outputs=["gpu_kernels_fp16.json"], packed=["gpu_kernels_fp16.safetensors"]),
         Step("mufu", "mufu_probe.py: MUFU.EX2 and MUFU.LG2 alone, bit for bit against correctly rounded float32, on "
-             "FlashAttention's inputs (the FA2 model's last unknown functions)", 40,
+             "FlashAttention's inputs (the FA2 model's last unknown functions)", 30,
              [py, script("mufu_probe.py"), *probe_grid, "--out", str(out / "mufu_probe.json"),
               "--out-arrays", str(work / "mufu_probe.npz")],
              min_s=10, outputs=["mufu_probe.json"], packed=["mufu_probe.npz"]),
         Step("mma", "mma_probe.py: one tensor-core instruction (HMMA.16816, FA2's; HGMMA, wgmma's) against the FA2 model's "
-             "hypotheses of its sums, bit for bit", 40,
+             "hypotheses of its sums, bit for bit", 30,
              [py, script("mma_probe.py"), *mma_grid, "--out", str(work / "mma_probe.json"),
               "--out-arrays", str(work / "mma_probe.npz")],
              min_s=10, packed=["mma_probe.json", "mma_probe.npz"]),
