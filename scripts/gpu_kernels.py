@@ -102,6 +102,7 @@ from numdev.cli.script_args import ScriptParser, at_least, run_script
 from numdev.cli.script_args import seed as seed_type
 from numdev.cli.stop_signals import StopOnSignal, Stopped
 from numdev.cli.workers import die_with_parent
+from numdev.numerics.formats import float32_ulps
 from numdev.numerics.stages import stage_formats
 from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.provenance import provenance
@@ -168,11 +169,8 @@ def bits_equal(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|a - b| in float32 units in the last place (int64; signed zeros 0 apart), through the ordered integers."""
-    def ordered(x):
-        bits = x.to(torch.float32).contiguous().view(torch.int32).long()
-        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-    return (ordered(a) - ordered(b)).abs()
+    """|a - b| in float32 units in the last place (int64; signed zeros 0 apart)."""
+    return float32_ulps(a, b).abs()
 
 
 def kernel_lse(device: str, q, k, v, causal: bool):

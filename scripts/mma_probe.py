@@ -21,7 +21,6 @@ output's distance in ulps from the correctly rounded exact sum (int32), from whi
 from __future__ import annotations
 
 import functools
-import io
 import json
 import sys
 import time
@@ -31,7 +30,8 @@ import torch
 
 from numdev.attention.cuda_kernel import tensor_core_matmul
 from numdev.cli.script_args import ScriptParser, at_least, run_script
-from numdev.runs.atomic import write_bytes, write_text
+from numdev.numerics.formats import float32_ulps
+from numdev.runs.atomic import write_npz, write_text
 from numdev.runs.provenance import provenance
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -88,13 +88,6 @@ def run(instruction: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dev
     return d.cpu()
 
 
-def ulps(found: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    def ordered(t):
-        bits = t.contiguous().view(torch.int32).long()
-        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-    return ordered(found) - ordered(reference)
-
-
 def measure(precision: str, instruction: str, cases: int, seed: int, device: str) -> tuple[dict, np.ndarray]:
     """One dtype and instruction: the summary, and each output's distance in ulps from the correctly rounded exact
     sum (int32: D is that sum moved by it, exactly)."""
@@ -104,12 +97,12 @@ def measure(precision: str, instruction: str, cases: int, seed: int, device: str
     d = run(instruction, a, b, c, device)
     seconds = time.perf_counter() - started
     exact = torch.baddbmm(c.double(), a.double(), b.double()).float()  # the sum exact in float64, then rounded once
-    from_exact = ulps(d, exact)
+    from_exact = float32_ulps(d, exact)
     summary = {"outputs": int(d.numel()), "seconds": round(seconds, 3), "hypotheses": {},
                "vs_correctly_rounded_ulps_max": int(from_exact.abs().max())}
     for hypothesis in HYPOTHESES:
         expected = tensor_core_matmul(a.float(), b.float(), c, hypothesis)
-        distance = ulps(d, expected)
+        distance = float32_ulps(d, expected)
         values, counts = torch.unique(distance.clamp(-3, 3), return_counts=True)
         summary["hypotheses"][hypothesis] = {"bit_identical": float((distance == 0).double().mean()),
                                              "ulps_clamped_to_3": {str(int(v)): int(n) for v, n in zip(values, counts)},
@@ -143,10 +136,7 @@ def main(argv=None) -> int:
             shares = {h: round(e["bit_identical"], 6) for h, e in report["sets"][name]["hypotheses"].items()}
             print(f"mma_probe: {name}: bit-identical share per hypothesis {shares}", file=sys.stderr, flush=True)
     if args.out_arrays:
-        buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays)
-        write_bytes(args.out_arrays, buffer.getvalue())
-        report["arrays"] = {"file": str(args.out_arrays), "bytes": len(buffer.getvalue())}
+        report["arrays"] = {"file": str(args.out_arrays), "bytes": write_npz(args.out_arrays, arrays)}
     text = json.dumps(report, indent=1)
     if args.out:
         write_text(args.out, text + "\n")

@@ -25,7 +25,6 @@ measurement (Triton's interpreter runs no inline PTX).
 from __future__ import annotations
 
 import functools
-import io
 import json
 import sys
 import time
@@ -34,7 +33,8 @@ import numpy as np
 import torch
 
 from numdev.cli.script_args import ScriptParser, at_least, run_script
-from numdev.runs.atomic import write_bytes, write_text
+from numdev.numerics.formats import float32_ulps
+from numdev.runs.atomic import write_npz, write_text
 from numdev.runs.provenance import provenance
 
 INSTRUCTIONS = {"ex2": "ex2.approx.ftz.f32 $0, $1;", "lg2": "lg2.approx.ftz.f32 $0, $1;"}
@@ -67,14 +67,6 @@ def inputs(name: str, size_log2: int, seed: int) -> torch.Tensor:
 def correctly_rounded(function: str, x: torch.Tensor) -> torch.Tensor:
     wide = x.double()
     return (torch.exp2(wide) if function == "ex2" else torch.log2(wide)).to(torch.float32)
-
-
-def ulps(found: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """found - reference in float32 ulps, through the ordered integers (int64)."""
-    def ordered(t):
-        bits = t.contiguous().view(torch.int32).long()
-        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-    return ordered(found) - ordered(reference)
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,7 +108,7 @@ def measure(name: str, size_log2: int, seed: int, device: str) -> tuple[dict, np
     reference = correctly_rounded(function, x)
     if device == "cuda":
         torch.cuda.synchronize()
-    distance = ulps(found, reference).cpu()
+    distance = float32_ulps(found, reference).cpu()
     values, counts = torch.unique(distance, return_counts=True)
     summary = {"inputs": int(x.numel()), "instruction": INSTRUCTIONS[function] if device == "cuda" else f"torch.{'exp2' if function == 'ex2' else 'log2'} (a CPU rehearsal)",
                "correctly_rounded": float((distance == 0).double().mean()),
@@ -152,10 +144,7 @@ def main(argv=None) -> int:
         print(f"mufu_probe: {name}: {report['sets'][name]['correctly_rounded']:.6f} correctly rounded, "
               f"{report['sets'][name]['histogram_ulps']}", file=sys.stderr, flush=True)
     if args.out_arrays:
-        buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays)
-        write_bytes(args.out_arrays, buffer.getvalue())
-        report["arrays"] = {"file": str(args.out_arrays), "bytes": len(buffer.getvalue())}
+        report["arrays"] = {"file": str(args.out_arrays), "bytes": write_npz(args.out_arrays, arrays)}
     text = json.dumps(report, indent=1)
     if args.out:
         write_text(args.out, text + "\n")

@@ -15,6 +15,7 @@ import torch
 
 from numdev.attention import FlashEmulated, cpu_kernel, golden_attention
 from numdev.attention import cuda_kernel as ck
+from numdev.numerics.formats import float32_ulps
 from numdev.numerics.stages import stage_formats
 
 F32, F64 = torch.float32, torch.float64
@@ -312,10 +313,7 @@ def test_cuda_model_has_no_gradient():
 # -- the GPU's float32 functions as the kernels' machine code computes them (scripts/kernel_sass.py reads them) --
 
 def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    def ordered(x):
-        bits = x.to(F32).contiguous().view(torch.int32).long()
-        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-    return (ordered(a) - ordered(b)).abs()
+    return float32_ulps(a, b).abs()
 
 
 def every_positive_float32(count: int, seed: int = 0) -> torch.Tensor:

@@ -128,3 +128,15 @@ def test_rounding_is_straight_through_under_autograd():
     assert not torch.equal(y.detach(), x.detach())
     (y * torch.arange(101.0, dtype=torch.float64)).sum().backward()
     assert torch.equal(x.grad, torch.arange(101.0, dtype=torch.float64))
+
+
+def test_float32_ulps_counts_representable_steps_across_zero_and_signs():
+    from numdev.numerics.formats import float32_ulps
+
+    one = torch.tensor([1.0])
+    up = torch.nextafter(one, torch.tensor([2.0]))
+    tiny = torch.tensor([2.0 ** -149])
+    assert float32_ulps(up, one).tolist() == [1] and float32_ulps(one, up).tolist() == [-1]
+    assert float32_ulps(torch.tensor([-0.0]), torch.tensor([0.0])).tolist() == [0]
+    assert float32_ulps(tiny, -tiny).tolist() == [2]  # the smallest subnormals, one step each side of zero
+    assert float32_ulps(torch.tensor([2.0]), one).tolist() == [1 << 23]  # a binade is 2^23 steps

@@ -16,6 +16,7 @@ import torch
 from helpers import load_script
 
 from numdev.attention import cuda_kernel
+from numdev.numerics.formats import float32_ulps
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +46,9 @@ def test_each_hypothesis_is_found_when_it_is_the_truth_and_told_apart_from_the_o
     assert shares[truth] == 1.0 and all(share < 0.9 for h, share in shares.items() if h != truth), shares
     a, b, c = probe.inputs("bf16", "hmma", 64, 0)
     rounded = torch.baddbmm(c.double(), a.double(), b.double()).float()
-    recovered = probe.ulps(rounded, torch.zeros_like(rounded)) + torch.from_numpy(distances).long()  # ordered integers
+    recovered = float32_ulps(rounded, torch.zeros_like(rounded)) + torch.from_numpy(distances).long()  # ordered integers
     found = cuda_kernel.tensor_core_matmul(a.float(), b.float(), c, truth)
-    assert torch.equal(recovered, probe.ulps(found, torch.zeros_like(found)))  # the arrays give the outputs back exactly
+    assert torch.equal(recovered, float32_ulps(found, torch.zeros_like(found)))  # the arrays give the outputs back exactly
 
 
 def test_the_cpu_rehearsal_writes_its_summary_and_arrays(probe, tmp_path):

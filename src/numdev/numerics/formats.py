@@ -457,3 +457,12 @@ class _StraightThrough(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad, None
+
+
+def float32_ulps(found: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """found - reference in float32 units in the last place (int64, signed; signed zeros 0 apart): the
+    difference of their bit patterns mapped to ordered integers (negatives reflected below zero)."""
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        bits = x.to(torch.float32).contiguous().view(torch.int32).long()
+        return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+    return ordered(found) - ordered(reference)

@@ -62,6 +62,18 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     write_buffers(path, [data])
 
 
+def write_npz(path: str | os.PathLike, arrays: dict) -> int:
+    """NumPy arrays as one compressed .npz, written atomically; its size in bytes."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    write_bytes(path, buffer.getvalue())
+    return buffer.getbuffer().nbytes
+
+
 def write_buffers(path: str | os.PathLike, buffers) -> None:
     """Write the buffers (bytes, or NumPy arrays: anything with the buffer protocol) one after
     another as one file, atomically, without joining them in memory first."""
