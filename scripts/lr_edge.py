@@ -18,7 +18,14 @@ a model that learnt only byte frequencies scores a little above it), its last tr
   - Wortsman et al.'s LR sensitivity (arXiv:2309.14322, section 2.2): the mean over the swept rates of
     min(loss, L0) - the best loss, with L0 = ln 256, a byte model's loss at initialisation.
 And per learning rate run by both: the held-out loss of each backend minus eager's. One seed per
-cell: observations of one run each, no interval, no verdict. A job that has not written its run.json
+cell: observations of one run each, no interval, no verdict.
+
+Replicates (runs that differ in their seeds too, e.g. seed.init=0,1,2,3,4; give several sweeps or one):
+each replicate's per-backend summary, and each backend against eager's runs of the same seeds, side by
+side by the exact sign test and the t test (numdev.stats.equivalence), against a relative margin stated
+before the runs (--margin, default the harm study's 3%): the held-out loss at every rate (EFFECT_RULE),
+the LR sensitivity (SENSITIVITY_RULE) and the edge in grid steps (EDGE_RULE, margin half a step). Fewer
+than 5 replicates: ranges, no verdict. A job that has not written its run.json
 (a sweep stopped by a time limit) is listed under `not_run`, and one that did not finish is
 reported with its status and kept out of the edge and the sensitivity. Prints JSON.
 """
@@ -40,7 +47,16 @@ INITIAL_LOSS = math.log(256)  # a byte-level model at initialisation predicts ~u
 FAIL_RULE = ("a run fails (diverges) when it records a non-finite loss, gradient or attention output, stops before "
              "its last step, or ends with a held-out loss no lower than ln 256, a byte model's loss at initialisation")
 BYTE_TEXT = "numdev.data.text.TextDataModule"  # byte tokens, a vocabulary of 256
-SIBLING_KEYS = ("model", "precision", "data", "trainer.max_steps", "seed", "optim.warmup_steps", "optimization")
+SIBLING_KEYS = ("model", "precision", "data", "trainer.max_steps", "optim.warmup_steps", "optimization")
+MARGIN = 0.03  # the harm study's pre-registered margin (conf/train/experiment/harm.yaml study.harm.margin, docs/harm.md#margin)
+EFFECT_RULE = ("per replicate r (the same seeds) and learning rate: (L_backend - L_eager) / L_eager, each held-out loss "
+               "capped at ln 256 (a failed run counts as a byte model at initialisation: two failed runs are equal); "
+               "positive is worse")
+SENSITIVITY_RULE = ("per replicate: (S_backend - S_eager) / B_eager, S the replicate's LR sensitivity over the rates both "
+                    "ran and B eager's best held-out loss: the difference in the mean excess loss over the sweep, relative; "
+                    "positive is worse")
+EDGE_RULE = ("per replicate: the backend's edge minus eager's, in steps of the learning-rate grid both ran (a backend with "
+             "no failure above its best has its edge one step beyond the grid: censored, counted apart)")
 
 
 def read_cell(path: Path) -> dict:
@@ -54,6 +70,9 @@ def read_cell(path: Path) -> dict:
     lr = config_value(config, "optim.optimizer.lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"{run.config}: optim.optimizer.lr is {lr!r}, not a positive learning rate")
+    seed = config_value(config, "seed")
+    if not isinstance(seed, dict) or any(isinstance(v, bool) or not isinstance(v, int) for v in seed.values()):
+        raise ValueError(f"{run.config}: seed is {seed!r}, not a mapping of integer seeds (seed.init, seed.data, ...)")
     backend = record.get("backend")
     if not isinstance(backend, str) or not backend:
         raise ValueError(f"{run.record}: no 'backend' (the attention backend the run used): not a numdev-train run.json")
@@ -75,7 +94,7 @@ def read_cell(path: Path) -> dict:
         "final_train_loss": record.get("final_loss"), "nonfinite_events": nonfinite,
         "loss_spikes": sum(kind == "loss_spike" for kind in kinds), "failed": failed,
         "step_seconds_median": step_seconds.get("median"),
-        "siblings": {key: config_value(config, key) for key in SIBLING_KEYS},
+        "seed": seed, "siblings": {key: config_value(config, key) for key in SIBLING_KEYS},
         "device": record.get("device"),
     }
 
@@ -118,7 +137,76 @@ def against_eager(cells: list[dict]) -> list[dict]:
     return rows
 
 
-def gather(paths: list[Path]) -> dict:
+def _capped(cell: dict) -> float:
+    """The held-out loss the sweep's summaries read: a failed run's (or none) counts as ln 256."""
+    return min(_loss(cell), INITIAL_LOSS)
+
+
+def label_replicates(cells: list[dict]) -> list[str]:
+    """Give each cell its replicate: the seeds that vary across the cells ('init=1,data=1'), or 'one seed'
+    when none vary. The labels, in the order of their seeds."""
+    varying = [key for key in sorted({k for c in cells for k in c["seed"]}) if len({c["seed"].get(key) for c in cells}) > 1]
+    order = {}
+    for cell in cells:
+        values = tuple(cell["seed"].get(key) for key in varying)
+        cell["replicate"] = ",".join(f"{key}={value}" for key, value in zip(varying, values)) or "one seed"
+        order[cell["replicate"]] = values
+    return sorted(order, key=lambda label: [(v is None, v or 0) for v in order[label]])
+
+
+def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
+    """The sweep over replicates: each replicate's per-backend summary, and each backend against eager's runs of
+    the same replicate: the held-out loss at every rate, the LR sensitivity and the edge (EFFECT_RULE,
+    SENSITIVITY_RULE, EDGE_RULE), judged by the sign test and the t test side by side against the margin."""
+    from numdev.analysis.harm.effects import judged
+
+    done = [c for c in cells if c["complete"]]
+    by = {(c["backend"], c["lr"], c["replicate"]): c for c in done}
+    backends = sorted({c["backend"] for c in cells})
+    grid = sorted({c["lr"] for c in cells})
+    result = {
+        "n": len(labels), "labels": labels, "margin": margin,
+        "rules": {"effect": EFFECT_RULE, "sensitivity": SENSITIVITY_RULE, "edge": EDGE_RULE,
+                  "edge_margin": "0.5 grid steps: an edge that moves by one step or more is outside"},
+        "per_replicate": {r: per_backend([c for c in done if c["replicate"] == r]) for r in labels},
+        "failures": {b: {f"{lr:g}": {"failed": sum(by[b, lr, r]["failed"] for r in labels if (b, lr, r) in by),
+                                     "runs": sum((b, lr, r) in by for r in labels)} for lr in grid} for b in backends},
+        "against_eager": {},
+    }
+    for backend in backends:
+        if backend == "eager":
+            continue
+        rows = []
+        for lr in grid:
+            values = {r: (_capped(by[backend, lr, r]) - _capped(by["eager", lr, r])) / _capped(by["eager", lr, r])
+                      for r in labels if (backend, lr, r) in by and ("eager", lr, r) in by}
+            rows.append({"lr": lr, "heldout": judged(values, margin)})
+        sensitivity, edges = {}, {}
+        for r in labels:
+            common = sorted({lr for lr in grid if (backend, lr, r) in by and ("eager", lr, r) in by})
+            if not common:
+                continue
+            mine = per_backend([by[backend, lr, r] for lr in common])[backend]
+            eager = per_backend([by["eager", lr, r] for lr in common])["eager"]
+            if mine["lr_sensitivity"] is not None and eager["lr_sensitivity"] is not None:
+                sensitivity[r] = (mine["lr_sensitivity"] - eager["lr_sensitivity"]) / eager["best_heldout_loss"]
+            step = {name: common.index(s["edge_lr"]) if s["edge_lr"] is not None else len(common) for name, s in
+                    (("eager", eager), (backend, mine))}
+            edges[r] = {"eager": eager["edge_lr"], backend: mine["edge_lr"], "earlier_by_steps": step["eager"] - step[backend],
+                        "censored": [name for name, s in (("eager", eager), (backend, mine)) if s["edge_lr"] is None]}
+        shifts = {r: e["earlier_by_steps"] for r, e in edges.items()}
+        result["against_eager"][backend] = {
+            "heldout": rows,
+            "lr_sensitivity": judged(sensitivity, margin),
+            "edge": {"per_replicate": edges,
+                     "counts": {"earlier": sum(v > 0 for v in shifts.values()), "same": sum(v == 0 for v in shifts.values()),
+                                "later": sum(v < 0 for v in shifts.values())},
+                     "judged": judged({r: float(v) for r, v in shifts.items()}, 0.5)},
+        }
+    return result
+
+
+def gather(paths: list[Path], margin: float = MARGIN) -> dict:
     jobs: list[Path] = []
     if len({p.resolve() for p in paths}) < len(paths):
         raise ValueError("a directory is given twice: give each sweep or run once")
@@ -142,28 +230,36 @@ def gather(paths: list[Path]) -> dict:
         cells.append(read_cell(job))
     if not cells:
         raise ValueError(f"no run in {', '.join(map(str, paths))} has written its run.json yet")
+    labels = label_replicates(cells)
     seen: dict[tuple, str] = {}
     for cell in cells:
-        key = (cell["backend"], cell["lr"])
+        key = (cell["backend"], cell["lr"], cell["replicate"])
         if key in seen:
-            raise ValueError(f"{cell['run']} and {seen[key]} are both backend {key[0]} at lr {key[1]:g}: "
-                             "two sweeps mixed; give one sweep's jobs")
+            raise ValueError(f"{cell['run']} and {seen[key]} are both backend {key[0]} at lr {key[1]:g} with the same seeds: "
+                             "two sweeps mixed; give one sweep's jobs (replicates differ in seed.init)")
         seen[key] = cell["run"]
         for name, value in cell["siblings"].items():
             if value != cells[0]["siblings"][name]:
                 raise ValueError(f"{cell['run']} differs from {cells[0]['run']} in {name}: the cells of an LR sweep "
-                                 "are sibling runs that differ in attention and optim.optimizer.lr only")
-    return {
+                                 "are sibling runs that differ in attention, optim.optimizer.lr and their seeds only")
+    result = {
         "what": "learning-rate sweep, eager attention against Flash: where each backend starts to fail (issue 37 item 4)",
         "fail_rule": FAIL_RULE,
         "initial_loss": INITIAL_LOSS,
-        "replicates": "one seed per cell: observations, no interval, no verdict",
-        "cells": [{k: v for k, v in c.items() if k != "siblings"} for c in sorted(cells, key=lambda c: (c["backend"], c["lr"]))],
+        "cells": [{k: v for k, v in c.items() if k != "siblings"}
+                  for c in sorted(cells, key=lambda c: (c["backend"], c["lr"], labels.index(c["replicate"])))],
         "siblings": cells[0]["siblings"],
         "not_run": not_run,
-        "per_backend": per_backend(cells),
-        "against_eager": against_eager(cells),
     }
+    if len(labels) == 1:
+        result["replicates"] = "one seed per cell: observations, no interval, no verdict"
+        result["per_backend"] = per_backend(cells)
+        result["against_eager"] = against_eager(cells)
+    else:
+        result["replicates"] = (f"{len(labels)} replicates (seeds {', '.join(labels)}): each backend against eager's run of the "
+                                "same replicate; the sign test and the t test side by side (numdev.stats.equivalence)")
+        result["replicated"] = replicated(cells, labels, margin)
+    return result
 
 
 def figure(result: dict, path: Path) -> None:
@@ -177,12 +273,16 @@ def figure(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     styles = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=5, markerfacecolor="none"),
               dict(marker="^", linestyle=":", markersize=6, markerfacecolor="none")]  # backends that agree stay visible
+    replicates = sorted({c.get("replicate", "one seed") for c in result["cells"]})
     for index, backend in enumerate(sorted({c["backend"] for c in result["cells"]})):
         rows = [c for c in result["cells"] if c["backend"] == backend and c["complete"]]
-        xs = [c["lr"] for c in rows]
-        ys = [min(_loss(c), INITIAL_LOSS) for c in rows]
-        (line,) = ax.plot(xs, ys, label=backend, **styles[index % len(styles)])
-        failed = [(x, y) for x, y, c in zip(xs, ys, rows) if c["failed"]]
+        xs = sorted({c["lr"] for c in rows})
+        means = [sum(_capped(c) for c in rows if c["lr"] == x) / sum(c["lr"] == x for c in rows) for x in xs]
+        label = backend if len(replicates) == 1 else f"{backend} (mean of {len(replicates)} seeds)"
+        (line,) = ax.plot(xs, means, label=label, **styles[index % len(styles)])
+        if len(replicates) > 1:  # every replicate's run, faint, beside the mean
+            ax.scatter([c["lr"] for c in rows], [_capped(c) for c in rows], s=12, alpha=0.35, color=line.get_color())
+        failed = [(c["lr"], _capped(c)) for c in rows if c["failed"]]
         if failed:
             ax.scatter(*zip(*failed), marker="x", s=80, color=line.get_color(), zorder=3)
     entropies = [c["unigram_entropy"] for c in result["cells"] if c["unigram_entropy"] is not None]
@@ -192,7 +292,8 @@ def figure(result: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate (AdamW)")
     ax.set_ylabel("final held-out loss (nats/byte)")
-    ax.set_title("LR sweep, one seed per point (x: failed run)")
+    ax.set_title("LR sweep, one seed per point (x: failed run)" if len(replicates) == 1 else
+                 f"LR sweep, {len(replicates)} seeds: mean line, runs as dots (x: failed run)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -206,11 +307,16 @@ def main(argv=None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="a sweep directory (its numbered jobs) or run directories")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--figure", type=Path, help="held-out loss against learning rate per backend (PNG)")
+    parser.add_argument("--margin", type=float, default=MARGIN,
+                        help=f"with replicates: the relative margin of the held-out loss and the LR sensitivity, stated "
+                             f"before the runs (default {MARGIN:g}, the harm study's)")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.margin) and 0 < args.margin < 1):
+        parser.error(f"--margin {args.margin:g}: a relative margin in (0, 1), e.g. 0.03 for 3%")
     if args.figure and (problem := output_file_problem(args.figure)):
         parser.error(f"--figure {args.figure}: {problem}")
     try:
-        result = gather(args.paths)
+        result = gather(args.paths, args.margin)
     except (OSError, ValueError) as error:
         parser.error(str(error))
     result["provenance"] = provenance(threads=None)

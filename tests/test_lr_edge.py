@@ -122,3 +122,83 @@ def test_a_run_that_went_non_finite_fails_whatever_its_loss(sweep, tmp_path, cap
     cells = {(c["backend"], c["lr"]): c for c in _read([copy], capsys)["cells"]}
     assert cells[("eager", 0.01)]["failed"] and cells[("eager", 0.01)]["nonfinite_events"] == 1
     assert not cells[("sdpa_flash", 0.01)]["failed"]
+
+
+def _replicas(sweep, tmp_path, n):
+    """n copies of the sweep, copy r given seed.init = seed.data = r in its configs (replicates with the same runs)."""
+    copies = []
+    for r in range(n):
+        copy = tmp_path / f"seed{r}"
+        shutil.copytree(sweep, copy)
+        for config in copy.glob("*/config.yaml"):
+            config.write_text(config.read_text().replace("seed:\n  init: 0\n  data: 0\n", f"seed:\n  init: {r}\n  data: {r}\n"))
+        copies.append(copy)
+    return copies
+
+
+def test_replicates_are_read_as_such_and_judged_against_eager_of_the_same_seeds(sweep, tmp_path, capsys):
+    result = _read(_replicas(sweep, tmp_path, 5), capsys)
+    assert "per_backend" not in result and "against_eager" not in result  # one seed's layout would mix the replicates
+    rep = result["replicated"]
+    assert rep["n"] == 5 and rep["labels"] == [f"data={r},init={r}" for r in range(5)] and rep["margin"] == 0.03
+    assert {c["replicate"] for c in result["cells"]} == set(rep["labels"]) and len(result["cells"]) == 20
+    assert rep["failures"]["eager"] == {"0.01": {"failed": 0, "runs": 5}, "10": {"failed": 5, "runs": 5}}
+    flash = rep["against_eager"]["sdpa_flash"]
+    cells = {(c["backend"], c["lr"]): c for c in result["cells"] if c["replicate"] == rep["labels"][0]}
+    at = {row["lr"]: row["heldout"] for row in flash["heldout"]}
+    expected = cells[("sdpa_flash", 0.01)]["heldout_loss"] / cells[("eager", 0.01)]["heldout_loss"] - 1
+    assert at[0.01]["per_replicate"] == {r: pytest.approx(expected) for r in rep["labels"]}
+    assert at[10.0]["per_replicate"] == {r: 0.0 for r in rep["labels"]}  # both failed: both count as ln 256
+    # five equal replicates inside the margin: no more than a seed by both tests
+    assert at[0.01]["sign"]["equivalence"]["status"] == "holds" and at[0.01]["equivalence"]["status"] == "holds"
+    assert flash["edge"]["counts"] == {"earlier": 0, "same": 5, "later": 0}
+    assert all(e["eager"] == 10.0 and e["sdpa_flash"] == 10.0 for e in flash["edge"]["per_replicate"].values())
+
+
+def test_fewer_than_five_replicates_give_ranges_and_no_verdict(sweep, tmp_path, capsys):
+    rep = _read(_replicas(sweep, tmp_path, 2), capsys)["replicated"]
+    heldout = rep["against_eager"]["sdpa_flash"]["heldout"][0]["heldout"]
+    assert heldout["n"] == 2 and heldout["interval"]["method"] == "range" and heldout["tost_interval"] is None
+    assert heldout["equivalence"]["status"] == heldout["sign"]["equivalence"]["status"] == "not measurable"
+
+
+def _cells(losses: dict, failed=()):
+    """Synthetic complete cells: {(backend, lr, replicate): held-out loss}; `failed` keys fail."""
+    return [{"backend": b, "lr": lr, "replicate": r, "heldout_loss": loss, "failed": (b, lr, r) in failed or loss is None,
+             "complete": True} for (b, lr, r), loss in losses.items()]
+
+
+def test_the_replicated_rules_fail_on_a_backend_built_to_fail_them():
+    """Positive control: a backend 10% worse at every rate and one rate earlier to fail in every replicate: harm
+    holds by both tests, equivalence fails, the edge is earlier in all five; an identical backend passes."""
+    edge = load_script("lr_edge")
+    grid, labels = (1e-3, 1e-2, 1e-1, 1.0), [f"init={r}" for r in range(5)]
+    losses, failed = {}, set()
+    for i, r in enumerate(labels):
+        base = {1e-3: 3.0 + 0.01 * i, 1e-2: 2.5 + 0.01 * i, 1e-1: 2.8 + 0.02 * i, 1.0: None}
+        for lr in grid:
+            losses["eager", lr, r] = base[lr]
+            losses["same", lr, r] = base[lr]
+            losses["worse", lr, r] = None if lr >= 1e-1 else base[lr] * 1.1
+            failed |= {("worse", 1e-1, r)}
+    rep = edge.replicated(_cells(losses, failed), labels, 0.03)
+    worse, same = rep["against_eager"]["worse"], rep["against_eager"]["same"]
+    low = next(row["heldout"] for row in worse["heldout"] if row["lr"] == 1e-3)
+    assert low["per_replicate"] == {r: pytest.approx(0.1) for r in labels}
+    assert low["sign"]["harm"]["status"] == "holds" and low["sign"]["equivalence"]["status"] == "fails"
+    assert low["equivalence"]["status"] == "fails" and low["exceeds"] is True
+    assert worse["edge"]["counts"] == {"earlier": 5, "same": 0, "later": 0}
+    assert worse["edge"]["judged"]["sign"]["harm"]["status"] == "holds"
+    assert worse["lr_sensitivity"]["sign"]["harm"]["status"] == "holds"  # a worse sweep everywhere: a larger mean excess
+    assert all(row["heldout"]["sign"]["equivalence"]["status"] == "holds" for row in same["heldout"])
+    assert same["edge"]["counts"] == {"earlier": 0, "same": 5, "later": 0}
+    assert same["lr_sensitivity"]["per_replicate"] == {r: 0.0 for r in labels}
+    assert rep["failures"]["worse"]["0.1"] == {"failed": 5, "runs": 5} and rep["failures"]["eager"]["0.1"]["failed"] == 0
+
+
+@pytest.mark.parametrize("margin", ["0", "-0.1", "1", "nan", "inf"])
+def test_a_margin_outside_0_1_is_one_line(sweep, capsys, margin):
+    with pytest.raises(SystemExit) as exit_:
+        load_script("lr_edge").main([str(sweep), "--margin", margin])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--margin" in err, err
