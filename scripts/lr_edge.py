@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+import sys
 from pathlib import Path
 
 from numdev.analysis.consistency import config_value
 from numdev.cli.script_args import ScriptParser, output_file_problem, run_script
 from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.layout import RunDir
-from numdev.runs.provenance import provenance
+from numdev.runs.provenance import machine_line_or_unknown, provenance
 from numdev.runs.schemas import read_saved_config
 
 INITIAL_LOSS = math.log(256)  # a byte-level model at initialisation predicts ~uniformly: L0 of the LR sensitivity
@@ -95,6 +97,7 @@ def read_cell(path: Path) -> dict:
         "loss_spikes": sum(kind == "loss_spike" for kind in kinds), "failed": failed,
         "step_seconds_median": step_seconds.get("median"),
         "seed": seed, "siblings": {key: config_value(config, key) for key in SIBLING_KEYS},
+        "machine": machine_line_or_unknown(record.get("provenance")),
         "device": record.get("device"),
     }
 
@@ -262,6 +265,81 @@ def gather(paths: list[Path], margin: float = MARGIN) -> dict:
     return result
 
 
+DOC = Path(__file__).resolve().parent.parent / "docs" / "gpu.md"
+BLOCK = "lr-edge-cpu"
+RESULT = DOC.parent / "results" / "lr_edge_cpu.json"
+FIGURE = DOC.parent / "results" / "lr_edge_cpu.png"
+
+
+def _verdicts(entry: dict | None) -> str:
+    """'sign: 5 above / 0 inside / 0 below; harms ✓ holds, no more than a seed ✗ fails | t: Δ +0.11 [95% t: ...]; ...'."""
+    if not entry:
+        return "no pair"
+    from numdev.stats.verdicts import SYMBOLS
+
+    sign, c = entry["sign"], entry["sign"]["counts"]
+    interval = entry["interval"]
+    if interval["method"] == "range":
+        spread = f"range of {entry['n']}: {interval['low']:+.3g}, {interval['high']:+.3g}"
+    else:
+        spread = f"95% t: {interval['low']:+.3g}, {interval['high']:+.3g}"
+    mde = "n/a" if entry["mde"] is None else f"{entry['mde']:.2g}"
+    return (f"{entry['mean']:+.3g} [{spread}] | {c['above']} / {c['inside']} / {c['below']} | "
+            f"{SYMBOLS[sign['harm']['status']]} {SYMBOLS[sign['equivalence']['status']]} | "
+            f"{SYMBOLS[entry['harm']['status']]} {SYMBOLS[entry['equivalence']['status']]} | {mde}")
+
+
+def block_text(result: dict) -> str:
+    """docs/gpu.md's block from a replicated sweep's JSON (RESULT): the failures and losses per rate, then each
+    backend against eager by both tests."""
+    rep = result["replicated"]
+    backends = sorted(rep["failures"])
+    machines = sorted({c["machine"] for c in result["cells"]})
+    lines = [f"From `{RESULT.relative_to(DOC.parent.parent)}` ({len(result['cells'])} runs: {rep['n']} replicates, seeds "
+             f"{', '.join(rep['labels'])}; trained on {'; '.join(machines)}; summarised by `{result['command']}`). "
+             f"Margin {rep['margin']:g} (relative), stated before the runs; {FAIL_RULE}.", "",
+             "Held-out loss (nats/byte, capped at ln 256 = 5.55: a failed run counts as a byte model at initialisation), "
+             "mean over the replicates and their range, and failed runs:", "",
+             "| lr | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
+    for lr in sorted({c["lr"] for c in result["cells"]}):
+        row = []
+        for backend in backends:
+            values = [_capped(c) for c in result["cells"] if c["backend"] == backend and c["lr"] == lr and c["complete"]]
+            fails = rep["failures"][backend][f"{lr:g}"]
+            row.append(f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f}), {fails['failed']} of "
+                       f"{fails['runs']} failed" if values else "not run")
+        lines.append(f"| {lr:g} | " + " | ".join(row) + " |")
+    lines += ["", "Each backend against eager's run of the same seeds (paired; " + EFFECT_RULE + "; " + SENSITIVITY_RULE +
+              "; " + EDGE_RULE + ", margin 0.5 steps). Columns: the mean effect [its 95% t interval, or the range below 5 "
+              "replicates] | the sign test's counts above / inside / below the margin | the sign test's verdicts, harms and "
+              "no more than a seed | the t test's, the same two | the t test's minimum detectable effect (power 0.8). "
+              "✓ holds, ✗ fails, – not measurable.", "",
+              "| backend | measure | effect | above / inside / below | sign: harms, no more | t: harms, no more | MDE |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for backend, against in sorted(rep["against_eager"].items()):
+        for row in against["heldout"]:
+            lines.append(f"| {backend} | held-out loss at lr {row['lr']:g} | " + _verdicts(row["heldout"]) + " |")
+        lines.append(f"| {backend} | LR sensitivity | " + _verdicts(against["lr_sensitivity"]) + " |")
+        counts = against["edge"]["counts"]
+        lines.append(f"| {backend} | edge, steps earlier ({counts['earlier']} earlier, {counts['same']} same, "
+                     f"{counts['later']} later) | " + _verdicts(against["edge"]["judged"]) + " |")
+    return "\n".join(lines)
+
+
+def write_docs() -> int:
+    from numdev.report.docblocks import replace_block
+    from numdev.runs.atomic import read_json
+    from numdev.runs.schemas import result_fields
+
+    try:
+        with result_fields(RESULT, "replicated lr_edge summary"):
+            text = block_text(read_json(RESULT, "lr_edge summary"))
+        replace_block(DOC, BLOCK, text)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"lr_edge.py: error: {error}") from None
+    return 0
+
+
 def figure(result: dict, path: Path) -> None:
     import io
 
@@ -304,13 +382,21 @@ def figure(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = ScriptParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="a sweep directory (its numbered jobs) or run directories")
+    parser.add_argument("paths", nargs="*", type=Path, help="a sweep directory (its numbered jobs) or run directories")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--figure", type=Path, help="held-out loss against learning rate per backend (PNG)")
     parser.add_argument("--margin", type=float, default=MARGIN,
                         help=f"with replicates: the relative margin of the held-out loss and the LR sensitivity, stated "
                              f"before the runs (default {MARGIN:g}, the harm study's)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help=f"write docs/gpu.md's {BLOCK} block from the committed {RESULT.name} and stop")
     args = parser.parse_args(argv)
+    if args.write_docs:
+        if args.paths or args.out or args.figure:
+            parser.error("--write-docs renders the committed result alone: give no sweep, --out or --figure with it")
+        return write_docs()
+    if not args.paths:
+        parser.error("give a sweep directory (its numbered jobs) or run directories")
     if not (math.isfinite(args.margin) and 0 < args.margin < 1):
         parser.error(f"--margin {args.margin:g}: a relative margin in (0, 1), e.g. 0.03 for 3%")
     if args.figure and (problem := output_file_problem(args.figure)):
@@ -319,6 +405,7 @@ def main(argv=None) -> int:
         result = gather(args.paths, args.margin)
     except (OSError, ValueError) as error:
         parser.error(str(error))
+    result["command"] = shlex.join(["python", "scripts/lr_edge.py", *(sys.argv[1:] if argv is None else argv)])
     result["provenance"] = provenance(threads=None)
     text = json.dumps(result, indent=1, allow_nan=False)
     print(text)
