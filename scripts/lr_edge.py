@@ -176,7 +176,9 @@ def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
                                      "runs": sum((b, lr, r) in by for r in labels)} for lr in grid} for b in backends},
         "against_eager": {},
     }
-    for backend in backends:
+    if "eager" not in backends:
+        result["note"] = "no eager runs among these: nothing to judge the backends against (give eager's sweep too)"
+    for backend in backends if "eager" in backends else []:
         if backend == "eager":
             continue
         rows = []
@@ -327,16 +329,21 @@ def block_text(result: dict) -> str:
 
 
 def write_docs() -> int:
+    """docs/gpu.md's block from RESULT: 0, or one line on stderr naming what was wrong and 2 (the block untouched)."""
     from numdev.report.docblocks import replace_block
     from numdev.runs.atomic import read_json
     from numdev.runs.schemas import result_fields
 
     try:
+        if not RESULT.is_file():
+            raise ValueError(f"{RESULT}: no such file: summarise a replicated sweep into it first "
+                             "(docs/gpu.md#the-edge-of-stability-on-the-cpu gives the commands)")
         with result_fields(RESULT, "replicated lr_edge summary"):
             text = block_text(read_json(RESULT, "lr_edge summary"))
         replace_block(DOC, BLOCK, text)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"lr_edge.py: error: {error}") from None
+        print(f"lr_edge.py: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -222,10 +222,20 @@ def test_the_docs_block_renders_a_replicated_sweep_and_refuses_a_forged_one(swee
     assert "| sdpa_flash | held-out loss at lr 0.01 | " in text and "| sdpa_flash | edge, steps earlier (0 earlier, 5 same, 0 later)" in text
     assert "0 / 5 / 0 | ✗ ✓ | ✗ ✓ |" in text  # five equal replicates inside the margin: harm fails, no more than a seed holds, by both
     out.write_text(json.dumps({**result, "replicated": {}}))  # an edited result: one line naming it, the doc untouched
-    with pytest.raises(SystemExit) as exit_:
-        edge.main(["--write-docs"])
-    assert str(out) in str(exit_.value) and "\n" not in str(exit_.value) and doc.read_text() == text
+    assert edge.main(["--write-docs"]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and err.count("\n") == 1 and doc.read_text() == text
+    out.unlink()
+    assert edge.main(["--write-docs"]) == 2 and "no such file" in capsys.readouterr().err
     for extra in (["--out", "x.json"], [str(sweep)]):
         with pytest.raises(SystemExit) as exit_:
             edge.main(["--write-docs", *extra])
         assert exit_.value.code == 2 and "--write-docs renders the committed result alone" in capsys.readouterr().err
+
+
+def test_without_eager_nothing_is_judged_and_the_summary_says_why():
+    edge = load_script("lr_edge")
+    labels = [f"init={r}" for r in range(5)]
+    rep = edge.replicated(_cells({("sdpa_flash", 1e-2, r): 2.5 for r in labels}), labels, 0.03)
+    assert rep["against_eager"] == {} and "no eager runs" in rep["note"]
+    assert rep["failures"] == {"sdpa_flash": {"0.01": {"failed": 0, "runs": 5}}}
