@@ -270,13 +270,14 @@ def gather(paths: list[Path], margin: float = MARGIN) -> dict:
 DOC = Path(__file__).resolve().parent.parent / "docs" / "gpu.md"
 BLOCK = "lr-edge-cpu"
 RESULT = DOC.parent / "results" / "lr_edge_cpu.json"
-FIGURE = DOC.parent / "results" / "lr_edge_cpu.png"
 
 
 def _verdicts(entry: dict | None) -> str:
-    """'sign: 5 above / 0 inside / 0 below; harms ✓ holds, no more than a seed ✗ fails | t: Δ +0.11 [95% t: ...]; ...'."""
+    """A judged effect's five cells of the block's table: '+0.11 [95% t: +0.09, +0.13] | 5 / 0 / 0 | ✓ ✗ | ✓ ✗ | 0.02'
+    (mean [interval or range], the sign test's counts above / inside / below the margin, its harm and equivalence
+    verdicts, the t test's, the t test's MDE)."""
     if not entry:
-        return "no pair"
+        return "no pair of runs | | | |"
     from numdev.stats.verdicts import SYMBOLS
 
     sign, c = entry["sign"], entry["sign"]["counts"]
