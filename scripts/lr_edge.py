@@ -61,6 +61,13 @@ EDGE_RULE = ("per replicate: the backend's edge minus eager's, in steps of the l
              "no failure above its best has its edge one step beyond the grid: censored, counted apart)")
 
 
+def _without_seeds(value):
+    """A config node with every `seed` key dropped (data.seed follows seed.data: replicates differ there)."""
+    if isinstance(value, dict):
+        return {k: _without_seeds(v) for k, v in value.items() if k != "seed"}
+    return value
+
+
 def read_cell(path: Path) -> dict:
     """One run's row; ValueError (naming the file) when a file it needs is missing or not numdev's."""
     run = RunDir(path)
@@ -96,7 +103,7 @@ def read_cell(path: Path) -> dict:
         "final_train_loss": record.get("final_loss"), "nonfinite_events": nonfinite,
         "loss_spikes": sum(kind == "loss_spike" for kind in kinds), "failed": failed,
         "step_seconds_median": step_seconds.get("median"),
-        "seed": seed, "siblings": {key: config_value(config, key) for key in SIBLING_KEYS},
+        "seed": seed, "siblings": {key: _without_seeds(config_value(config, key)) for key in SIBLING_KEYS},
         "machine": machine_line_or_unknown(record.get("provenance")),
         "device": record.get("device"),
     }

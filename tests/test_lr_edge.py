@@ -131,7 +131,8 @@ def _replicas(sweep, tmp_path, n):
         copy = tmp_path / f"seed{r}"
         shutil.copytree(sweep, copy)
         for config in copy.glob("*/config.yaml"):
-            config.write_text(config.read_text().replace("seed:\n  init: 0\n  data: 0\n", f"seed:\n  init: {r}\n  data: {r}\n"))
+            text = config.read_text().replace("seed:\n  init: 0\n  data: 0\n", f"seed:\n  init: {r}\n  data: {r}\n")
+            config.write_text(text.replace("  num_workers: 0\n  seed: 0\n", f"  num_workers: 0\n  seed: {r}\n"))  # data.seed
         copies.append(copy)
     return copies
 
