@@ -283,7 +283,7 @@ def read_outcome(path: str | os.PathLike, key: str) -> float | None:
         if key.endswith("_accuracy") and not 0 <= value <= 1:
             raise ValueError(f"{path}: {key} = {value!r} is not a share in [0, 1]: the record was edited or forged")
         if key == "heldout_loss" and value < 0:
-            raise ValueError(f"{path}: {key} = {value!r} is negative, which a mean squared error cannot be: the record was edited or forged")
+            raise ValueError(f"{path}: {key} = {value!r} is negative, which a loss (a mean squared error or a cross-entropy) cannot be: the record was edited or forged")
     return value
 
 
