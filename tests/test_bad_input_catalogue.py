@@ -263,6 +263,10 @@ CATALOGUE = [
     Case("train-type-spike-factor", "numdev-train", [*TRAIN, "callbacks.instability.spike_factor=abc"],
          "callbacks.instability.spike_factor='abc' must be a number > 1"),
     # numdev-train: impossible sizes and combinations
+    # a key the nested backend's _target_ does not take (output_noise's inner switched from eager to the Flash kernel)
+    Case("train-nested-key", "numdev-train", [*TRAIN, "attention=output_noise", "attention.inner._target_=numdev.attention.SdpaFlash"],
+         "attention.inner.precision is not a setting of attention.inner's _target_ (_Sdpa.__init__() got an unexpected keyword "
+         "argument 'precision'): delete it with '~attention.inner.precision'"),
     Case("train-tile-zero", "numdev-train", [*TRAIN, "attention=flash_emulated", "attention.block_c=0"],
          "tile size block_c=0 must be a positive integer"),
     Case("train-tile-type", "numdev-train", [*TRAIN, "attention=flash_emulated", "attention.block_r=abc"],

@@ -462,3 +462,20 @@ def unexpected_key(node: str, name: str) -> str:
                 f"choose that option too ({group}={having[0]} {node}.{name}=...) instead of +{node}.{name}")
     return (f"{node}.{name} is not a setting of {node}: remove +{node}.{name} (or the experiment or config file that "
             "sets it for another option; see --help for the keys it has)")
+
+
+def refused(error: Exception) -> str:
+    """One line for a constructor's refusal that is not a user error: a key its _target_ does not take is named
+    with its config path (Hydra's full_key), nested ones (attention.inner.precision) with how to delete it."""
+    from numdev.cli.errors import one_line
+
+    cause = error.__cause__
+    found = re.search(r"full_key: (\S+)", str(error))
+    extra = re.search(r"unexpected keyword argument '(\w+)'", str(cause)) if isinstance(cause, TypeError) else None
+    if not (found and extra):
+        return one_line(error)
+    node, name = found.group(1), extra.group(1)
+    if "." not in node:
+        return unexpected_key(node, name)
+    return (f"{node}.{name} is not a setting of {node}'s _target_ ({one_line(cause)}): delete it with "
+            f"'~{node}.{name}' or choose a _target_ that takes it")

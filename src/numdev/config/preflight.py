@@ -75,7 +75,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     from numdev.cli.errors import USER_ERRORS, missing_key, one_line
-    from numdev.config.groups import command_overrides, config_module
+    from numdev.config.groups import command_overrides, config_module, refused
 
     if NO_RUN & set(args) or GlobalHydra.instance().is_initialized():
         return None
@@ -105,7 +105,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
             try:
                 check(cfg)
             except InstantiationException as error:  # a constructor refused a value: its own message
-                raise (error.__cause__ if isinstance(error.__cause__, USER_ERRORS) else ValueError(one_line(error))) from None
+                raise (error.__cause__ if isinstance(error.__cause__, USER_ERRORS) else ValueError(refused(error))) from None
             except (ConfigAttributeError, ConfigKeyError) as error:  # a key the run reads is not there (~key deleted it?)
                 raise ValueError(missing_key(f"numdev-{app}", error, given)) from None
         except USER_ERRORS as error:

@@ -184,14 +184,18 @@ def _built_backend(node: DictConfig, key: str) -> AttentionBackend | None:
     """The backend `node` (config key `key`) builds; None where this machine cannot run it."""
     from hydra.errors import InstantiationException
 
+    from numdev.config.groups import refused
+
     try:
         backend = instantiate(node)
     except InstantiationException as error:
         cause = error.__cause__
         if isinstance(cause, BackendUnavailable):
             return None
-        if isinstance(cause, (ValueError, TypeError)):
+        if isinstance(cause, ValueError):
             raise ValueError(one_line(cause)) from None
+        if isinstance(cause, TypeError):  # a key its _target_ does not take: named with its path
+            raise ValueError(refused(error)) from None
         raise ValueError(f"{key}: {one_line(error)}") from None
     except BackendUnavailable:
         return None
