@@ -104,7 +104,7 @@ def read_cell(path: Path) -> dict:
         "loss_spikes": sum(kind == "loss_spike" for kind in kinds), "failed": failed,
         "step_seconds_median": step_seconds.get("median"),
         "seed": seed, "siblings": {key: _without_seeds(config_value(config, key)) for key in SIBLING_KEYS},
-        "machine": machine_line_or_unknown(record.get("provenance")),
+        "machine": machine_line_or_unknown(record.get("provenance")), "attention": record.get("attention"),
         "device": record.get("device"),
     }
 
@@ -274,9 +274,11 @@ def gather(paths: list[Path], margin: float = MARGIN) -> dict:
     return result
 
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "gpu.md"
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "gpu.md"
 BLOCK = "lr-edge-cpu"
-RESULT = DOC.parent / "results" / "lr_edge_cpu.json"
+RESULTS = DOC.parent / "results"
+PATTERN = "lr_edge_cpu*.json"  # each replicated sweep's summary, a table each
 
 
 def _verdicts(entry: dict | None) -> str:
@@ -305,9 +307,12 @@ def block_text(result: dict) -> str:
     rep = result["replicated"]
     backends = sorted(rep["failures"])
     machines = sorted({c["machine"] for c in result["cells"]})
-    lines = [f"From `{RESULT.relative_to(DOC.parent.parent)}` ({len(result['cells'])} runs: {rep['n']} replicates, seeds "
-             f"{', '.join(rep['labels'])}; trained on {'; '.join(machines)}; summarised by `{result['command']}`). "
-             f"Margin {rep['margin']:g} (relative), stated before the runs; {FAIL_RULE}.", "",
+    attention = {c["backend"]: c["attention"] for c in result["cells"]}
+    described = "; ".join(f"{b}: {', '.join(f'{k} {v}' for k, v in sorted(attention[b].items()) if k != 'backend' and v is not None) or 'as configured'}"
+                          for b in backends if isinstance(attention.get(b), dict))
+    lines = [f"`{result['command']}`: {len(result['cells'])} runs, {rep['n']} replicates (seeds {', '.join(rep['labels'])}), "
+             f"trained on {'; '.join(machines)}. Backends: {described or 'as named'}. Margin {rep['margin']:g} (relative), "
+             f"stated before the runs; {FAIL_RULE}.", "",
              "Held-out loss (nats/byte, capped at ln 256 = 5.55: a failed run counts as a byte model at initialisation), "
              "mean over the replicates and their range, and failed runs:", "",
              "| lr | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
@@ -336,20 +341,18 @@ def block_text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def render(results: list[dict]) -> str:
+    return "\n\n".join(block_text(result) for result in results)
+
+
 def write_docs() -> int:
-    """docs/gpu.md's block from RESULT: 0, or one line on stderr naming what was wrong and 2 (the block untouched)."""
-    from numdev.report.docblocks import replace_block
-    from numdev.runs.atomic import read_json
-    from numdev.runs.schemas import result_fields
+    """docs/gpu.md's block from every committed RESULTS/PATTERN: 0, or one line on stderr naming what was wrong and 2
+    (the block untouched)."""
+    from numdev.report.docblocks import write_results_block
 
     try:
-        if not RESULT.is_file():
-            raise ValueError(f"{RESULT}: no such file: summarise a replicated sweep into it first "
-                             "(docs/gpu.md#the-edge-of-stability-on-the-cpu gives the commands)")
-        with result_fields(RESULT, "replicated lr_edge summary"):
-            text = block_text(read_json(RESULT, "lr_edge summary"))
-        replace_block(DOC, BLOCK, text)
-    except (OSError, ValueError) as error:
+        write_results_block(RESULTS, PATTERN, render, DOC, BLOCK, REPO)
+    except ValueError as error:
         print(f"lr_edge.py: error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -404,7 +407,7 @@ def main(argv=None) -> int:
                         help=f"with replicates: the relative margin of the held-out loss and the LR sensitivity, stated "
                              f"before the runs (default {MARGIN:g}, the harm study's)")
     parser.add_argument("--write-docs", action="store_true",
-                        help=f"write docs/gpu.md's {BLOCK} block from the committed {RESULT.name} and stop")
+                        help=f"write docs/gpu.md's {BLOCK} block from the committed docs/results/{PATTERN} and stop")
     args = parser.parse_args(argv)
     if args.write_docs:
         if args.paths or args.out or args.figure:

@@ -205,29 +205,35 @@ def test_a_margin_outside_0_1_is_one_line(sweep, capsys, margin):
     assert exit_.value.code == 2 and err.count("\n") == 1 and "--margin" in err, err
 
 
-def test_the_docs_block_renders_a_replicated_sweep_and_refuses_a_forged_one(sweep, tmp_path, capsys, monkeypatch):
+def test_the_docs_block_renders_each_replicated_sweep_and_refuses_a_forged_one(sweep, tmp_path, capsys, monkeypatch):
     edge = load_script("lr_edge")
-    out = tmp_path / "lr_edge_cpu.json"
+    results = tmp_path / "results"
+    out = results / "lr_edge_cpu.json"
     assert edge.main([*map(str, _replicas(sweep, tmp_path, 5)), "--out", str(out)]) == 0
+    assert edge.main([*map(str, _replicas(sweep, tmp_path / "again", 2)), "--out", str(results / "lr_edge_cpu_two.json")]) == 0
     capsys.readouterr()
     result = json.loads(out.read_text())
     assert result["command"].startswith("python scripts/lr_edge.py ") and str(out) in result["command"]
     doc = tmp_path / "gpu.md"
     doc.write_text("before\n<!-- numdev:begin lr-edge-cpu -->\nold\n<!-- numdev:end lr-edge-cpu -->\nafter\n")
     monkeypatch.setattr(edge, "DOC", doc)
-    monkeypatch.setattr(edge, "RESULT", out)
+    monkeypatch.setattr(edge, "RESULTS", results)
     assert edge.main(["--write-docs"]) == 0
     text = doc.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "\nold\n" not in text
+    assert text.count("`python scripts/lr_edge.py ") == 2 and "5 replicates" in text and "2 replicates" in text
     assert "| 0.01 | " in text and "5 of 5 failed" in text and "0 of 5 failed" in text
+    assert "Backends: eager: autocast bfloat16; sdpa_flash: as configured." in text
     assert "| sdpa_flash | held-out loss at lr 0.01 | " in text and "| sdpa_flash | edge, steps earlier (0 earlier, 5 same, 0 later)" in text
     assert "0 / 5 / 0 | ✗ ✓ | ✗ ✓ |" in text  # five equal replicates inside the margin: harm fails, no more than a seed holds, by both
+    assert "[range of 2: " in text  # two replicates: a range, no interval
     out.write_text(json.dumps({**result, "replicated": {}}))  # an edited result: one line naming it, the doc untouched
     assert edge.main(["--write-docs"]) == 2
     err = capsys.readouterr().err
-    assert str(out) in err and err.count("\n") == 1 and doc.read_text() == text
-    out.unlink()
-    assert edge.main(["--write-docs"]) == 2 and "no such file" in capsys.readouterr().err
+    assert "lr_edge_cpu.json" in err and err.count("\n") == 1 and doc.read_text() == text
+    for path in results.iterdir():
+        path.unlink()
+    assert edge.main(["--write-docs"]) == 2 and "run with --out there first" in capsys.readouterr().err
     for extra in (["--out", "x.json"], [str(sweep)]):
         with pytest.raises(SystemExit) as exit_:
             edge.main(["--write-docs", *extra])
