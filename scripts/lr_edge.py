@@ -374,7 +374,8 @@ def figure(result: dict, path: Path) -> None:
         rows = [c for c in result["cells"] if c["backend"] == backend and c["complete"]]
         xs = sorted({c["lr"] for c in rows})
         means = [sum(_capped(c) for c in rows if c["lr"] == x) / sum(c["lr"] == x for c in rows) for x in xs]
-        label = backend if len(replicates) == 1 else f"{backend} (mean of {len(replicates)} seeds)"
+        seeds = len({c.get("replicate") for c in rows})
+        label = backend if len(replicates) == 1 else f"{backend} (mean of {seeds} seed{'s' * (seeds > 1)})"
         (line,) = ax.plot(xs, means, label=label, **styles[index % len(styles)])
         if len(replicates) > 1:  # every replicate's run, faint, beside the mean
             ax.scatter([c["lr"] for c in rows], [_capped(c) for c in rows], s=12, alpha=0.35, color=line.get_color())
@@ -389,7 +390,7 @@ def figure(result: dict, path: Path) -> None:
     ax.set_xlabel("peak learning rate (AdamW)")
     ax.set_ylabel("final held-out loss (nats/byte)")
     ax.set_title("LR sweep, one seed per point (x: failed run)" if len(replicates) == 1 else
-                 f"LR sweep, {len(replicates)} seeds: mean line, runs as dots (x: failed run)")
+                 "LR sweep: the mean over seeds as a line, each run a dot (x: failed run)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
