@@ -61,6 +61,16 @@ EDGE_RULE = ("per replicate: the backend's edge minus eager's, in steps of the l
              "no failure above its best has its edge one step beyond the grid: censored, counted apart)")
 
 
+def _code(block) -> str:
+    """'numdev 0.1.0 @ abc1234567 (uncommitted changes)': the code a run trained with, from its provenance."""
+    try:
+        git = block["git"]
+        return (f"numdev {block['versions']['numdev']} @ {(git.get('commit') or 'no git')[:10]}"
+                + (" (uncommitted changes)" if git.get("dirty") else ""))
+    except (KeyError, TypeError, AttributeError):
+        return "unknown"
+
+
 def _without_seeds(value):
     """A config node with every `seed` key dropped (data.seed follows seed.data: replicates differ there)."""
     if isinstance(value, dict):
@@ -104,7 +114,8 @@ def read_cell(path: Path) -> dict:
         "loss_spikes": sum(kind == "loss_spike" for kind in kinds), "failed": failed,
         "step_seconds_median": step_seconds.get("median"),
         "seed": seed, "siblings": {key: _without_seeds(config_value(config, key)) for key in SIBLING_KEYS},
-        "machine": machine_line_or_unknown(record.get("provenance")), "attention": record.get("attention"),
+        "machine": machine_line_or_unknown(record.get("provenance"), commit=False), "code": _code(record.get("provenance")),
+        "attention": record.get("attention"),
         "device": record.get("device"),
     }
 
@@ -164,6 +175,23 @@ def label_replicates(cells: list[dict]) -> list[str]:
     return sorted(order, key=lambda label: [(v is None, v or 0) for v in order[label]])
 
 
+FAILURES_RULE = ("failed runs of the backend against eager's at one rate: Fisher's exact test (scipy.stats.fisher_exact, "
+                 "two-sided) on the 2 x 2 counts; descriptive, not one of the study's registered tests")
+
+
+def _failures(by: dict, backend: str, lr: float, labels: list[str]) -> dict:
+    """The backend's and eager's failed runs at `lr` (of the runs each finished there) and FAILURES_RULE's p-value."""
+    from scipy.stats import fisher_exact
+
+    counts = {}
+    for name in (backend, "eager"):
+        runs = [by[name, lr, r] for r in labels if (name, lr, r) in by]
+        counts[name] = {"failed": sum(c["failed"] for c in runs), "runs": len(runs)}
+    table = [[c["failed"], c["runs"] - c["failed"]] for c in counts.values()]
+    p = float(fisher_exact(table).pvalue) if all(c["runs"] for c in counts.values()) else None
+    return {**counts, "fisher_p": p}
+
+
 def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
     """The sweep over replicates: each replicate's per-backend summary, and each backend against eager's runs of
     the same replicate: the held-out loss at every rate, the LR sensitivity and the edge (EFFECT_RULE,
@@ -176,7 +204,7 @@ def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
     grid = sorted({c["lr"] for c in cells})
     result = {
         "n": len(labels), "labels": labels, "margin": margin,
-        "rules": {"effect": EFFECT_RULE, "sensitivity": SENSITIVITY_RULE, "edge": EDGE_RULE,
+        "rules": {"effect": EFFECT_RULE, "sensitivity": SENSITIVITY_RULE, "edge": EDGE_RULE, "failures": FAILURES_RULE,
                   "edge_margin": "0.5 grid steps: an edge that moves by one step or more is outside"},
         "per_replicate": {r: per_backend([c for c in done if c["replicate"] == r]) for r in labels},
         "failures": {b: {f"{lr:g}": {"failed": sum(by[b, lr, r]["failed"] for r in labels if (b, lr, r) in by),
@@ -192,11 +220,11 @@ def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
         for lr in grid:
             values = {r: (_capped(by[backend, lr, r]) - _capped(by["eager", lr, r])) / _capped(by["eager", lr, r])
                       for r in labels if (backend, lr, r) in by and ("eager", lr, r) in by}
-            rows.append({"lr": lr, "heldout": judged(values, margin)})
+            rows.append({"lr": lr, "heldout": judged(values, margin), "failures": _failures(by, backend, lr, labels)})
         sensitivity, edges = {}, {}
         for r in labels:
             common = sorted({lr for lr in grid if (backend, lr, r) in by and ("eager", lr, r) in by})
-            if not common:
+            if len(common) < 2:  # one rate: no sensitivity (always 0) and no edge (nothing above the best)
                 continue
             mine = per_backend([by[backend, lr, r] for lr in common])[backend]
             eager = per_backend([by["eager", lr, r] for lr in common])["eager"]
@@ -307,11 +335,13 @@ def block_text(result: dict) -> str:
     rep = result["replicated"]
     backends = sorted(rep["failures"])
     machines = sorted({c["machine"] for c in result["cells"]})
+    codes = sorted({c["code"] for c in result["cells"]})
     attention = {c["backend"]: c["attention"] for c in result["cells"]}
     described = "; ".join(f"{b}: {', '.join(f'{k} {v}' for k, v in sorted(attention[b].items()) if k != 'backend' and v is not None) or 'as configured'}"
                           for b in backends if isinstance(attention.get(b), dict))
     lines = [f"`{result['command']}`: {len(result['cells'])} runs, {rep['n']} replicates (seeds {', '.join(rep['labels'])}), "
-             f"trained on {'; '.join(machines)}. Backends: {described or 'as named'}. Margin {rep['margin']:g} (relative), "
+             f"trained on {'; '.join(machines)} with {', '.join(codes)}. Backends: {described or 'as named'}. "
+             f"Margin {rep['margin']:g} (relative), "
              f"stated before the runs; {FAIL_RULE}.", "",
              "Held-out loss (nats/byte, capped at ln 256 = 5.55: a failed run counts as a byte model at initialisation), "
              "mean over the replicates and their range, and failed runs:", "",
@@ -329,15 +359,23 @@ def block_text(result: dict) -> str:
               "replicates] | the sign test's counts above / inside / below the margin | the sign test's verdicts, harms and "
               "no more than a seed | the t test's, the same two | the t test's minimum detectable effect (power 0.8). "
               "✓ holds, ✗ fails, – not measurable.", "",
-              "| backend | measure | effect | above / inside / below | sign: harms, no more | t: harms, no more | MDE |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| backend | measure | effect | above / inside / below | sign: harms, no more | t: harms, no more | MDE | "
+              "failed runs, backend vs eager (Fisher p) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for backend, against in sorted(rep["against_eager"].items()):
         for row in against["heldout"]:
-            lines.append(f"| {backend} | held-out loss at lr {row['lr']:g} | " + _verdicts(row["heldout"]) + " |")
-        lines.append(f"| {backend} | LR sensitivity | " + _verdicts(against["lr_sensitivity"]) + " |")
+            f = row["failures"]
+            p = "n/a" if f["fisher_p"] is None else f"{f['fisher_p']:.2g}"
+            lines.append(f"| {backend} | held-out loss at lr {row['lr']:g} | " + _verdicts(row["heldout"]) +
+                         f" | {f[backend]['failed']} of {f[backend]['runs']} vs {f['eager']['failed']} of {f['eager']['runs']} ({p}) |")
+        if against["lr_sensitivity"] is None:  # a sweep of one rate
+            lines.append(f"| {backend} | LR sensitivity and edge | not defined: one learning rate | | | | | |")
+            continue
+        lines.append(f"| {backend} | LR sensitivity | " + _verdicts(against["lr_sensitivity"]) + " | |")
         counts = against["edge"]["counts"]
         lines.append(f"| {backend} | edge, steps earlier ({counts['earlier']} earlier, {counts['same']} same, "
-                     f"{counts['later']} later) | " + _verdicts(against["edge"]["judged"]) + " |")
+                     f"{counts['later']} later) | " + _verdicts(against["edge"]["judged"]) + " | |")
+    lines += ["", f"Failed runs: {FAILURES_RULE}."]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 from helpers import REPO, load_script, run_numdev
+from scipy import stats as scipy_stats
 
 SMALL = ["model.context_length=64", "model.hidden=32", "trainer.max_steps=40", "data.batch_size=4",
          "callbacks.heldout.num_images=8", "threads=1", "trainer.enable_progress_bar=false", "optim.warmup_steps=5"]
@@ -227,6 +228,8 @@ def test_the_docs_block_renders_each_replicated_sweep_and_refuses_a_forged_one(s
     assert "| sdpa_flash | held-out loss at lr 0.01 | " in text and "| sdpa_flash | edge, steps earlier (0 earlier, 5 same, 0 later)" in text
     assert "0 / 5 / 0 | ✗ ✓ | ✗ ✓ |" in text  # five equal replicates inside the margin: harm fails, no more than a seed holds, by both
     assert "[range of 2: " in text  # two replicates: a range, no interval
+    assert "| 5 of 5 vs 5 of 5 (1) |" in text and "| 0 of 5 vs 0 of 5 (1) |" in text  # failed runs at lr 10 and 1e-2, Fisher p
+    assert "numdev 0.1.0 @ " in text and text.count("Intel") + text.count("AMD") <= 4  # the machine once per sweep, not per run
     out.write_text(json.dumps({**result, "replicated": {}}))  # an edited result: one line naming it, the doc untouched
     assert edge.main(["--write-docs"]) == 2
     err = capsys.readouterr().err
@@ -238,6 +241,21 @@ def test_the_docs_block_renders_each_replicated_sweep_and_refuses_a_forged_one(s
         with pytest.raises(SystemExit) as exit_:
             edge.main(["--write-docs", *extra])
         assert exit_.value.code == 2 and "--write-docs renders the committed result alone" in capsys.readouterr().err
+
+
+def test_one_rate_has_no_sensitivity_or_edge_and_failures_are_counted_with_fishers_test():
+    edge = load_script("lr_edge")
+    labels = [f"init={r}" for r in range(5)]
+    losses = {("eager", 0.5, r): (None if i < 4 else 3.0) for i, r in enumerate(labels)}
+    losses.update({("sdpa_flash", 0.5, r): 3.0 for r in labels})
+    against = edge.replicated(_cells(losses), labels, 0.03)["against_eager"]["sdpa_flash"]
+    assert against["lr_sensitivity"] is None and against["edge"]["per_replicate"] == {}
+    failures = against["heldout"][0]["failures"]
+    assert failures["sdpa_flash"] == {"failed": 0, "runs": 5} and failures["eager"] == {"failed": 4, "runs": 5}
+    assert failures["fisher_p"] == pytest.approx(scipy_stats.fisher_exact([[0, 5], [4, 1]]).pvalue)
+    assert failures["fisher_p"] == pytest.approx(2 * 5 / 210)  # 4 failures in 10 runs, none among the 5: C(5,4) / C(10,4), both tails
+    text = edge.block_text({"cells": [], "command": "c", "replicated": {**edge.replicated(_cells(losses), labels, 0.03), "labels": labels}})
+    assert "| sdpa_flash | LR sensitivity and edge | not defined: one learning rate |" in text
 
 
 def test_without_eager_nothing_is_judged_and_the_summary_says_why():

@@ -150,11 +150,11 @@ def machine_line(block: dict, commit: bool = True) -> str:
 UNKNOWN = "unknown (written before numdev recorded provenance)"
 
 
-def machine_line_or_unknown(block: dict | None) -> str:
+def machine_line_or_unknown(block: dict | None, commit: bool = True) -> str:
     if not isinstance(block, dict):
         return UNKNOWN
     try:
-        return machine_line(block)
+        return machine_line(block, commit)
     except (KeyError, TypeError, AttributeError):
         return UNKNOWN
 
