@@ -155,3 +155,12 @@ def test_the_triton_compile_table_is_the_scripts_from_the_committed_reports():
     reports = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(script.RESULTS.glob("triton_compile_*.json"))]
     assert len(reports) >= 2 and all(r["complete"] and r["summary"]["failed"] == 0 for r in reports)
     assert read_block(script.DOC, "triton-compile") == script.doc_table(reports).strip()
+
+
+def test_the_lr_edge_tables_are_the_scripts_from_the_committed_summaries():
+    """docs/gpu.md's edge-of-stability block is what lr_edge.py --write-docs renders from every committed
+    lr_edge_cpu*.json, each a replicated sweep (no verdict there rests on fewer than 5 replicates)."""
+    script = _script("lr_edge")
+    results = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(script.RESULTS.glob(script.PATTERN))]
+    assert len(results) >= 2 and all(r["replicated"]["n"] >= 5 for r in results)
+    assert read_block(script.DOC, script.BLOCK) == script.render(results).strip()
