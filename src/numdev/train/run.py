@@ -192,10 +192,10 @@ def _built_backend(node: DictConfig, key: str) -> AttentionBackend | None:
         cause = error.__cause__
         if isinstance(cause, BackendUnavailable):
             return None
-        if isinstance(cause, ValueError):
-            raise ValueError(one_line(cause)) from None
-        if isinstance(cause, TypeError):  # a key its _target_ does not take: named with its path
+        if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):  # named with its config path
             raise ValueError(refused(error)) from None
+        if isinstance(cause, (ValueError, TypeError)):
+            raise ValueError(one_line(cause)) from None
         raise ValueError(f"{key}: {one_line(error)}") from None
     except BackendUnavailable:
         return None
