@@ -296,15 +296,9 @@ def doc_table(reports: list[dict]) -> str:
 
 def write_docs() -> int:
     """Rewrite docs/gpu.md's table from the committed reports (nothing measured)."""
-    from numdev.report.docblocks import write_results_block
+    from numdev.report.docblocks import write_results_table
 
-    try:
-        count = write_results_block(RESULTS, "kernel_sass_*.json", doc_table, DOC, "kernel-sass", REPO)
-    except ValueError as error:
-        print(f"kernel_sass: error: {error}", file=sys.stderr)
-        return 2
-    print(f"kernel_sass: {DOC.relative_to(REPO)}: the table of {count} report(s) written", file=sys.stderr)
-    return 0
+    return write_results_table("kernel_sass", RESULTS, "kernel_sass_*.json", doc_table, DOC, "kernel-sass", REPO)
 
 
 def main(argv=None) -> int:

@@ -386,14 +386,9 @@ def render(results: list[dict]) -> str:
 def write_docs() -> int:
     """docs/gpu.md's block from every committed RESULTS/PATTERN: 0, or one line on stderr naming what was wrong and 2
     (the block untouched)."""
-    from numdev.report.docblocks import write_results_block
+    from numdev.report.docblocks import write_results_table
 
-    try:
-        write_results_block(RESULTS, PATTERN, render, DOC, BLOCK, REPO)
-    except ValueError as error:
-        print(f"lr_edge.py: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return write_results_table("lr_edge.py", RESULTS, PATTERN, render, DOC, BLOCK, REPO)
 
 
 def figure(result: dict, path: Path) -> None:

@@ -179,20 +179,14 @@ def doc_table(reports: list[dict]) -> str:
 
 def write_docs() -> int:
     """Rewrite docs/gpu.md's table from the committed reports (nothing measured)."""
-    from numdev.report.docblocks import write_results_block
+    from numdev.report.docblocks import write_results_table
 
     def complete_table(reports: list[dict]) -> str:
         if not all(report.get("complete") for report in reports):
             raise ValueError("it is not complete (a run stopped before its end)")
         return doc_table(reports)
 
-    try:
-        count = write_results_block(RESULTS, "triton_compile_*.json", complete_table, DOC, "triton-compile", REPO)
-    except ValueError as error:
-        print(f"triton_compile: error: {error}", file=sys.stderr)
-        return 2
-    print(f"triton_compile: {DOC.relative_to(REPO)}: the table of {count} report(s) written", file=sys.stderr)
-    return 0
+    return write_results_table("triton_compile", RESULTS, "triton_compile_*.json", complete_table, DOC, "triton-compile", REPO)
 
 
 def main(argv=None) -> int:

@@ -220,6 +220,7 @@ def test_the_docs_block_renders_each_replicated_sweep_and_refuses_a_forged_one(s
     monkeypatch.setattr(edge, "DOC", doc)
     monkeypatch.setattr(edge, "RESULTS", results)
     assert edge.main(["--write-docs"]) == 0
+    assert capsys.readouterr().err == f"lr_edge.py: {doc}: the table of 2 result(s) written\n"
     text = doc.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "\nold\n" not in text
     assert text.count("`python scripts/lr_edge.py ") == 2 and "5 replicates" in text and "2 replicates" in text

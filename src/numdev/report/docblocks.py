@@ -115,3 +115,18 @@ def write_results_block(results: Path, pattern: str, render, doc: Path, block: s
         why = error.strerror if isinstance(error, OSError) and error.strerror else one_line(error).replace(f"{doc}: ", "")
         raise ValueError(f"{doc}: {why}: the table was not written") from None
     return len(found)
+
+
+def write_results_table(program: str, results: Path, pattern: str, render, doc: Path, block: str, repo: Path) -> int:
+    """A script's --write-docs: write_results_block, then one line on stderr saying what was written (exit 0), or
+    saying what was wrong (exit 2, the block untouched)."""
+    import sys
+
+    try:
+        count = write_results_block(results, pattern, render, doc, block, repo)
+    except ValueError as error:
+        print(f"{program}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"{program}: {doc.relative_to(repo) if doc.is_relative_to(repo) else doc}: the table of {count} result(s) written",
+          file=sys.stderr)
+    return 0
