@@ -146,31 +146,47 @@ def sweep_problem(app: str, args: list[str], check_sweep: Callable[[list], str |
 
 def misspelled_key(app: str, overrides: list[str], compose, error: Exception, typed: list[str] | None = None) -> str | None:
     """`trainer.max_step=2`: Hydra says "Could not override ... To append to your config use +trainer.max_step=2",
-    which would add a key nothing reads. The one line names the keys the node does have, nearest first."""
+    which would add a key nothing reads; `~trainer.max_step`: "Could not delete from config ... does not exist";
+    a key under a node that is not there (attention.inner.formats.preset where attention.inner has no formats):
+    "Key 'formats' is not in struct". Each in several lines. The one line names the deepest node that exists
+    and the keys it does have, nearest first."""
     import re
 
     from numdev.config.groups import nearest
 
-    found = re.search(r"Could not override '([^']+)'", str(error))
+    found = re.search(r"Could not override '([^']+)'", str(error)) or re.search(r"Could not delete from config\. '([^']+)'", str(error))
     if not found or "." not in found.group(1):
         return None
     key = found.group(1)
-    parent, leaf = key.rsplit(".", 1)
     def of_key(lines):
         return next((o for o in lines if o.split("=", 1)[0].lstrip("~+") == key), None)
 
     given, shown = of_key(overrides), of_key(typed or []) or of_key(overrides)  # shown: as typed (a sweep's whole list)
     try:
-        node = OmegaConf.select(compose(config_name=app, overrides=[o for o in overrides if o is not given]), parent)
+        cfg = compose(config_name=app, overrides=[o for o in overrides if o is not given])
     except Exception:  # noqa: BLE001 - another override is wrong too: Hydra's own message
+        return None
+    parts = key.split(".")
+    for depth in range(len(parts) - 1, 0, -1):  # the deepest node on the key's path that exists
+        parent, leaf = ".".join(parts[:depth]), parts[depth]
+        node = OmegaConf.select(cfg, parent)
+        if node is not None:
+            break
+    else:
         return None
     if not isinstance(node, DictConfig) or leaf in node:  # the key exists: Hydra refused the value (its own message)
         return None
     keys = sorted(str(k) for k in node.keys())
-    value = shown.split("=", 1)[1] if shown else "..."
+    value = shown.split("=", 1)[1] if shown and "=" in shown else "..."
     near = nearest(leaf, keys)
-    hint = (f"did you mean {' or '.join(f'{parent}.{k}={value}' for k in near)}?" if near
-            else f"its settings are {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}")
+    settings = f"its settings are {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}"
+    def spelled(k):  # the key with the missing part replaced, the rest of its path kept
+        return ".".join([parent, k, *parts[depth + 1:]])
+
+    if shown and shown.startswith("~"):
+        hint = f"did you mean {' or '.join(f'~{spelled(k)}' for k in near)}?" if near else settings
+        return f"{shown}: {parent} has no setting {leaf}, so there is nothing to delete: {hint} (numdev-{app} --cfg job shows every key)"
+    hint = f"did you mean {' or '.join(f'{spelled(k)}={value}' for k in near)}?" if near else settings
     return (f"{shown or key}: {parent} has no setting {leaf}: {hint} (numdev-{app} --cfg job shows every key; "
             f"+{key}=... would add a key nothing reads)")
 
