@@ -46,6 +46,9 @@ class OutputNoise(AttentionBackend):
     def unsupported_reason(self, q):
         return self.inner.unsupported_reason(q)
 
+    def forward_only(self, key="attention"):
+        return self.inner.forward_only(f"{key}.inner")
+
     def kv_tiling(self, n_queries, n_keys, head_dim, device="cpu"):
         return self.inner.kv_tiling(n_queries, n_keys, head_dim, device)  # the noise is per element: the inner's blocks
 
