@@ -813,6 +813,15 @@ CATALOGUE += [
     Case("train-misspelled-nested-key-in-sweep", "numdev-train", ["-m", *TRAIN, "optim.optimizer.llr=1e-3,2e-3"],
          "optim.optimizer has no setting llr: did you mean optim.optimizer.lr=1e-3"),
     Case("bench-misspelled-key", "numdev-bench", [*BENCH, "shape.seqq_q=64"], "shape has no setting seqq_q: did you mean shape.seq_q=64"),
+    # a key under a node that is not there, and a deletion of a key that is not there: one line each, naming the deepest node
+    Case("train-misspelled-node-in-a-path", "numdev-train", [*TRAIN, "attention=output_noise", "attention.iner.precision=fp32"],
+         "attention.iner.precision=fp32: attention has no setting iner: did you mean attention.inner.precision=fp32?"),
+    Case("train-key-under-a-missing-node", "numdev-train", [*TRAIN, "attention=output_noise", "attention.inner.formats.preset=fa2"],
+         "attention.inner.formats.preset=fa2: attention.inner has no setting formats: its settings are _target_, precision"),
+    Case("train-delete-a-misspelled-key", "numdev-train", [*TRAIN, "~trainer.max_step"],
+         "~trainer.max_step: trainer has no setting max_step, so there is nothing to delete: did you mean ~trainer.max_steps"),
+    Case("train-delete-under-a-missing-node", "numdev-train", [*TRAIN, "~attention.inner.precision"],
+         "~attention.inner.precision: attention has no setting inner, so there is nothing to delete"),
     Case("train-optimizer-eps-negative", "numdev-train", [*TRAIN, "+optim.optimizer.eps=-1"], "optim.optimizer.eps=-1 must be a positive number"),
     *(Case(f"train-seed-{key}-{bits}bits", "numdev-train", [*TRAIN, f"{key}={2**bits + 1}"],
            f"{key}={2**bits + 1} must be a non-negative integer below 2^64")
@@ -947,6 +956,13 @@ CATALOGUE += [
     Case("train-noise-mode-sideways", "numdev-train", [*NOISE, "attention.mode=sideways"], "attention.mode='sideways': use unbiased"),
     Case("train-noise-delta-zero", "numdev-train", [*NOISE, "attention.delta=0"], "attention.delta=0 must be a number in (0, 10]"),
     Case("train-noise-delta-eleven", "numdev-train", [*NOISE, "attention.delta=11"], "attention.delta=11 must be a number in (0, 10]"),
+    *(Case(f"train-score-scale-{name}", "numdev-train", [*TRAIN, "attention=score_scale", f"attention.factor={value}"],
+           f"attention.factor={shown} must be a number in (0, 64]")
+      for name, value, shown in (("zero", "0", "0"), ("negative", "-2", "-2"), ("above", "65", "65"), ("nan", "nan", "nan"),
+                                 ("inf", "inf", "inf"), ("bool", "true", "True"), ("string", "abc", "'abc'"))),
+    Case("train-score-scale-forward-only-inner", "numdev-train",
+         [*TRAIN, "attention=score_scale", "~attention.inner.precision", "attention.inner._target_=numdev.attention.FlashAttn"],
+         "attention backend 'score_scale' cannot run here: no FlashAttention kernel is installed"),
     Case("train-perturbation-step-negative", "numdev-train", [*TRAIN, "init_perturbation={{kind:relative,eps:1e-4,step:-1}}"],
          "init_perturbation.step=-1 must be a non-negative integer"),
     Case("train-perturbation-step-at-the-end", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,step:4}}"],
@@ -1412,7 +1428,7 @@ def test_the_readme_states_the_catalogue_size():
 REAL_COMMANDS = {
     "train-cannot-run-here": ("numdev-train", ["experiment=train_smoke", "attention=flash_attn", "output_root={tmp}/outputs"], None, 2,
                               ("numdev-train: error: attention=flash_attn with precision=fp32 on cpu", "cannot run here",
-                               "Backends that can run on cpu with float32: baseline, eager, flash_emulated, output_noise, sdpa_flash, sdpa_math")),
+                               "Backends that can run on cpu with float32: baseline, eager, flash_emulated, output_noise, score_scale, sdpa_flash, sdpa_math")),
     "train-unknown-option": ("numdev-train", ["attention=sdpa_flsh", "output_root={tmp}/outputs"], None, 2, "did you mean attention=sdpa_flash"),
     "bench-group-of-another-app": ("numdev-bench", ["trainer=gpu", "output_root={tmp}/outputs"], REPO, 2,
                                    "numdev-bench: error: trainer is a config group of numdev-train, not of numdev-bench: run {numdev-train} trainer=gpu"),

@@ -13,6 +13,7 @@ from numdev.attention.registry import (
     backend_names,
     build_backend,
 )
+from numdev.attention.score_scale import ScoreScale
 from numdev.attention.sdpa import SdpaCudnn, SdpaEfficient, SdpaFlash, SdpaMath
 from numdev.attention.triton_backend import TritonFlash
 
@@ -24,6 +25,7 @@ __all__ = [
     "FlashAttn",
     "FlashEmulated",
     "OutputNoise",
+    "ScoreScale",
     "SdpaCudnn",
     "SdpaEfficient",
     "SdpaFlash",
