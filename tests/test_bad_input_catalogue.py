@@ -822,6 +822,17 @@ CATALOGUE += [
          "~trainer.max_step: trainer has no setting max_step, so there is nothing to delete: did you mean ~trainer.max_steps"),
     Case("train-delete-under-a-missing-node", "numdev-train", [*TRAIN, "~attention.inner.precision"],
          "~attention.inner.precision: attention has no setting inner, so there is nothing to delete"),
+    Case("train-delete-a-missing-top-level-key", "numdev-train", [*TRAIN, "~seeed"],
+         "~seeed: numdev-train has no setting seeed, so there is nothing to delete: did you mean ~seed?"),
+    Case("train-delete-with-another-value", "numdev-train", [*TRAIN, "attention=output_noise", "~attention.inner.precision=bf16-true"],
+         "~attention.inner.precision=bf16-true: attention.inner.precision is fp32, not bf16-true, so it was not deleted"),
+    Case("train-delete-a-null", "numdev-train", [*TRAIN, "attention=flash_emulated", "~attention.formats.input"],
+         "~attention.formats.input: attention.formats.input is null (not set), and Hydra deletes no null: to drop it, give it a "
+         "value first in the same command (attention.formats.input=0 ~attention.formats.input)"),
+    Case("train-misspelled-target", "numdev-train", [*TRAIN, "attention=score_scale", "attention.inner._target_=numdev.attention.SdpFlash"],
+         "attention.inner._target_=numdev.attention.SdpFlash cannot be imported: did you mean numdev.attention.SdpaFlash"),
+    Case("train-target-of-a-missing-module", "numdev-train", [*TRAIN, "attention._target_=numdev.attentio.Eager"],
+         "attention._target_=numdev.attentio.Eager cannot be imported: check its spelling"),
     Case("train-optimizer-eps-negative", "numdev-train", [*TRAIN, "+optim.optimizer.eps=-1"], "optim.optimizer.eps=-1 must be a positive number"),
     *(Case(f"train-seed-{key}-{bits}bits", "numdev-train", [*TRAIN, f"{key}={2**bits + 1}"],
            f"{key}={2**bits + 1} must be a non-negative integer below 2^64")

@@ -464,6 +464,21 @@ def unexpected_key(node: str, name: str) -> str:
             "sets it for another option; see --help for the keys it has)")
 
 
+def unimportable_target(node: str, target: str) -> str:
+    """The message for a _target_ that cannot be imported (a misspelled class), with the module's nearest names."""
+    import importlib
+
+    module, _, name = target.rpartition(".")
+    try:
+        found = importlib.import_module(module) if module else None
+        names = [n for n in dir(found) if not n.startswith("_") and callable(getattr(found, n))] if found else []
+    except Exception:  # noqa: BLE001 - the module itself is misspelled or broken: no names to offer
+        names = []
+    near = nearest(name, names)
+    hint = f"did you mean {' or '.join(f'{module}.{n}' for n in near)}?" if near else "check its spelling"
+    return f"{node}._target_={target} cannot be imported: {hint}"
+
+
 def refused(error: Exception) -> str:
     """One line for a constructor's refusal that is not a user error: a key its _target_ does not take is named
     with its config path (Hydra's full_key), nested ones (attention.inner.precision) with how to delete it."""
@@ -471,6 +486,9 @@ def refused(error: Exception) -> str:
 
     cause = error.__cause__
     found = re.search(r"full_key: (\S+)", str(error))
+    located = re.search(r"Error locating target '([^']+)'", str(error))
+    if found and located:
+        return unimportable_target(found.group(1), located.group(1))
     extra = re.search(r"unexpected keyword argument '(\w+)'", str(cause)) if isinstance(cause, TypeError) else None
     if not (found and extra):
         return one_line(error)

@@ -154,38 +154,52 @@ def misspelled_key(app: str, overrides: list[str], compose, error: Exception, ty
 
     from numdev.config.groups import nearest
 
-    found = re.search(r"Could not override '([^']+)'", str(error)) or re.search(r"Could not delete from config\. '([^']+)'", str(error))
-    if not found or "." not in found.group(1):
+    text = str(error)
+    mismatch = re.search(r"Could not delete from config\. The value of '([^']+)' is (.*) and not (.*)\.", text)
+    if mismatch:  # ~key=value where the key holds another value
+        key, has, given_value = mismatch.groups()
+        return (f"~{key}={given_value}: {key} is {has}, not {given_value}, so it was not deleted: write ~{key} to delete it "
+                "whatever its value")
+    found = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not delete from config\. '([^']+)'", text)
+    if not found:
         return None
-    key = found.group(1)
-    def of_key(lines):
-        return next((o for o in lines if o.split("=", 1)[0].lstrip("~+") == key), None)
+    key, deleting = found.group(1), found.re.pattern.startswith("Could not delete")
+    def on_key(line):
+        return line.split("=", 1)[0].lstrip("~+") == key
+    def of_key(lines):  # the override Hydra refused: a deletion (~key) or a value (key=, +key=)
+        return next((o for o in lines if on_key(o) and o.startswith("~") == deleting), None)
 
-    given, shown = of_key(overrides), of_key(typed or []) or of_key(overrides)  # shown: as typed (a sweep's whole list)
+    shown = of_key(typed or []) or of_key(overrides)  # as typed (a sweep's whole list)
     try:
-        cfg = compose(config_name=app, overrides=[o for o in overrides if o is not given])
+        cfg = compose(config_name=app, overrides=[o for o in overrides if not on_key(o)])
     except Exception:  # noqa: BLE001 - another override is wrong too: Hydra's own message
         return None
     parts = key.split(".")
-    for depth in range(len(parts) - 1, 0, -1):  # the deepest node on the key's path that exists
+    for depth in range(len(parts) - 1, -1, -1):  # the deepest node on the key's path that exists (0: the config itself)
         parent, leaf = ".".join(parts[:depth]), parts[depth]
-        node = OmegaConf.select(cfg, parent)
+        node = OmegaConf.select(cfg, parent) if parent else cfg
         if node is not None:
             break
-    else:
+    if not isinstance(node, DictConfig):
         return None
-    if not isinstance(node, DictConfig) or leaf in node:  # the key exists: Hydra refused the value (its own message)
+    if leaf in node:  # the key exists: Hydra refused the value (its own message), or a null it cannot delete
+        if deleting and depth == len(parts) - 1 and node[leaf] is None:
+            return (f"{shown}: {key} is null (not set), and Hydra deletes no null: to drop it, give it a value first in the "
+                    f"same command ({key}=0 ~{key})")
         return None
+    owner = parent or f"numdev-{app}"
     keys = sorted(str(k) for k in node.keys())
     value = shown.split("=", 1)[1] if shown and "=" in shown else "..."
     near = nearest(leaf, keys)
     settings = f"its settings are {', '.join(keys[:12])}{' ...' if len(keys) > 12 else ''}"
     def spelled(k):  # the key with the missing part replaced, the rest of its path kept
-        return ".".join([parent, k, *parts[depth + 1:]])
+        return ".".join([*parts[:depth], k, *parts[depth + 1:]])
 
-    if shown and shown.startswith("~"):
+    if deleting:
         hint = f"did you mean {' or '.join(f'~{spelled(k)}' for k in near)}?" if near else settings
-        return f"{shown}: {parent} has no setting {leaf}, so there is nothing to delete: {hint} (numdev-{app} --cfg job shows every key)"
+        return f"{shown}: {owner} has no setting {leaf}, so there is nothing to delete: {hint} (numdev-{app} --cfg job shows every key)"
+    if not parent:
+        return None  # a top-level key: the app's own message names its groups
     hint = f"did you mean {' or '.join(f'{spelled(k)}={value}' for k in near)}?" if near else settings
     return (f"{shown or key}: {parent} has no setting {leaf}: {hint} (numdev-{app} --cfg job shows every key; "
             f"+{key}=... would add a key nothing reads)")

@@ -192,8 +192,8 @@ def _built_backend(node: DictConfig, key: str) -> AttentionBackend | None:
         cause = error.__cause__
         if isinstance(cause, BackendUnavailable):
             return None
-        if isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause):  # named with its config path
-            raise ValueError(refused(error)) from None
+        if (isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause)) or "Error locating target" in str(error):
+            raise ValueError(refused(error)) from None  # named with its config path
         if isinstance(cause, (ValueError, TypeError)):
             raise ValueError(one_line(cause)) from None
         raise ValueError(f"{key}: {one_line(error)}") from None
