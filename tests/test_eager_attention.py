@@ -84,3 +84,50 @@ def test_without_autocast_eager_is_plain_fp32_and_bad_dtypes_are_refused():
     assert torch.equal(Eager(precision="fp32")(q, k, v, scale=0.1), expected)
     with pytest.raises(ValueError, match="eager attention: dtype='bf16'"):
         Eager(dtype="bf16")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp32_scores_are_the_softmax_of_fp32_scores_rounded_once_then_p_v_under_autocast(causal):
+    q, k, v = _qkv()
+    scale = 32**-0.5
+    scores = q.float() @ k.float().transpose(-1, -2) * scale
+    if causal:
+        scores = scores.masked_fill(torch.ones(96, 96, dtype=torch.bool).triu(1), float("-inf"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = torch.softmax(scores, dim=-1).bfloat16() @ v
+    got = Eager(precision="bf16-mixed", scores="fp32")(q, k, v, scale=scale, causal=causal)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
+def test_fp32_scores_are_closer_to_fp64_than_bf16_scores():
+    """What the option removes: the bf16 rounding of q k^T and of the scaled scores (large logits make it matter)."""
+    for seed in range(3):
+        q, k, v = _qkv(n=256, dim=64, seed=seed)
+        q = (q.float() * 3).bfloat16()  # logits of a few units: the scores' rounding error is ~2^-9 of them
+        golden = golden_attention(q.double(), k.double(), v.double())
+        error = {name: (backend(q, k, v).double() - golden).abs().mean().item() for name, backend in
+                 (("bf16 scores", Eager(precision="bf16-mixed")), ("fp32 scores", Eager(precision="bf16-mixed", scores="fp32")))}
+        assert error["fp32 scores"] < error["bf16 scores"], error
+
+
+def test_fp32_scores_without_autocast():
+    q, k, v = (t.float() for t in _qkv())
+    assert torch.equal(Eager(precision="32-true", scores="fp32")(q, k, v), Eager(precision="32-true")(q, k, v))
+    qb, kb, vb = _qkv()  # bf16-true: bf16 tensors, no autocast; P rounded to bf16 before P V
+    got = Eager(precision="bf16-true", scores="fp32")(qb, kb, vb)
+    expected = torch.softmax(qb.float() @ kb.float().transpose(-1, -2) * 32**-0.5, dim=-1).bfloat16() @ vb
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
+def test_fp32_scores_train():
+    q, k, v = (t.float().requires_grad_() for t in _qkv())
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        out = Eager(precision="bf16-mixed", scores="fp32")(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    out.float().square().sum().backward()
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+@pytest.mark.parametrize("scores", ["bf16", "fp64", 32])
+def test_other_score_formats_are_refused(scores):
+    with pytest.raises(ValueError, match="scores=.*use null"):
+        Eager(scores=scores)
