@@ -21,7 +21,8 @@ And per learning rate run by both: the held-out loss of each backend minus eager
 cell: observations of one run each, no interval, no verdict.
 
 Replicates (runs that differ in their seeds too, e.g. seed.init=0,1,2,3,4; give several sweeps or one):
-each replicate's per-backend summary, and each backend against eager's runs of the same seeds, side by
+each replicate's per-backend summary, and each backend against the reference's runs of the same seeds (eager's,
+or --reference's: runs of one backend that differ in their settings are labelled by them), side by
 side by the exact sign test and the t test (numdev.stats.equivalence), against a relative margin stated
 before the runs (--margin, default the harm study's 3%): the held-out loss at every rate (EFFECT_RULE),
 the LR sensitivity (SENSITIVITY_RULE) and the edge in grid steps (EDGE_RULE, margin half a step). Fewer
@@ -50,14 +51,15 @@ FAIL_RULE = ("a run fails (diverges) when it records a non-finite loss, gradient
              "its last step, or ends with a held-out loss no lower than ln 256, a byte model's loss at initialisation")
 BYTE_TEXT = "numdev.data.text.TextDataModule"  # byte tokens, a vocabulary of 256
 SIBLING_KEYS = ("model", "precision", "data", "trainer.max_steps", "optim.warmup_steps", "optimization")
+REFERENCE = "eager"  # the backend every other is judged against (--reference: another label)
 MARGIN = 0.03  # the harm study's pre-registered margin (conf/train/experiment/harm.yaml study.harm.margin, docs/harm.md#margin)
-EFFECT_RULE = ("per replicate r (the same seeds) and learning rate: (L_backend - L_eager) / L_eager, each held-out loss "
+EFFECT_RULE = ("per replicate r (the same seeds) and learning rate: (L_backend - L_ref) / L_ref, ref the reference backend, each held-out loss "
                "capped at ln 256 (a failed run counts as a byte model at initialisation: two failed runs are equal); "
                "positive is worse")
-SENSITIVITY_RULE = ("per replicate: (S_backend - S_eager) / B_eager, S the replicate's LR sensitivity over the rates both "
-                    "ran and B eager's best held-out loss: the difference in the mean excess loss over the sweep, relative; "
+SENSITIVITY_RULE = ("per replicate: (S_backend - S_ref) / B_ref, S the replicate's LR sensitivity over the rates both "
+                    "ran and B the reference's best held-out loss: the difference in the mean excess loss over the sweep, relative; "
                     "positive is worse")
-EDGE_RULE = ("per replicate: the backend's edge minus eager's, in steps of the learning-rate grid both ran (a backend with "
+EDGE_RULE = ("per replicate: the backend's edge minus the reference's, in steps of the learning-rate grid both ran (a backend with "
              "no failure above its best has its edge one step beyond the grid: censored, counted apart)")
 
 
@@ -145,12 +147,12 @@ def per_backend(cells: list[dict]) -> dict:
     return out
 
 
-def against_eager(cells: list[dict]) -> list[dict]:
+def against_eager(cells: list[dict], reference: str = REFERENCE) -> list[dict]:
     by = {(c["backend"], c["lr"]): c for c in cells if c["complete"]}
     rows = []
     for (backend, lr), cell in sorted(by.items(), key=lambda item: (item[0][1], item[0][0])):
-        eager = by.get(("eager", lr))
-        if backend == "eager" or eager is None:
+        eager = by.get((reference, lr))
+        if backend == reference or eager is None:
             continue
         diff = _loss(cell) - _loss(eager) if math.isfinite(_loss(cell) + _loss(eager)) else None
         rows.append({"lr": lr, "backend": backend, "heldout_minus_eager": diff,
@@ -175,16 +177,16 @@ def label_replicates(cells: list[dict]) -> list[str]:
     return sorted(order, key=lambda label: [(v is None, v or 0) for v in order[label]])
 
 
-FAILURES_RULE = ("failed runs of the backend against eager's at one rate: Fisher's exact test (scipy.stats.fisher_exact, "
+FAILURES_RULE = ("failed runs of the backend against the reference's at one rate: Fisher's exact test (scipy.stats.fisher_exact, "
                  "two-sided) on the 2 x 2 counts; descriptive, not one of the study's registered tests")
 
 
-def _failures(by: dict, backend: str, lr: float, labels: list[str]) -> dict:
-    """The backend's and eager's failed runs at `lr` (of the runs each finished there) and FAILURES_RULE's p-value."""
+def _failures(by: dict, backend: str, lr: float, labels: list[str], reference: str = REFERENCE) -> dict:
+    """The backend's and the reference's failed runs at `lr` (of the runs each finished there) and FAILURES_RULE's p-value."""
     from scipy.stats import fisher_exact
 
     counts = {}
-    for name in (backend, "eager"):
+    for name in (backend, reference):
         runs = [by[name, lr, r] for r in labels if (name, lr, r) in by]
         counts[name] = {"failed": sum(c["failed"] for c in runs), "runs": len(runs)}
     table = [[c["failed"], c["runs"] - c["failed"]] for c in counts.values()]
@@ -192,8 +194,8 @@ def _failures(by: dict, backend: str, lr: float, labels: list[str]) -> dict:
     return {**counts, "fisher_p": p}
 
 
-def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
-    """The sweep over replicates: each replicate's per-backend summary, and each backend against eager's runs of
+def replicated(cells: list[dict], labels: list[str], margin: float, reference: str = REFERENCE) -> dict:
+    """The sweep over replicates: each replicate's per-backend summary, and each backend against the reference's runs of
     the same replicate: the held-out loss at every rate, the LR sensitivity and the edge (EFFECT_RULE,
     SENSITIVITY_RULE, EDGE_RULE), judged by the sign test and the t test side by side against the margin."""
     from numdev.analysis.harm.effects import judged
@@ -203,7 +205,7 @@ def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
     backends = sorted({c["backend"] for c in cells})
     grid = sorted({c["lr"] for c in cells})
     result = {
-        "n": len(labels), "labels": labels, "margin": margin,
+        "n": len(labels), "labels": labels, "margin": margin, "reference": reference,
         "rules": {"effect": EFFECT_RULE, "sensitivity": SENSITIVITY_RULE, "edge": EDGE_RULE, "failures": FAILURES_RULE,
                   "edge_margin": "0.5 grid steps: an edge that moves by one step or more is outside"},
         "per_replicate": {r: per_backend([c for c in done if c["replicate"] == r]) for r in labels},
@@ -211,29 +213,30 @@ def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
                                      "runs": sum((b, lr, r) in by for r in labels)} for lr in grid} for b in backends},
         "against_eager": {},
     }
-    if "eager" not in backends:
-        result["note"] = "no eager runs among these: nothing to judge the backends against (give eager's sweep too)"
-    for backend in backends if "eager" in backends else []:
-        if backend == "eager":
+    if reference not in backends:
+        result["note"] = (f"no {reference} runs among these: nothing to judge the backends against (give its sweep too, "
+                          f"or name another reference with --reference: {', '.join(backends)})")
+    for backend in backends if reference in backends else []:
+        if backend == reference:
             continue
         rows = []
         for lr in grid:
-            values = {r: (_capped(by[backend, lr, r]) - _capped(by["eager", lr, r])) / _capped(by["eager", lr, r])
-                      for r in labels if (backend, lr, r) in by and ("eager", lr, r) in by}
-            rows.append({"lr": lr, "heldout": judged(values, margin), "failures": _failures(by, backend, lr, labels)})
+            values = {r: (_capped(by[backend, lr, r]) - _capped(by[reference, lr, r])) / _capped(by[reference, lr, r])
+                      for r in labels if (backend, lr, r) in by and (reference, lr, r) in by}
+            rows.append({"lr": lr, "heldout": judged(values, margin), "failures": _failures(by, backend, lr, labels, reference)})
         sensitivity, edges = {}, {}
         for r in labels:
-            common = sorted({lr for lr in grid if (backend, lr, r) in by and ("eager", lr, r) in by})
+            common = sorted({lr for lr in grid if (backend, lr, r) in by and (reference, lr, r) in by})
             if len(common) < 2:  # one rate: no sensitivity (always 0) and no edge (nothing above the best)
                 continue
             mine = per_backend([by[backend, lr, r] for lr in common])[backend]
-            eager = per_backend([by["eager", lr, r] for lr in common])["eager"]
+            eager = per_backend([by[reference, lr, r] for lr in common])[reference]
             if mine["lr_sensitivity"] is not None and eager["lr_sensitivity"] is not None:
                 sensitivity[r] = (mine["lr_sensitivity"] - eager["lr_sensitivity"]) / eager["best_heldout_loss"]
             step = {name: common.index(s["edge_lr"]) if s["edge_lr"] is not None else len(common) for name, s in
-                    (("eager", eager), (backend, mine))}
-            edges[r] = {"eager": eager["edge_lr"], backend: mine["edge_lr"], "earlier_by_steps": step["eager"] - step[backend],
-                        "censored": [name for name, s in (("eager", eager), (backend, mine)) if s["edge_lr"] is None]}
+                    ((reference, eager), (backend, mine))}
+            edges[r] = {reference: eager["edge_lr"], backend: mine["edge_lr"], "earlier_by_steps": step[reference] - step[backend],
+                        "censored": [name for name, s in ((reference, eager), (backend, mine)) if s["edge_lr"] is None]}
         shifts = {r: e["earlier_by_steps"] for r, e in edges.items()}
         result["against_eager"][backend] = {
             "heldout": rows,
@@ -246,7 +249,33 @@ def replicated(cells: list[dict], labels: list[str], margin: float) -> dict:
     return result
 
 
-def gather(paths: list[Path], margin: float = MARGIN) -> dict:
+def label_backends(cells: list[dict]) -> None:
+    """Each cell's backend label: its backend's name, and where runs of one name differ in their settings (eager
+    with and without attention.scores=fp32), the settings that are not null that set them apart: 'eager' beside
+    'eager (scores fp32)'. Settings named seed are left out (replicates may differ there)."""
+    def flat(node, prefix=""):
+        if not isinstance(node, dict):
+            return {}
+        out = {}
+        for key, value in node.items():
+            if key in ("backend", "seed"):
+                continue
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    names = {}
+    for cell in cells:
+        names.setdefault(cell["backend"], []).append(cell)
+    for name, group in names.items():
+        settings = [flat(cell["attention"]) for cell in group]
+        keys = sorted({k for f in settings for k in f})
+        apart = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in settings}) > 1]
+        for cell, f in zip(group, settings):
+            shown = [f"{k} {f[k]}" for k in apart if f.get(k) is not None]
+            cell["backend"] = f"{name} ({', '.join(shown)})" if shown else name
+
+
+def gather(paths: list[Path], margin: float = MARGIN, reference: str = REFERENCE) -> dict:
     jobs: list[Path] = []
     if len({p.resolve() for p in paths}) < len(paths):
         raise ValueError("a directory is given twice: give each sweep or run once")
@@ -270,20 +299,22 @@ def gather(paths: list[Path], margin: float = MARGIN) -> dict:
         cells.append(read_cell(job))
     if not cells:
         raise ValueError(f"no run in {', '.join(map(str, paths))} has written its run.json yet")
+    label_backends(cells)
     labels = label_replicates(cells)
     seen: dict[tuple, str] = {}
     for cell in cells:
         key = (cell["backend"], cell["lr"], cell["replicate"])
         if key in seen:
-            raise ValueError(f"{cell['run']} and {seen[key]} are both backend {key[0]} at lr {key[1]:g} with the same seeds: "
-                             "two sweeps mixed; give one sweep's jobs (replicates differ in seed.init)")
+            raise ValueError(f"{cell['run']} and {seen[key]} are both backend {key[0]} with the same settings at lr {key[1]:g} with "
+                             "the same seeds: the same run twice, or two sweeps mixed; give each run once (replicates differ in seed.init)")
         seen[key] = cell["run"]
         for name, value in cell["siblings"].items():
             if value != cells[0]["siblings"][name]:
                 raise ValueError(f"{cell['run']} differs from {cells[0]['run']} in {name}: the cells of an LR sweep "
                                  "are sibling runs that differ in attention, optim.optimizer.lr and their seeds only")
     result = {
-        "what": "learning-rate sweep, eager attention against Flash: where each backend starts to fail (issue 37 item 4)",
+        "what": "learning-rate sweep, attention backends against a reference (eager unless --reference names another): where "
+                "each backend starts to fail (issue 37 item 4)",
         "fail_rule": FAIL_RULE,
         "initial_loss": INITIAL_LOSS,
         "cells": [{k: v for k, v in c.items() if k != "siblings"}
@@ -294,11 +325,12 @@ def gather(paths: list[Path], margin: float = MARGIN) -> dict:
     if len(labels) == 1:
         result["replicates"] = "one seed per cell: observations, no interval, no verdict"
         result["per_backend"] = per_backend(cells)
-        result["against_eager"] = against_eager(cells)
+        result["reference"] = reference
+        result["against_eager"] = against_eager(cells, reference)
     else:
-        result["replicates"] = (f"{len(labels)} replicates (seeds {', '.join(labels)}): each backend against eager's run of the "
+        result["replicates"] = (f"{len(labels)} replicates (seeds {', '.join(labels)}): each backend against {reference}'s run of the "
                                 "same replicate; the sign test and the t test side by side (numdev.stats.equivalence)")
-        result["replicated"] = replicated(cells, labels, margin)
+        result["replicated"] = replicated(cells, labels, margin, reference)
     return result
 
 
@@ -331,8 +363,9 @@ def _verdicts(entry: dict | None) -> str:
 
 def block_text(result: dict) -> str:
     """docs/gpu.md's block from a replicated sweep's JSON (RESULT): the failures and losses per rate, then each
-    backend against eager by both tests."""
+    backend against the reference (eager, unless --reference named another) by both tests."""
     rep = result["replicated"]
+    reference = rep.get("reference", REFERENCE)  # results written before --reference judged against eager
     backends = sorted(rep["failures"])
     machines = sorted({c["machine"] for c in result["cells"]})
     codes = sorted({c["code"] for c in result["cells"]})
@@ -354,20 +387,20 @@ def block_text(result: dict) -> str:
             row.append(f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f}), {fails['failed']} of "
                        f"{fails['runs']} failed" if values else "not run")
         lines.append(f"| {lr:g} | " + " | ".join(row) + " |")
-    lines += ["", "Each backend against eager's run of the same seeds (paired; " + EFFECT_RULE + "; " + SENSITIVITY_RULE +
+    lines += ["", f"Each backend against {reference}'s run of the same seeds (paired; " + EFFECT_RULE + "; " + SENSITIVITY_RULE +
               "; " + EDGE_RULE + ", margin 0.5 steps). Columns: the mean effect [its 95% t interval, or the range below 5 "
               "replicates] | the sign test's counts above / inside / below the margin | the sign test's verdicts, harms and "
               "no more than a seed | the t test's, the same two | the t test's minimum detectable effect (power 0.8). "
               "✓ holds, ✗ fails, – not measurable.", "",
               "| backend | measure | effect | above / inside / below | sign: harms, no more | t: harms, no more | MDE | "
-              "failed runs, backend vs eager (Fisher p) |",
+              f"failed runs, backend vs {reference} (Fisher p) |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for backend, against in sorted(rep["against_eager"].items()):
         for row in against["heldout"]:
             f = row["failures"]
             p = "n/a" if f["fisher_p"] is None else f"{f['fisher_p']:.2g}"
             lines.append(f"| {backend} | held-out loss at lr {row['lr']:g} | " + _verdicts(row["heldout"]) +
-                         f" | {f[backend]['failed']} of {f[backend]['runs']} vs {f['eager']['failed']} of {f['eager']['runs']} ({p}) |")
+                         f" | {f[backend]['failed']} of {f[backend]['runs']} vs {f[reference]['failed']} of {f[reference]['runs']} ({p}) |")
         if against["lr_sensitivity"] is None:  # a sweep of one rate
             lines.append(f"| {backend} | LR sensitivity and edge | not defined: one learning rate | | | | | |")
             continue
@@ -440,6 +473,9 @@ def main(argv=None) -> int:
     parser.add_argument("--margin", type=float, default=MARGIN,
                         help=f"with replicates: the relative margin of the held-out loss and the LR sensitivity, stated "
                              f"before the runs (default {MARGIN:g}, the harm study's)")
+    parser.add_argument("--reference", default=REFERENCE,
+                        help="the backend every other is judged against, by its label (default eager; runs of one backend "
+                             "that differ in their settings are labelled by them, e.g. 'eager (scores fp32)')")
     parser.add_argument("--write-docs", action="store_true",
                         help=f"write docs/gpu.md's {BLOCK} block from the committed docs/results/{PATTERN} and stop")
     args = parser.parse_args(argv)
@@ -454,7 +490,7 @@ def main(argv=None) -> int:
     if args.figure and (problem := output_file_problem(args.figure)):
         parser.error(f"--figure {args.figure}: {problem}")
     try:
-        result = gather(args.paths, args.margin)
+        result = gather(args.paths, args.margin, args.reference)
     except (OSError, ValueError) as error:
         parser.error(str(error))
     result["command"] = shlex.join(["python", "scripts/lr_edge.py", *(sys.argv[1:] if argv is None else argv)])

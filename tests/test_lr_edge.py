@@ -265,3 +265,45 @@ def test_without_eager_nothing_is_judged_and_the_summary_says_why():
     rep = edge.replicated(_cells({("sdpa_flash", 1e-2, r): 2.5 for r in labels}), labels, 0.03)
     assert rep["against_eager"] == {} and "no eager runs" in rep["note"]
     assert rep["failures"] == {"sdpa_flash": {"0.01": {"failed": 0, "runs": 5}}}
+
+
+def test_runs_of_one_backend_that_differ_in_settings_are_labelled_by_them_and_judged_against_the_named_reference(
+        sweep, tmp_path, capsys):
+    """Eager with and without attention.scores=fp32 in one reading: not 'two sweeps mixed', but two labels; --reference
+    names the one the others are judged against."""
+    copy = tmp_path / "scores"
+    shutil.copytree(sweep, copy)
+    eager_jobs = []
+    for job in sorted(p for p in copy.iterdir() if p.name.isdigit()):
+        record = json.loads((job / "run.json").read_text())
+        if record["backend"] == "eager":
+            record["attention"]["scores"] = "fp32"
+            (job / "run.json").write_text(json.dumps(record))
+            eager_jobs.append(job)
+    result = _read([sweep, *eager_jobs], capsys)
+    assert {c["backend"] for c in result["cells"]} == {"eager", "eager (scores fp32)", "sdpa_flash"}
+    assert {row["backend"] for row in result["against_eager"]} == {"eager (scores fp32)", "sdpa_flash"}
+    assert result["reference"] == "eager"
+    result = _read([sweep, *eager_jobs, "--reference", "eager (scores fp32)"], capsys)
+    assert result["reference"] == "eager (scores fp32)"
+    assert {row["backend"] for row in result["against_eager"]} == {"eager", "sdpa_flash"}
+    same = next(r for r in result["against_eager"] if r["backend"] == "eager" and r["lr"] == 0.01)
+    assert same["heldout_minus_eager"] == 0  # the edited copy is the same run
+
+
+def test_labels_name_only_the_settings_that_differ_and_a_missing_reference_is_said():
+    edge = load_script("lr_edge")
+    labels = [f"init={r}" for r in range(5)]
+    cells = _cells({("eager", 0.5, r): 3.0 for r in labels}) + _cells({("eager", 0.5, r): 3.1 for r in labels})
+    for cell in cells[:5]:
+        cell["attention"] = {"backend": "eager", "autocast": "bfloat16", "dtype": None, "seed": 1}
+    for cell in cells[5:]:
+        cell["attention"] = {"backend": "eager", "autocast": None, "dtype": "fp32", "seed": 2}
+    edge.label_backends(cells)
+    assert [c["backend"] for c in cells] == ["eager (autocast bfloat16)"] * 5 + ["eager (dtype fp32)"] * 5
+    rep = edge.replicated(cells, labels, 0.03)
+    assert rep["against_eager"] == {} and "--reference" in rep["note"] and "eager (dtype fp32)" in rep["note"]
+    rep = edge.replicated(cells, labels, 0.03, "eager (autocast bfloat16)")
+    fp32 = rep["against_eager"]["eager (dtype fp32)"]["heldout"][0]
+    assert fp32["heldout"]["per_replicate"] == {r: pytest.approx(0.1 / 3) for r in labels}
+    assert fp32["failures"]["eager (autocast bfloat16)"] == {"failed": 0, "runs": 5}
