@@ -481,7 +481,8 @@ def unimportable_target(node: str, target: str) -> str:
 
 def refused(error: Exception) -> str:
     """One line for a constructor's refusal that is not a user error: a key its _target_ does not take is named
-    with its config path (Hydra's full_key), nested ones (attention.inner.precision) with how to delete it."""
+    with its config path (Hydra's full_key), nested ones (attention.inner.precision) with how to delete it; a _target_
+    that cannot be imported with the module's nearest names (unimportable_target)."""
     from numdev.cli.errors import one_line
 
     cause = error.__cause__
