@@ -236,11 +236,16 @@ def remove_refused_run_dir() -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def console_line(program: str, text: str) -> None:
+    """One line on stderr, `program: text`: how a command tells its user what it did or what was wrong."""
+    print(f"{program}: {text}", file=sys.stderr)
+
+
 def _exit(program: str, error: BaseException | str, code: int = 2):
     message = one_line(error)  # one line, whatever the exception's text
     if code == 2:
         remove_refused_run_dir()
-    print(f"{program}: error: {message}", file=sys.stderr)
+    console_line(program, f"error: {message}")
     if logging.getLogger().hasHandlers():  # the job's log (app.log) ends with it too; the console has it already
         logging.getLogger("numdev.cli.errors").error("%s: error: %s", program, message, extra={"console": False})
     sys.exit(code)

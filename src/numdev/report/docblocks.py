@@ -120,13 +120,12 @@ def write_results_block(results: Path, pattern: str, render, doc: Path, block: s
 def write_results_table(program: str, results: Path, pattern: str, render, doc: Path, block: str, repo: Path) -> int:
     """A script's --write-docs: write_results_block, then one line on stderr saying what was written (exit 0), or
     saying what was wrong (exit 2, the block untouched)."""
-    import sys
+    from numdev.cli.errors import console_line, one_line
 
     try:
         count = write_results_block(results, pattern, render, doc, block, repo)
     except ValueError as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
+        console_line(program, f"error: {one_line(error)}")
         return 2
-    print(f"{program}: {doc.relative_to(repo) if doc.is_relative_to(repo) else doc}: the table of {count} result(s) written",
-          file=sys.stderr)
+    console_line(program, f"{doc.relative_to(repo) if doc.is_relative_to(repo) else doc}: the table of {count} result(s) written")
     return 0
