@@ -38,7 +38,7 @@ def test_the_cpu_flash_kernel_is_recorded_by_its_rule(n_keys, block, blocks):
     assert build_backend("sdpa_flash").kv_tiling(64, n_keys, 16, device="cuda")["kv_blocks"] is None  # FA2 picks its own
 
 
-@pytest.mark.parametrize("backend", [Eager(), Baseline(), build_backend("sdpa_math"), OutputNoise(delta=0.1)])
+@pytest.mark.parametrize("backend", [Eager(), Baseline(), build_backend("sdpa_math"), OutputNoise(Eager(), delta=0.1)])
 def test_untiled_backends_say_one_block(backend):
     assert backend.kv_tiling(64, 24, 16) == {"kv_block": 24, "kv_blocks": 1, "rule": UNTILED}
 

@@ -974,6 +974,12 @@ CATALOGUE += [
     Case("train-score-scale-forward-only-inner", "numdev-train",
          [*TRAIN, "attention=score_scale", "~attention.inner.precision", "attention.inner._target_=numdev.attention.FlashAttn"],
          "attention backend 'score_scale' cannot run here: no FlashAttention kernel is installed"),
+    *(Case(f"train-{wrapper}-inner-null", "numdev-train", [*TRAIN, f"attention={wrapper}", "attention.inner=null"],
+           f"attention.inner is null: attention={wrapper} computes attention with an inner backend")
+      for wrapper in ("score_scale", "output_noise")),
+    *(Case(f"train-{wrapper}-inner-deleted", "numdev-train", [*TRAIN, f"attention={wrapper}", "~attention.inner"],
+           f"~attention.inner: attention (numdev.attention.{cls}) needs inner (it has no default)")
+      for wrapper, cls in (("score_scale", "ScoreScale"), ("output_noise", "OutputNoise"))),
     Case("train-perturbation-step-negative", "numdev-train", [*TRAIN, "init_perturbation={{kind:relative,eps:1e-4,step:-1}}"],
          "init_perturbation.step=-1 must be a non-negative integer"),
     Case("train-perturbation-step-at-the-end", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,step:4}}"],

@@ -178,7 +178,7 @@ def test_a_relative_perturbation_has_the_size_it_says_and_its_own_seed():
 def test_attention_output_noise_has_its_relative_size_and_is_reproducible():
     q = torch.randn(2, 2, 64, 16)
     clean = Eager()(q, q, q)
-    first, second = OutputNoise(delta=0.01, seed=3), OutputNoise(delta=0.01, seed=3)
+    first, second = OutputNoise(Eager(), delta=0.01, seed=3), OutputNoise(Eager(), delta=0.01, seed=3)
     noisy = first(q, q, q)
     relative = ((noisy - clean) / clean).flatten()
     assert float(relative.std()) == pytest.approx(0.01, rel=0.05)

@@ -28,7 +28,7 @@ def _relative(clean, noisy):
 @pytest.mark.parametrize("delta", [1e-3, 0.3, 1.0, 3.0, 10.0])
 @pytest.mark.parametrize("mode", ["unbiased", "biased"])
 def test_the_rms_relative_deviation_is_delta_in_both_modes(mode, delta):
-    clean, noisy = _call(OutputNoise(delta=delta, seed=5, mode=mode))
+    clean, noisy = _call(OutputNoise(Eager(), delta=delta, seed=5, mode=mode))
     relative = _relative(clean, noisy)
     ratio = float(relative.square().mean()) / delta**2  # E[z^2] = E[s^2] = 1
     if mode == "unbiased":  # mean of n squared N(0, 1): standard deviation sqrt(2 / n)
@@ -40,7 +40,7 @@ def test_the_rms_relative_deviation_is_delta_in_both_modes(mode, delta):
 @pytest.mark.parametrize("delta", [0.3, 1.0, 3.0])
 def test_biased_moves_every_element_up_by_delta_of_its_magnitude(delta):
     """out + delta |out|: every deviation upward (a signed bias), |deviation| = delta |out| (so the same RMS as unbiased)."""
-    clean, noisy = _call(OutputNoise(delta=delta, seed=5, mode="biased"))
+    clean, noisy = _call(OutputNoise(Eager(), delta=delta, seed=5, mode="biased"))
     c, n = clean.double(), noisy.double()
     bound = 2.0**-23 * (1 + delta) * c.abs()  # fp32(delta |out|) and the sum: one rounding each
     assert bool(((n - c) - delta * c.abs()).abs().le(bound + 1e-30).all())
@@ -54,7 +54,7 @@ def test_biased_moves_every_element_up_by_delta_of_its_magnitude(delta):
 
 @pytest.mark.parametrize("delta", [0.3, 1.0, 3.0])
 def test_unbiased_has_no_mean_deviation(delta):
-    clean, noisy = _call(OutputNoise(delta=delta, seed=5))
+    clean, noisy = _call(OutputNoise(Eager(), delta=delta, seed=5))
     relative = _relative(clean, noisy)
     assert abs(float(relative.mean())) < 5 * delta / math.sqrt(N)  # mean of n N(0, delta^2)
     shift = (noisy.double() - clean.double()) * clean.double().sign()
@@ -64,7 +64,7 @@ def test_unbiased_has_no_mean_deviation(delta):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_default_is_the_old_formula_bit_for_bit(dtype):
     """unbiased (the default): out * (1 + delta z) formed in fp32, z from torch.Generator(seed), the stream advancing."""
-    backend = OutputNoise(delta=0.01, seed=3)
+    backend = OutputNoise(Eager(), delta=0.01, seed=3)
     generator = torch.Generator().manual_seed(3)
     for call in range(2):
         clean, noisy = _call(backend, dtype, seed=call)
@@ -74,7 +74,7 @@ def test_the_default_is_the_old_formula_bit_for_bit(dtype):
 
 
 def test_biased_draws_nothing_and_says_so():
-    backend = OutputNoise(delta=1.0, seed=3, mode="biased")
+    backend = OutputNoise(Eager(), delta=1.0, seed=3, mode="biased")
     before = backend.generator.get_state()
     _call(backend)
     assert torch.equal(backend.generator.get_state(), before)
@@ -89,7 +89,7 @@ def test_biased_draws_nothing_and_says_so():
 ])
 def test_bad_settings_name_the_key(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
-        OutputNoise(**options)
+        OutputNoise(Eager(), **options)
 
 
 def test_the_config_has_the_mode_and_takes_it_from_the_command_line():

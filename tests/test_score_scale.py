@@ -55,7 +55,6 @@ def test_it_describes_and_tiles_as_its_inner():
     backend = ScoreScale(SdpaFlash(), 4)
     assert backend.describe() == {"backend": "score_scale", "factor": 4.0, "inner": SdpaFlash().describe()}
     assert backend.kv_tiling(1024, 1024, 32) == SdpaFlash().kv_tiling(1024, 1024, 32)
-    assert ScoreScale().describe()["inner"] == Eager().describe()
 
 
 @pytest.mark.parametrize("wrapper", [lambda inner: ScoreScale(inner, 4.0), lambda inner: OutputNoise(inner, 0.1)])
@@ -69,12 +68,17 @@ def test_a_wrapper_of_a_forward_only_kernel_is_forward_only_and_names_the_inner_
 @pytest.mark.parametrize("factor", [0, -1, 64.5, float("nan"), float("inf"), True, "4"])
 def test_bad_factors_name_the_key(factor):
     with pytest.raises(ValueError, match=r"attention\.factor=.* must be a number in \(0, 64\]"):
-        ScoreScale(factor=factor)
+        ScoreScale(Eager(), factor=factor)
 
 
-def test_an_inner_that_is_not_a_backend_is_refused():
+@pytest.mark.parametrize("wrapper", [ScoreScale, OutputNoise])
+def test_an_inner_that_is_not_a_backend_is_refused(wrapper):
     with pytest.raises(ValueError, match="attention.inner must be an attention backend"):
-        ScoreScale(inner={"backend": "eager"})
+        wrapper(inner={"backend": "eager"})
+    with pytest.raises(ValueError, match=f"attention.inner is null: attention={wrapper.name} computes attention with an inner"):
+        wrapper(inner=None)
+    with pytest.raises(TypeError):  # no default inner in code: the config names it
+        wrapper()
 
 
 def test_the_config_composes_with_the_flash_kernel_inside():

@@ -102,7 +102,7 @@ def test_rel_rms_reads_output_noises_delta(mode):
     """Output noise of known size delta, shadowed by its own inner backend: out_rel_rms is delta (exactly,
     up to fp32 rounding, when biased; within sampling error of the n elements' z^2 when unbiased), and the
     biased bias is delta times the shadow's mean magnitude (biased noise is out + delta |out|)."""
-    layer = Attention(32, 4, OutputNoise(delta=0.3, seed=1, mode=mode))
+    layer = Attention(32, 4, OutputNoise(Eager(), delta=0.3, seed=1, mode=mode))
     layer.layer_name = "layer"
     shadow = AttentionShadow(Eager(), backward=False).attach(layer)
     shadow.recording = True

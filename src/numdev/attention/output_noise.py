@@ -2,7 +2,7 @@
 
 mode unbiased (default): out <- out * (1 + delta * z), z ~ N(0, 1) per element and call, drawn from
 the backend's own generator (seed: the run's seed.perturbation), after an inner backend (eager
-attention under the run's autocast by default) computed out. A deviation of known relative size in
+attention under the run's autocast in conf/attention/output_noise.yaml; no default in code) computed out. A deviation of known relative size in
 every call, forward and (through the product) backward, as Flash's own per-call deviation is: the
 study reads Flash's weight distance against these rungs (docs/study.md#ladder).
 
@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from numdev.attention.eager import Eager
-from numdev.attention.registry import AttentionBackend, register
+from numdev.attention.registry import AttentionBackend, inner_backend, register
 
 MODES = ("unbiased", "biased")
 MAX_DELTA = 10.0
@@ -31,7 +30,7 @@ MAX_DELTA = 10.0
 
 @register("output_noise")
 class OutputNoise(AttentionBackend):
-    def __init__(self, inner: AttentionBackend | None = None, delta: float = 1e-3, seed: int = 0, mode: str = "unbiased"):
+    def __init__(self, inner: AttentionBackend, delta: float = 1e-3, seed: int = 0, mode: str = "unbiased"):
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 < delta <= MAX_DELTA):
             raise ValueError(f"attention.delta={delta!r} must be a number in (0, {MAX_DELTA:g}]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -39,7 +38,7 @@ class OutputNoise(AttentionBackend):
         if mode not in MODES:
             raise ValueError(f"attention.mode={mode!r}: use unbiased (out x (1 + delta z), z ~ N(0, 1)) "
                              "or biased (out + delta |out|, every element)")
-        self.inner = inner if inner is not None else Eager()
+        self.inner = inner_backend(inner, self.name)
         self.delta, self.seed, self.mode = float(delta), seed, mode
         self.generator = torch.Generator().manual_seed(seed)
 

@@ -79,6 +79,20 @@ def blocks_of(n_keys: int, block: int, rule: str) -> dict:
 UNTILED = "untiled: the whole score row at once, one block"
 
 
+def inner_backend(inner, wrapper: str) -> "AttentionBackend":
+    """The inner backend a wrapper (output_noise, score_scale) computes attention with, checked. There is no
+    default: a null or deleted attention.inner would otherwise run some backend the config does not name
+    (an eager inner without the run's precision has no autocast of its own)."""
+    if isinstance(inner, AttentionBackend):
+        return inner
+    if inner is None:
+        raise ValueError(f"attention.inner is null: attention={wrapper} computes attention with an inner backend, "
+                         f"so keep the one its config gives (attention={wrapper} without attention.inner=null) or "
+                         "change its keys (attention.inner._target_=numdev.attention.SdpaFlash '~attention.inner.precision')")
+    raise ValueError(f"attention.inner must be an attention backend (a _target_ from numdev.attention), got "
+                     f"{type(inner).__name__}")
+
+
 def register(name: str):
     def add(cls):
         cls.name = name

@@ -1,7 +1,7 @@
 """Attention logits multiplied by a known factor: a positive control for the edge of stability.
 
-softmax(factor * q k^T * scale) v, by an inner backend (eager attention under the run's autocast by
-default) that is handed the scale times the factor: the inner's own arithmetic, tiling and stage
+softmax(factor * q k^T * scale) v, by an inner backend (conf/attention/score_scale.yaml: eager attention
+under the run's autocast; there is no default in code) that is handed the scale times the factor: the inner's own arithmetic, tiling and stage
 formats are unchanged, only its logits are `factor` times larger (or smaller), in the forward and,
 through the same product, in the backward.
 
@@ -21,23 +21,19 @@ from __future__ import annotations
 
 import math
 
-from numdev.attention.eager import Eager
-from numdev.attention.registry import AttentionBackend, register
+from numdev.attention.registry import AttentionBackend, inner_backend, register
 
 MAX_FACTOR = 64.0
 
 
 @register("score_scale")
 class ScoreScale(AttentionBackend):
-    def __init__(self, inner: AttentionBackend | None = None, factor: float = 4.0):
+    def __init__(self, inner: AttentionBackend, factor: float = 4.0):
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
                 or not (0 < factor <= MAX_FACTOR):
             raise ValueError(f"attention.factor={factor!r} must be a number in (0, {MAX_FACTOR:g}]: the multiplier of "
                              "every attention logit (1 is the inner backend itself)")
-        if inner is not None and not isinstance(inner, AttentionBackend):
-            raise ValueError(f"attention.inner must be an attention backend (a _target_ from numdev.attention), got "
-                             f"{type(inner).__name__}")
-        self.inner = inner if inner is not None else Eager()
+        self.inner = inner_backend(inner, self.name)
         self.factor = float(factor)
 
     def unsupported_reason(self, q):
