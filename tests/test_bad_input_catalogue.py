@@ -980,6 +980,20 @@ CATALOGUE += [
     *(Case(f"train-{wrapper}-inner-deleted", "numdev-train", [*TRAIN, f"attention={wrapper}", "~attention.inner"],
            f"~attention.inner: attention (numdev.attention.{cls}) needs inner (it has no default)")
       for wrapper, cls in (("score_scale", "ScoreScale"), ("output_noise", "OutputNoise"))),
+    # a key under a group with no option chosen; a deletion that another setting reads; two deletions in the wrong order;
+    # a null that Hydra cannot delete (its reader wants it null, or a _target_ that does not take it)
+    Case("train-key-of-an-unchosen-group", "numdev-train", [*TRAIN, "study.role=x"],
+         "study.role=x: no study is chosen (the group study has no default option), so there is no study.role to set"),
+    Case("train-delete-a-key-another-reads", "numdev-train", [*TRAIN, "sibling.reference=0", "~sibling.reference"],
+         "~sibling.reference: callbacks.sibling.reference reads it (${{sibling.reference}}), so deleting it would fail"),
+    Case("train-deletions-in-the-wrong-order", "numdev-train", ["experiment=lr_edge", "hydra.run.dir={tmp}/run", "~seed.init", "~seed.data"],
+         "~seed.init ~seed.data: seed.data reads seed.init, and Hydra reads a key as it deletes it: delete seed.data first"),
+    Case("train-delete-a-null-it-reads", "numdev-train", [*TRAIN, "~sibling.reference"],
+         "~sibling.reference: sibling.reference is null (not set) already, and Hydra deletes no null"),
+    Case("train-delete-a-null-its-target-refuses", "numdev-train",
+         [*TRAIN, "attention=eager", "attention._target_=numdev.attention.SdpaFlash", "~attention.precision", "~attention.scores"],
+         "~attention.scores: attention.scores is null (not set), and Hydra deletes no null: to drop it, give it a value first "
+         "in the same command (attention.scores=0 ~attention.scores)"),
     Case("train-perturbation-step-negative", "numdev-train", [*TRAIN, "init_perturbation={{kind:relative,eps:1e-4,step:-1}}"],
          "init_perturbation.step=-1 must be a non-negative integer"),
     Case("train-perturbation-step-at-the-end", "numdev-train", [*TRAIN, "init_perturbation={{kind:ulp,step:4}}"],

@@ -87,6 +87,9 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
         return None  # a syntax error: Hydra's own message
     try:
         with initialize_config_module(config_module=config_module(app), version_base="1.3"):
+            order = _deletion_order_problem(app, parsed, compose)
+            if order:
+                return order
             jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
             if jobs is None:
                 return None
@@ -184,8 +187,12 @@ def misspelled_key(app: str, overrides: list[str], compose, error: Exception, ty
         return None
     if leaf in node:  # the key exists: Hydra refused the value (its own message), or a null it cannot delete
         if deleting and depth == len(parts) - 1 and node[leaf] is None:
-            return (f"{shown}: {key} is null (not set), and Hydra deletes no null: to drop it, give it a value first in the "
-                    f"same command ({key}=0 ~{key})")
+            target = node.get("_target_") if parent else None
+            if target is not None and constructor_parameter(target, leaf) is None:  # a key its _target_ does not take
+                return (f"{shown}: {key} is null (not set), and Hydra deletes no null: to drop it, give it a value first in "
+                        f"the same command ({key}=0 ~{key})")
+            return (f"{shown}: {key} is null (not set) already, and Hydra deletes no null; numdev-{app} reads it as null "
+                    f"(unset), so leave it, or set a value ({key}=...)")
         return None
     owner = parent or f"numdev-{app}"
     keys = sorted(str(k) for k in node.keys())
@@ -199,6 +206,12 @@ def misspelled_key(app: str, overrides: list[str], compose, error: Exception, ty
         hint = f"did you mean {' or '.join(f'~{spelled(k)}' for k in near)}?" if near else settings
         return f"{shown}: {owner} has no setting {leaf}, so there is nothing to delete: {hint} (numdev-{app} --cfg job shows every key)"
     if not parent:
+        from numdev.config.groups import app_defaults, options
+
+        if app_defaults(app).get(leaf, "") is None and not shown.startswith("+"):  # study.role=x with no study chosen
+            return (f"{shown}: no {leaf} is chosen (the group {leaf} has no default option), so there is no {key} to set: "
+                    f"choose one first ({leaf}=<option>, one of {', '.join(options(leaf, app)[:8])}"
+                    f"{' ...' if len(options(leaf, app)) > 8 else ''}; numdev-{app} --help lists them)")
         return None  # a top-level key: the app's own message names its groups
     hint = f"did you mean {' or '.join(f'{spelled(k)}={value}' for k in near)}?" if near else settings
     return (f"{shown or key}: {parent} has no setting {leaf}: {hint} (numdev-{app} --cfg job shows every key; "
@@ -410,6 +423,25 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
     return None
 
 
+def _deletion_order_problem(app: str, parsed, compose) -> str | None:
+    """`~seed.init ~seed.data` where seed.data is ${seed.init}: Hydra reads a key's value as it deletes it, so the
+    second deletion fails on the first ("Interpolation key not found", several lines); the other order works."""
+    deleted = [o for o in parsed if o.is_delete() and o.package is None and not o.key_or_group.startswith("hydra")]
+    if len(deleted) < 2:
+        return None
+    try:
+        base = compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
+    except Exception:  # noqa: BLE001 - Hydra says why when it runs
+        return None
+    for i, o in enumerate(deleted):
+        for earlier in deleted[:i]:
+            if any(path == o.key_or_group or path.startswith(o.key_or_group + ".")
+                   for path, _ in _interpolations_of(base, earlier.key_or_group, set())):
+                return (f"{earlier.input_line} {o.input_line}: {o.key_or_group} reads {earlier.key_or_group}, and Hydra reads a "
+                        f"key as it deletes it: delete {o.key_or_group} first ({o.input_line} {earlier.input_line})")
+    return None
+
+
 def _deleted_key_problem(app: str, parsed, compose) -> str | None:
     """`~model.depth`: a key deleted from a node whose constructor needs it (no default), which would
     fail after the run's directory exists. A key the constructor does not take (`~model.width` for a
@@ -422,6 +454,13 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
         base = compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
     except Exception:  # noqa: BLE001 - Hydra says why when it runs
         return None
+    gone = {o.key_or_group for o in deleted}
+    for o in deleted:
+        readers = _interpolations_of(base, o.key_or_group, gone)
+        if readers:
+            path, value = readers[0]
+            return (f"{o.input_line}: {path} reads it ({value}), so deleting it would fail when the config is read: set a "
+                    f"value ({o.key_or_group}=...) instead, or set {path} too")
     for o in deleted:
         parent, name = o.key_or_group.rsplit(".", 1)
         node = OmegaConf.select(base, parent, default=None)
@@ -432,6 +471,31 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
             return (f"{o.input_line}: {parent} ({target}) needs {name} (it has no default), so the run would fail after "
                     f"its directory exists: set it ({o.key_or_group}=...) instead of deleting it")
     return None
+
+
+def _interpolations_of(cfg: DictConfig, key: str, gone: set[str]) -> list[tuple[str, str]]:
+    """The settings (path, its text) that interpolate `key` (${key} or ${key.<sub>}), leaving out settings that are
+    themselves deleted (`gone`) or under one; empty when nothing reads it (or the config cannot be walked)."""
+    import re
+
+    pattern = re.compile(r"\$\{" + re.escape(key) + r"[}.]")
+    found = []
+    def walk(node, prefix):
+        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node._iter_ex(resolve=False))
+        for k, v in items:
+            path = f"{prefix}.{k}" if prefix else str(k)
+            if any(path == g or path.startswith(g + ".") for g in gone):
+                continue
+            if OmegaConf.is_config(v):
+                walk(v, path)
+            elif isinstance(v, str) and pattern.search(v):
+                found.append((path, v))
+
+    try:
+        walk(cfg, "")
+    except Exception:  # noqa: BLE001 - a config that cannot be walked: the run says what it can
+        return []
+    return found
 
 
 def constructor_parameter(target, name: str) -> inspect.Parameter | None:
