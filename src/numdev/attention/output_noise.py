@@ -30,6 +30,8 @@ MAX_DELTA = 10.0
 
 @register("output_noise")
 class OutputNoise(AttentionBackend):
+    wraps = True
+
     def __init__(self, inner: AttentionBackend, delta: float = 1e-3, seed: int = 0, mode: str = "unbiased"):
         if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 < delta <= MAX_DELTA):
             raise ValueError(f"attention.delta={delta!r} must be a number in (0, {MAX_DELTA:g}]")

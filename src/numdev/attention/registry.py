@@ -23,6 +23,7 @@ class BackendUnavailable(UserError, RuntimeError):
 
 class AttentionBackend:
     name: str = "?"
+    wraps: bool = False  # computes attention with an inner backend it is given (output_noise, score_scale)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None, causal: bool = False
@@ -122,8 +123,8 @@ def available_backends(device: torch.device | str = "cpu", dtype: torch.dtype = 
     probe = torch.zeros(1, 1, 2, 16, device=device, dtype=dtype)
     names = []
     for name in backend_names():
-        try:
-            backend = build_backend(name)
+        try:  # a wrapper with its config's inner, eager
+            backend = build_backend(name, inner=build_backend("eager")) if backend_class(name).wraps else build_backend(name)
         except Exception:  # a backend whose defaults cannot even be built is not available
             continue
         if backend.unsupported_reason(probe) is None:

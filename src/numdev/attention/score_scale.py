@@ -28,6 +28,8 @@ MAX_FACTOR = 64.0
 
 @register("score_scale")
 class ScoreScale(AttentionBackend):
+    wraps = True
+
     def __init__(self, inner: AttentionBackend, factor: float = 4.0):
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
                 or not (0 < factor <= MAX_FACTOR):
