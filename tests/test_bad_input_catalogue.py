@@ -984,6 +984,12 @@ CATALOGUE += [
     # a null that Hydra cannot delete (its reader wants it null, or a _target_ that does not take it)
     Case("train-key-of-an-unchosen-group", "numdev-train", [*TRAIN, "study.role=x"],
          "study.role=x: no study is chosen (the group study has no default option), so there is no study.role to set"),
+    Case("train-add-a-key-of-an-unchosen-group", "numdev-train", [*TRAIN, "+study.role=x"],
+         "+study.role=x: no study is chosen (the group study has no default option), so nothing would read study.role"),
+    Case("train-delete-a-key-the-run-reads", "numdev-train", [*TRAIN, "~trainer.max_steps"],
+         "~trainer.max_steps: numdev-train reads trainer.max_steps, which must be a positive integer"),
+    Case("train-add-a-key-with-no-near-name", "numdev-train", [*TRAIN, "+trainer.foo=1"],
+         "+trainer.foo=1: trainer (lightning.pytorch.Trainer) has no setting foo, so nothing would read it (numdev-train --cfg"),
     Case("train-delete-a-key-another-reads", "numdev-train", [*TRAIN, "sibling.reference=0", "~sibling.reference"],
          "~sibling.reference: callbacks.sibling.reference reads it (${{sibling.reference}}), so deleting it would fail"),
     Case("train-deletions-in-the-wrong-order", "numdev-train", ["experiment=lr_edge", "hydra.run.dir={tmp}/run", "~seed.init", "~seed.data"],

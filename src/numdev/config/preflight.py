@@ -112,6 +112,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
             except (ConfigAttributeError, ConfigKeyError) as error:  # a key the run reads is not there (~key deleted it?)
                 raise ValueError(missing_key(f"numdev-{app}", error, given)) from None
         except USER_ERRORS as error:
+            error = _deleted_and_read(app, one_line(error), parsed)
             if not multirun:
                 return one_line(error)
             swept = [o for o in overrides if o not in given]
@@ -418,9 +419,20 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         hint = f"did you mean {' or '.join(f'{parent}.{k}' for k in near)}? " if near else ""
         owner = f"{parent} ({target})" if target is not None else parent
         listed = f"its settings are {', '.join(known) or 'none'} " if len(known) <= 12 else ""
-        return (f"{o.input_line}: {owner} has no setting {name}, so nothing would read it: {hint}"
-                f"{listed}(numdev-{app} --cfg job shows every key)")
+        said = hint + listed
+        return (f"{o.input_line}: {owner} has no setting {name}, so nothing would read it{': ' + said if said else ' '}"
+                f"(numdev-{app} --cfg job shows every key)")
     return None
+
+
+def _deleted_and_read(app: str, message: str, parsed) -> str:
+    """A check's message about a key the command deleted (`~seed.init`: "seed.init=None must be ..."), said as the
+    deletion it is; any other message as it is."""
+    for o in parsed:
+        if o.is_delete() and message.startswith(f"{o.key_or_group}=None "):
+            return (f"{o.input_line}: numdev-{app} reads {o.key_or_group}, which {message.split(' ', 1)[1]}: set a value "
+                    f"({o.key_or_group}=...) instead of deleting it")
+    return message
 
 
 def _deletion_order_problem(app: str, parsed, compose) -> str | None:
