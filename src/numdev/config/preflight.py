@@ -493,19 +493,18 @@ def _interpolations_of(cfg: DictConfig, key: str, gone: set[str]) -> list[tuple[
     pattern = re.compile(r"\$\{" + re.escape(key) + r"[}.]")
     found = []
     def walk(node, prefix):
-        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node._iter_ex(resolve=False))
-        for k, v in items:
+        for k, v in (node.items() if isinstance(node, dict) else enumerate(node)):
             path = f"{prefix}.{k}" if prefix else str(k)
             if any(path == g or path.startswith(g + ".") for g in gone):
                 continue
-            if OmegaConf.is_config(v):
+            if isinstance(v, (dict, list)):
                 walk(v, path)
             elif isinstance(v, str) and pattern.search(v):
                 found.append((path, v))
 
     try:
-        walk(cfg, "")
-    except Exception:  # noqa: BLE001 - a config that cannot be walked: the run says what it can
+        walk(OmegaConf.to_container(cfg, resolve=False), "")
+    except Exception:  # noqa: BLE001 - a config that cannot be read: the run says what it can
         return []
     return found
 
