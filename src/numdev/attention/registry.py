@@ -80,7 +80,7 @@ def blocks_of(n_keys: int, block: int, rule: str) -> dict:
 UNTILED = "untiled: the whole score row at once, one block"
 
 
-def inner_backend(inner, wrapper: str) -> "AttentionBackend":
+def inner_backend(inner, wrapper: str) -> AttentionBackend:
     """The inner backend a wrapper (output_noise, score_scale) computes attention with, checked. There is no
     default: a null or deleted attention.inner would otherwise run some backend the config does not name
     (an eager inner without the run's precision has no autocast of its own)."""
