@@ -990,6 +990,12 @@ CATALOGUE += [
          "~trainer.max_steps: numdev-train reads trainer.max_steps, which must be a positive integer"),
     Case("train-add-a-key-with-no-near-name", "numdev-train", [*TRAIN, "+trainer.foo=1"],
          "+trainer.foo=1: trainer (lightning.pytorch.Trainer) has no setting foo, so nothing would read it (numdev-train --cfg"),
+    Case("train-add-a-key-that-is-there", "numdev-train", [*TRAIN, "+trainer.max_steps=3"],
+         "+trainer.max_steps=3: trainer.max_steps is already a setting (the config or an option chosen sets it), and + adds "
+         "a new one: write trainer.max_steps=3 to change it"),
+    Case("train-sweep-delete-in-one-job-only", "numdev-train",
+         ["-m", "experiment=train_smoke", "hydra.sweep.dir={tmp}/sweep", "attention=score_scale,eager", "~attention.inner"],
+         "sweep job 1 (attention=eager): ~attention.inner: attention has no setting inner, so there is nothing to delete"),
     Case("train-delete-a-key-another-reads", "numdev-train", [*TRAIN, "sibling.reference=0", "~sibling.reference"],
          "~sibling.reference: callbacks.sibling.reference reads it (${{sibling.reference}}), so deleting it would fail"),
     Case("train-deletions-in-the-wrong-order", "numdev-train", ["experiment=lr_edge", "hydra.run.dir={tmp}/run", "~seed.init", "~seed.data"],

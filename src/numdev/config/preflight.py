@@ -164,6 +164,13 @@ def misspelled_key(app: str, overrides: list[str], compose, error: Exception, ty
         key, has, given_value = mismatch.groups()
         return (f"~{key}={given_value}: {key} is {has}, not {given_value}, so it was not deleted: write ~{key} to delete it "
                 "whatever its value")
+    added = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if added:  # +key=value over a key that is there
+        key = added.group(1)
+        shown = next((o for o in [*(typed or []), *overrides] if o.startswith("+") and o.lstrip("+").split("=", 1)[0] == key),
+                     f"+{key}=...")
+        return (f"{shown}: {key} is already a setting (the config or an option chosen sets it), and + adds a new one: "
+                f"write {shown.lstrip('+')} to change it")
     found = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not delete from config\. '([^']+)'", text)
     if not found:
         return None
@@ -369,14 +376,21 @@ def _configs(app: str, jobs: list[list[str]], compose) -> list[DictConfig]:
                  and "/" not in o.key_or_group and not ("." not in o.key_or_group and group_dir(o.key_or_group, app).is_dir())
                  and not o.key_or_group.startswith("hydra")]
         structural = tuple(o.input_line for o in parsed if o not in plain)
-        if structural not in composed:
-            composed[structural] = compose(config_name=app, overrides=list(structural))
-        cfg = composed[structural].copy()
         try:
-            for o in plain:
-                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False, force_add=False)
-        except Exception:  # noqa: BLE001 - a key the copy cannot take as Hydra would: compose it
-            cfg = compose(config_name=app, overrides=overrides)
+            if structural not in composed:
+                composed[structural] = compose(config_name=app, overrides=list(structural))
+            cfg = composed[structural].copy()
+            try:
+                for o in plain:
+                    OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False, force_add=False)
+            except Exception:  # noqa: BLE001 - a key the copy cannot take as Hydra would: compose it
+                cfg = compose(config_name=app, overrides=overrides)
+        except Exception as error:  # noqa: BLE001 - a job Hydra cannot compose (~attention.inner where one job has none)
+            said = misspelled_key(app, overrides, compose, error)
+            if said is None:
+                raise
+            swept = " ".join(o for o in overrides if o not in jobs[0]) or "its overrides as given"
+            raise ConfigFileError(f"sweep job {len(configs)} ({swept}): {said}; no job was run") from None
         configs.append(cfg)
     return configs
 
