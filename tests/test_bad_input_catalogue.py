@@ -990,6 +990,11 @@ CATALOGUE += [
          "~trainer.max_steps: numdev-train reads trainer.max_steps, which must be a positive integer"),
     Case("train-add-a-key-with-no-near-name", "numdev-train", [*TRAIN, "+trainer.foo=1"],
          "+trainer.foo=1: trainer (lightning.pytorch.Trainer) has no setting foo, so nothing would read it (numdev-train --cfg"),
+    # ++ over a key an experiment writes outside its group (harm_smoke's study.kv_block, no study chosen) passes: the
+    # error is the next one, a bad trainer.max_steps
+    Case("train-force-add-over-an-experiment-key", "numdev-train",
+         ["-m", "experiment=harm_smoke", "hydra.sweep.dir={tmp}/sweep", "++study.kv_block=4", "trainer.max_steps=0"],
+         "trainer.max_steps=0 must be a positive integer"),
     Case("train-add-a-key-that-is-there", "numdev-train", [*TRAIN, "+trainer.max_steps=3"],
          "+trainer.max_steps=3: trainer.max_steps is already a setting (the config or an option chosen sets it), and + adds "
          "a new one: write trainer.max_steps=3 to change it"),

@@ -244,9 +244,6 @@ def override_mistake(app: str, args: list[str]) -> str | None:
         if isinstance(option, str) and option in options(group, app):
             chosen.update({g: v for g, v in option_choices(group, option, app).items() if g in mine and g not in explicit})
     own_folder = any(a.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for a in args)
-    unchosen = _key_of_an_unchosen_group(app, overrides, chosen)
-    if unchosen and not own_folder:
-        return unchosen
 
     for o in overrides:
         name = o.key_or_group
@@ -286,18 +283,13 @@ def override_mistake(app: str, args: list[str]) -> str | None:
     return unknown_group(app, overrides)
 
 
-def _key_of_an_unchosen_group(app: str, overrides, chosen: dict) -> str | None:
-    """`+study.role=x` with no study chosen: the key is added, nothing reads it, and the run goes on as if it were not
-    there (without +, Hydra refuses it and numdev.config.preflight.misspelled_key says the same)."""
-    for o in overrides:
-        group = o.key_or_group.split(".")[0]
-        if (o.is_add() or o.is_force_add()) and "." in o.key_or_group and o.package is None \
-                and group in chosen and chosen[group] is None and group_dir(group, app).is_dir():
-            known = options(group, app)
-            return (f"{o.input_line}: no {group} is chosen (the group {group} has no default option), so nothing would read "
-                    f"{o.key_or_group.lstrip('+')}: choose one first ({group}=<option>, one of {', '.join(known[:8])}"
-                    f"{' ...' if len(known) > 8 else ''}; numdev-{app} --help lists them)")
-    return None
+def unchosen_group(app: str, line: str, group: str, key: str, verb: str = "set") -> str:
+    """The message for `study.role=x` (verb "set") or `+study.role=x` ("read") where the group study has no option in
+    force, so its keys are not in the config: Hydra refuses the first in several lines and takes the second unread."""
+    known = options(group, app)
+    there = f"there is no {key} to set" if verb == "set" else f"nothing would read {key}"
+    return (f"{line}: no {group} is chosen (the group {group} has no default option), so {there}: choose one first "
+            f"({group}=<option>, one of {', '.join(known[:8])}{' ...' if len(known) > 8 else ''}; numdev-{app} --help lists them)")
 
 
 def searchpath_missing(args: list[str]) -> str | None:

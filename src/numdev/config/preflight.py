@@ -214,12 +214,10 @@ def misspelled_key(app: str, overrides: list[str], compose, error: Exception, ty
         hint = f"did you mean {' or '.join(f'~{spelled(k)}' for k in near)}?" if near else settings
         return f"{shown}: {owner} has no setting {leaf}, so there is nothing to delete: {hint} (numdev-{app} --cfg job shows every key)"
     if not parent:
-        from numdev.config.groups import app_defaults, options
+        from numdev.config.groups import app_defaults, unchosen_group
 
-        if app_defaults(app).get(leaf, "") is None and not shown.startswith("+"):  # study.role=x with no study chosen
-            return (f"{shown}: no {leaf} is chosen (the group {leaf} has no default option), so there is no {key} to set: "
-                    f"choose one first ({leaf}=<option>, one of {', '.join(options(leaf, app)[:8])}"
-                    f"{' ...' if len(options(leaf, app)) > 8 else ''}; numdev-{app} --help lists them)")
+        if app_defaults(app).get(leaf, "") is None and not (shown or "").startswith("+"):  # study.role=x, no study chosen
+            return unchosen_group(app, shown or key, leaf, key)
         return None  # a top-level key: the app's own message names its groups
     hint = f"did you mean {' or '.join(f'{spelled(k)}={value}' for k in near)}?" if near else settings
     return (f"{shown or key}: {parent} has no setting {leaf}: {hint} (numdev-{app} --cfg job shows every key; "
@@ -401,7 +399,10 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
              and "/" not in o.key_or_group and not o.key_or_group.startswith("hydra")]
     if not added:
         return None
+    from numdev.config.groups import app_defaults, unchosen_group
+
     rest = [o.input_line for o in parsed if o not in added and not o.is_sweep_override()]
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
     try:
         base = compose(config_name=app, overrides=rest)
     except Exception:  # noqa: BLE001 - Hydra says why when it runs
@@ -412,6 +413,8 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         while depth < len(parts) - 1 and isinstance(node, DictConfig) and parts[depth] in node:
             node, above = node[parts[depth]], node
             depth += 1
+        if depth == 0 and app_defaults(app).get(parts[0], "") is None and parts[0] not in swept:  # +study.role=x, no study
+            return unchosen_group(app, o.input_line, parts[0], o.key_or_group, verb="read")
         if depth == 0 or not isinstance(node, DictConfig):
             continue  # an unknown top level: numdev.config.groups.unknown_top_level_key
         if depth >= 2 and _open_mapping(above.get("_target_"), parts[depth - 1]):
