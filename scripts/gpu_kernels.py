@@ -256,12 +256,12 @@ def paper_and_eager_baselines(device: str, precision: str, cq, ck, cv, causal: b
     started = time.perf_counter()
     if device == "cuda":
         try:
-            return run("cuda"), round(time.perf_counter() - started, 3), "cuda"
+            return run("cuda"), round(time.perf_counter() - started, 6), "cuda"
         except Exception as error:  # out of memory, an op the GPU refuses: the CPU computes them, and says so
             print(f"gpu_kernels: the Baselines on the CPU: on the GPU {one_line(error)}", file=sys.stderr, flush=True)
             started = time.perf_counter()
     with one_thread():
-        return run("cpu"), round(time.perf_counter() - started, 3), "cpu"
+        return run("cpu"), round(time.perf_counter() - started, 6), "cpu"
 
 
 @contextlib.contextmanager
@@ -321,7 +321,7 @@ def _compare(job: dict) -> list[dict]:
                 "vs_golden": deviation(emulated, golden),
             }
         # this kernel's emulators' CPU seconds on one thread; the cell's Baselines' seconds (once per cell) and device
-        record.update(compare_s=round(time.perf_counter() - started, 3), baselines_s=job["baselines_s"],
+        record.update(compare_s=round(time.perf_counter() - started, 6), baselines_s=job["baselines_s"],
                       baselines_device=job["baselines_device"])
         records.append(record)
     return records
