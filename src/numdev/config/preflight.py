@@ -452,15 +452,23 @@ def _deleted_and_read(app: str, message: str, parsed) -> str:
     return message
 
 
+def _without(app: str, parsed, deleted: list, compose) -> DictConfig | None:
+    """The config the command composes without its deletions (`deleted`) and sweeps; None when Hydra cannot compose it
+    (Hydra says why when it runs)."""
+    try:
+        return compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
+    except Exception:  # noqa: BLE001 - Hydra's own message
+        return None
+
+
 def _deletion_order_problem(app: str, parsed, compose) -> str | None:
     """`~seed.init ~seed.data` where seed.data is ${seed.init}: Hydra reads a key's value as it deletes it, so the
     second deletion fails on the first ("Interpolation key not found", several lines); the other order works."""
     deleted = [o for o in parsed if o.is_delete() and o.package is None and not o.key_or_group.startswith("hydra")]
     if len(deleted) < 2:
         return None
-    try:
-        base = compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
-    except Exception:  # noqa: BLE001 - Hydra says why when it runs
+    base = _without(app, parsed, deleted, compose)
+    if base is None:
         return None
     for i, o in enumerate(deleted):
         for earlier in deleted[:i]:
@@ -479,9 +487,8 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
                and not o.key_or_group.startswith("hydra")]
     if not deleted:
         return None
-    try:
-        base = compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
-    except Exception:  # noqa: BLE001 - Hydra says why when it runs
+    base = _without(app, parsed, deleted, compose)
+    if base is None:
         return None
     gone = {o.key_or_group for o in deleted}
     for o in deleted:
