@@ -1005,6 +1005,23 @@ CATALOGUE += [
          "~sibling.reference: callbacks.sibling.reference reads it (${{sibling.reference}}), so deleting it would fail"),
     Case("train-deletions-in-the-wrong-order", "numdev-train", ["experiment=lr_edge", "hydra.run.dir={tmp}/run", "~seed.init", "~seed.data"],
          "~seed.init ~seed.data: seed.data reads seed.init, and Hydra reads a key as it deletes it: delete seed.data first"),
+    # one key deleted and set in the same command: Hydra applies overrides in order
+    Case("train-delete-then-set", "numdev-train", ["experiment=lr_edge", "hydra.run.dir={tmp}/run", "~seed.init", "seed.init=3"],
+         "~seed.init seed.init=3: seed.init is deleted and then set, and Hydra cannot set a deleted key: drop ~seed.init"),
+    Case("train-delete-then-set-under", "numdev-train", [*TRAIN, "~optim.optimizer", "optim.optimizer.lr=0.1"],
+         "~optim.optimizer optim.optimizer.lr=0.1: optim.optimizer is deleted and then optim.optimizer.lr, under it, is set"),
+    Case("train-sweep-then-delete", "numdev-train",
+         ["-m", "experiment=lr_edge", "hydra.sweep.dir={tmp}/sweep", "seed.init=0,1", "~seed.init"],
+         "seed.init=0,1 ~seed.init: the sweep sets seed.init and ~seed.init then deletes it in every job"),
+    Case("train-delete-then-sweep", "numdev-train",
+         ["-m", "experiment=lr_edge", "hydra.sweep.dir={tmp}/sweep", "~seed.init", "seed.init=0,1"],
+         "~seed.init seed.init=0,1: seed.init is deleted and then set"),
+    # deleted and added back is a replacement: the error is the next one, a bad trainer.max_steps
+    Case("train-delete-then-add-back", "numdev-train", [*TRAIN, "~model.hidden", "+model.hidden=16", "trainer.max_steps=0"],
+         "trainer.max_steps=0 must be a positive integer"),
+    *(Case(f"train-null-a-key-of-another-option-{key}", "numdev-train", [*TRAIN, "attention=eager", f"attention.{key}=null"],
+           f"attention.{key}=null: attention=eager (the attention in use) has no {key}, so there is nothing to make null: drop it")
+      for key in ("inner", "factor")),
     Case("train-delete-a-null-it-reads", "numdev-train", [*TRAIN, "~sibling.reference"],
          "~sibling.reference: sibling.reference is null (not set) already, and Hydra deletes no null"),
     Case("train-delete-a-null-its-target-refuses", "numdev-train",

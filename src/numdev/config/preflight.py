@@ -87,7 +87,7 @@ def problem(app: str, args: list[str], check: Callable[[DictConfig], None], comp
         return None  # a syntax error: Hydra's own message
     try:
         with initialize_config_module(config_module=config_module(app), version_base="1.3"):
-            order = _deletion_order_problem(app, parsed, compose)
+            order = _set_and_deleted(parsed) or _deletion_order_problem(app, parsed, compose)
             if order:
                 return order
             jobs, multirun = _jobs(app, parsed, bool({"-m", "--multirun"} & set(args)), compose)
@@ -459,6 +459,30 @@ def _without(app: str, parsed, deleted: list, compose) -> DictConfig | None:
         return compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
     except Exception:  # noqa: BLE001 - Hydra's own message
         return None
+
+
+def _set_and_deleted(parsed) -> str | None:
+    """One key both deleted and set, in an order Hydra cannot make sense of (it applies overrides in order):
+    `~seed.init seed.init=3` (Hydra cannot set a deleted key: several lines) or `seed.init=0,1 ~seed.init` (every job's
+    value deleted again: the sweep's jobs would be one run). A key under a deleted one counts too. `key=0 ~key` (a
+    null given a value so that Hydra can delete it) and `~key +key=value` (added back) are what they say."""
+    def under(key: str, deleted: str) -> bool:
+        return key == deleted or key.startswith(deleted + ".")
+
+    settings = [o for o in parsed if o.package is None and not o.key_or_group.startswith("hydra")]
+    for i, d in enumerate(settings):
+        if not d.is_delete() or "." not in d.key_or_group:
+            continue
+        for o in settings[:i]:
+            if o.is_sweep_override() and under(o.key_or_group, d.key_or_group):
+                return (f"{o.input_line} {d.input_line}: the sweep sets {o.key_or_group} and {d.input_line} then deletes it in "
+                        f"every job (Hydra applies overrides in order), so its jobs would be one run: drop {d.input_line}")
+        for o in settings[i + 1:]:
+            if not (o.is_delete() or o.is_add() or o.is_force_add()) and under(o.key_or_group, d.key_or_group):
+                what = "then set" if o.key_or_group == d.key_or_group else f"then {o.key_or_group}, under it, is set"
+                return (f"{d.input_line} {o.input_line}: {d.key_or_group} is deleted and {what}, and Hydra cannot set a "
+                        f"deleted key: drop {d.input_line} ({o.input_line} changes the value)")
+    return None
 
 
 def _deletion_order_problem(app: str, parsed, compose) -> str | None:
