@@ -292,12 +292,18 @@ def result_fields(path: str | os.PathLike, what: str):
     """Reading the fields of a result with no FileSchema here (a script's own JSON under docs/results,
     rendered into a doc block): a field missing or of the wrong type - a forged, edited or older
     file - is one ValueError naming the file, not a KeyError's traceback. Render the whole block
-    inside it, before anything is written."""
+    inside it, before anything is written. The message names the line that read the field, so that a
+    reader's own bug (a file its script just wrote, refused) is not taken for the file's fault."""
+    import traceback
+
     try:
         yield
     except (KeyError, TypeError, IndexError, AttributeError) as error:
         field = f"no field {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
-        raise ValueError(f"{path}: not a {what} as its script writes it ({field}): rerun the command that wrote it") from None
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        raise ValueError(f"{path}: not a {what} as its script writes it ({field}, read at {os.path.basename(frame.filename)}:"
+                         f"{frame.lineno}): rerun the command that wrote it; if it has just written it, that line is at "
+                         "fault: report it") from None
 
 
 def read_figure_summary(path: str | os.PathLike) -> dict:
