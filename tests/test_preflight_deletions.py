@@ -6,7 +6,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from numdev.config.preflight import _interpolations_of, _set_and_deleted
+from numdev.config.preflight import _interpolations_of, _replaced, _set_and_deleted
 
 
 def _cfg():
@@ -41,6 +41,7 @@ def test_a_reader_of_a_key_under_a_deleted_node_counts_and_deleted_readers_do_no
     ("optim.optimizer.lr=1,2 ~optim.optimizer", "optim.optimizer.lr=1,2 ~optim.optimizer: the sweep sets optim.optimizer.lr "
      "and ~optim.optimizer then deletes it in every job"),
     ("model.width=2 ~seed.init=3 seed.init=4", "~seed.init=3 seed.init=4: seed.init is deleted and then set"),
+    ("~hydra.job.chdir hydra.job.chdir=false", "~hydra.job.chdir hydra.job.chdir=false: hydra.job.chdir is deleted and then set"),
 ])
 def test_a_key_deleted_and_set_in_an_order_hydra_cannot_take_is_named(line, says):
     message = _set_and_deleted(OverridesParser.create().parse_overrides(line.split()))
@@ -55,7 +56,15 @@ def test_a_key_deleted_and_set_in_an_order_hydra_cannot_take_is_named(line, says
     "seed.init=0,1 ~seed.initial",
     "~seed.init ~seed.data",         # two deletions: the deletion-order check's
     "hydra.job.name=a ~hydra.job.name",
+    "~seed.init ++seed.init=3 seed.data=2",
     "~seed seed.init=3",             # a top-level key may be a group: the checks that compose the config say it
 ])
 def test_other_orders_and_other_keys_pass(line):
     assert _set_and_deleted(OverridesParser.create().parse_overrides(line.split())) is None
+
+
+def test_a_deletion_added_back_later_is_a_replacement_and_no_other_is():
+    parse = OverridesParser.create().parse_overrides
+    assert [o.input_line for o in _replaced(parse("~seed.init ~seed.data +seed.init=3 ~model ++model.width=2".split()))] \
+        == ["~seed.init", "~model"]
+    assert _replaced(parse("+seed.init=3 ~seed.init ~seed.data seed.data=1 +seed.initial=4".split())) == []

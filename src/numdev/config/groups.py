@@ -272,7 +272,8 @@ def override_mistake(app: str, args: list[str]) -> str | None:
         if option not in options(group, app) or top in option_keys(group, option, app):
             continue  # an unknown option: Hydra's own error lists the options
         having = [opt for opt in options(group, app) if top in option_keys(group, opt, app)]
-        if having and o.value() is None and not o.is_sweep_override():  # `attention.inner=null`: nothing to make null
+        nulls = all(v is None for v in o.sweep_iterator()) if o.is_sweep_override() else o.value() is None
+        if having and nulls:  # `attention.inner=null`: nothing to make null
             return (f"{o.input_line}: {group}={option} (the {group} in use) has no {top}, so there is nothing to make null: "
                     f"drop it ({top} is a setting of {' or '.join(f'{group}={h}' for h in having)})")
         if having:

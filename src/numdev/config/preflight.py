@@ -401,7 +401,8 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         return None
     from numdev.config.groups import app_defaults, unchosen_group
 
-    rest = [o.input_line for o in parsed if o not in added and not o.is_sweep_override()]
+    replaced = _replaced(parsed)  # `~seed.init +seed.init=3`: judged where the key was
+    rest = [o.input_line for o in parsed if o not in added and not o.is_sweep_override() and o not in replaced]
     swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
     try:
         base = compose(config_name=app, overrides=rest)
@@ -452,11 +453,23 @@ def _deleted_and_read(app: str, message: str, parsed) -> str:
     return message
 
 
+def _replaced(parsed) -> list:
+    """The deletions the command adds back after them (`~seed.init +seed.init=3`, or ++): a replacement, not a key gone."""
+    return [d for i, d in enumerate(parsed) if d.is_delete() and any(
+        (a.is_add() or a.is_force_add()) and (a.key_or_group == d.key_or_group or a.key_or_group.startswith(d.key_or_group + "."))
+        for a in parsed[i + 1:])]
+
+
 def _without(app: str, parsed, deleted: list, compose) -> DictConfig | None:
     """The config the command composes without its deletions (`deleted`) and sweeps; None when Hydra cannot compose it
-    (Hydra says why when it runs)."""
+    (Hydra says why when it runs). A key added back after its deletion (`~seed.init +seed.init=3`) is left as it was."""
+    def readds(o) -> bool:
+        return (o.is_add() or o.is_force_add()) and any(
+            o.key_or_group == d.key_or_group or o.key_or_group.startswith(d.key_or_group + ".") for d in deleted)
+
     try:
-        return compose(config_name=app, overrides=[o.input_line for o in parsed if o not in deleted and not o.is_sweep_override()])
+        return compose(config_name=app, overrides=[o.input_line for o in parsed
+                                                   if o not in deleted and not o.is_sweep_override() and not readds(o)])
     except Exception:  # noqa: BLE001 - Hydra's own message
         return None
 
@@ -469,7 +482,7 @@ def _set_and_deleted(parsed) -> str | None:
     def under(key: str, deleted: str) -> bool:
         return key == deleted or key.startswith(deleted + ".")
 
-    settings = [o for o in parsed if o.package is None and not o.key_or_group.startswith("hydra")]
+    settings = [o for o in parsed if o.package is None]
     for i, d in enumerate(settings):
         if not d.is_delete() or "." not in d.key_or_group:
             continue
@@ -507,8 +520,9 @@ def _deleted_key_problem(app: str, parsed, compose) -> str | None:
     """`~model.depth`: a key deleted from a node whose constructor needs it (no default), which would
     fail after the run's directory exists. A key the constructor does not take (`~model.width` for a
     user's model without one) or takes with a default may go."""
+    replaced = _replaced(parsed)
     deleted = [o for o in parsed if o.is_delete() and o.package is None and "." in o.key_or_group
-               and not o.key_or_group.startswith("hydra")]
+               and not o.key_or_group.startswith("hydra") and o not in replaced]
     if not deleted:
         return None
     base = _without(app, parsed, deleted, compose)
