@@ -193,7 +193,7 @@ def test_a_forged_result_is_one_line_naming_it_and_nothing_is_written(tmp_path, 
         script.main()
     message = str(error.value)
     assert message.startswith(f"{result}: not a ") and "as its script writes it" in message and "\n" not in message, message
-    assert re.search(r", read at [\w.]+\.py:\d+\): rerun the command that wrote it", message), message
+    assert re.search(r", read at [\w./]+\.py:\d+\): rerun the command that wrote it", message), message
     assert result.read_text() == content + "\n"
     assert {p: p.read_bytes() for p in before} == before
 

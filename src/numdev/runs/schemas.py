@@ -301,9 +301,11 @@ def result_fields(path: str | os.PathLike, what: str):
     except (KeyError, TypeError, IndexError, AttributeError) as error:
         field = f"no field {error}" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
         frame = traceback.extract_tb(error.__traceback__)[-1]
-        raise ValueError(f"{path}: not a {what} as its script writes it ({field}, read at {os.path.basename(frame.filename)}:"
-                         f"{frame.lineno}): rerun the command that wrote it; if it has just written it, that line is at "
-                         "fault: report it") from None
+        site = Path(frame.filename).resolve()
+        checkout = Path(__file__).resolve().parents[3]  # src/numdev/runs/schemas.py
+        shown = site.relative_to(checkout) if site.is_relative_to(checkout) else site.name
+        raise ValueError(f"{path}: not a {what} as its script writes it ({field}, read at {shown}:{frame.lineno}): rerun "
+                         "the command that wrote it; if it has just written it, that line is at fault: report it") from None
 
 
 def read_figure_summary(path: str | os.PathLike) -> dict:
