@@ -453,19 +453,22 @@ def _deleted_and_read(app: str, message: str, parsed) -> str:
     return message
 
 
+def _under(key: str, node: str) -> bool:
+    """Whether `key` is the setting `node` or lies under it (seed.init under seed; seed.initial is not)."""
+    return key == node or key.startswith(node + ".")
+
+
 def _replaced(parsed) -> list:
     """The deletions the command adds back after them (`~seed.init +seed.init=3`, or ++): a replacement, not a key gone."""
     return [d for i, d in enumerate(parsed) if d.is_delete() and any(
-        (a.is_add() or a.is_force_add()) and (a.key_or_group == d.key_or_group or a.key_or_group.startswith(d.key_or_group + "."))
-        for a in parsed[i + 1:])]
+        (a.is_add() or a.is_force_add()) and _under(a.key_or_group, d.key_or_group) for a in parsed[i + 1:])]
 
 
 def _without(app: str, parsed, deleted: list, compose) -> DictConfig | None:
     """The config the command composes without its deletions (`deleted`) and sweeps; None when Hydra cannot compose it
     (Hydra says why when it runs). A key added back after its deletion (`~seed.init +seed.init=3`) is left as it was."""
     def readds(o) -> bool:
-        return (o.is_add() or o.is_force_add()) and any(
-            o.key_or_group == d.key_or_group or o.key_or_group.startswith(d.key_or_group + ".") for d in deleted)
+        return (o.is_add() or o.is_force_add()) and any(_under(o.key_or_group, d.key_or_group) for d in deleted)
 
     try:
         return compose(config_name=app, overrides=[o.input_line for o in parsed
@@ -479,19 +482,16 @@ def _set_and_deleted(parsed) -> str | None:
     `~seed.init seed.init=3` (Hydra cannot set a deleted key: several lines) or `seed.init=0,1 ~seed.init` (every job's
     value deleted again: the sweep's jobs would be one run). A key under a deleted one counts too. `key=0 ~key` (a
     null given a value so that Hydra can delete it) and `~key +key=value` (added back) are what they say."""
-    def under(key: str, deleted: str) -> bool:
-        return key == deleted or key.startswith(deleted + ".")
-
     settings = [o for o in parsed if o.package is None]
     for i, d in enumerate(settings):
         if not d.is_delete() or "." not in d.key_or_group:
             continue
         for o in settings[:i]:
-            if o.is_sweep_override() and under(o.key_or_group, d.key_or_group):
+            if o.is_sweep_override() and _under(o.key_or_group, d.key_or_group):
                 return (f"{o.input_line} {d.input_line}: the sweep sets {o.key_or_group} and {d.input_line} then deletes it in "
                         f"every job (Hydra applies overrides in order), so its jobs would be one run: drop {d.input_line}")
         for o in settings[i + 1:]:
-            if not (o.is_delete() or o.is_add() or o.is_force_add()) and under(o.key_or_group, d.key_or_group):
+            if not (o.is_delete() or o.is_add() or o.is_force_add()) and _under(o.key_or_group, d.key_or_group):
                 what = "then set" if o.key_or_group == d.key_or_group else f"then {o.key_or_group}, under it, is set"
                 return (f"{d.input_line} {o.input_line}: {d.key_or_group} is deleted and {what}, and Hydra cannot set a "
                         f"deleted key: drop {d.input_line} ({o.input_line} changes the value)")
@@ -509,7 +509,7 @@ def _deletion_order_problem(app: str, parsed, compose) -> str | None:
         return None
     for i, o in enumerate(deleted):
         for earlier in deleted[:i]:
-            if any(path == o.key_or_group or path.startswith(o.key_or_group + ".")
+            if any(_under(path, o.key_or_group)
                    for path, _ in _interpolations_of(base, earlier.key_or_group, set())):
                 return (f"{earlier.input_line} {o.input_line}: {o.key_or_group} reads {earlier.key_or_group}, and Hydra reads a "
                         f"key as it deletes it: delete {o.key_or_group} first ({o.input_line} {earlier.input_line})")
@@ -557,7 +557,7 @@ def _interpolations_of(cfg: DictConfig, key: str, gone: set[str]) -> list[tuple[
     def walk(node, prefix):
         for k, v in (node.items() if isinstance(node, dict) else enumerate(node)):
             path = f"{prefix}.{k}" if prefix else str(k)
-            if any(path == g or path.startswith(g + ".") for g in gone):
+            if any(_under(path, g) for g in gone):
                 continue
             if isinstance(v, (dict, list)):
                 walk(v, path)
