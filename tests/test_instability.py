@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from numdev.models.attention import Attention
 from numdev.runs.layout import RunDir
-from numdev.train.callbacks.instability import LossSpikeDetector
+from numdev.train.callbacks.instability import LossSpikeDetector, _all_finite
 from numdev.train.checkpoint_io import load_checkpoint
 from numdev.train.module import DiffusionModule
 from numdev.train.run import train
@@ -103,6 +103,23 @@ def test_a_nan_in_one_attention_layer_is_named_and_handled_by_the_policy(policy,
         assert json.loads((tmp_path / "run.json").read_text())["status"] == status
     if policy == "fail":  # the first non-finite tensor and its step, for the console line
         assert run["error"].startswith(f"nonfinite_attention at step 2 in {LAYER} (callbacks.instability.policy=fail)")
+
+
+def test_finite_values_whose_l2_norm_overflows_are_finite_and_one_nan_or_inf_is_not():
+    huge = torch.full((1000,), 1e20)  # every element finite; its L2 norm is not (the squares overflow float32)
+    assert not torch.isfinite(torch.linalg.vector_norm(huge))  # what the check once read
+    assert bool(_all_finite([huge, torch.ones(3), torch.ones(2, dtype=torch.bfloat16)]))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert not bool(_all_finite([torch.ones(4), torch.tensor([1.0, bad]), huge]))
+
+
+def test_huge_finite_gradients_do_not_stop_a_run_as_nonfinite(tmp_path, monkeypatch):
+    """A loss times 1e30 at step 2: every gradient finite, their L2 norms not. The monitor once stopped such a run
+    (policy stop) for a "nonfinite_gradient" in no parameter."""
+    _inject(monkeypatch, step=2, loss_factor=1e30)
+    run = train(compose_train("callbacks.instability.policy=stop", "snapshot.every_n_steps=10", run_dir=tmp_path))
+    assert run["status"] == "finished" and run["final_step"] == 4, run.get("stop_reason")
+    assert [e for e in _events(tmp_path) if e["kind"].startswith("nonfinite")] == []
 
 
 def test_a_loss_spike_is_logged_to_json_and_tensorboard(tmp_path, monkeypatch):

@@ -97,6 +97,14 @@ class LossSpikeDetector:
         self.ema, self.count = float(state["ema"]), int(state["count"])
 
 
+def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Whether every element of every tensor is finite, as one boolean on their device: one fused max-abs per tensor
+    (torch._foreach_norm, ord inf), which is NaN or inf exactly when an element is. An L2 norm is not: it overflows
+    float32 on finite values near 1e19, and its sum over tensors sooner, which once stopped a learning-rate sweep's
+    run for a "nonfinite_gradient" in no parameter."""
+    return torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(tensors, ord=math.inf)])).all()
+
+
 class InstabilityMonitor(pl.Callback):
     def __init__(
         self,
@@ -170,9 +178,8 @@ class InstabilityMonitor(pl.Callback):
             flags.append(torch.stack(losses).mean().reshape(1))
         grads_bad_at = None
         if self.check_gradients and params:
-            norms = torch._foreach_norm([p.grad.detach() for _, p in params])
             grads_bad_at = len(flags)
-            flags.append((~torch.isfinite(torch.stack([n.float() for n in norms]).sum())).float().reshape(1))
+            flags.append((~_all_finite([p.grad.detach() for _, p in params])).float().reshape(1))
         attn_at = len(flags)
         if self.check_attention and attention:
             flags.append((~torch.stack([ok for _, ok in attention])).float())
@@ -250,8 +257,7 @@ class InstabilityMonitor(pl.Callback):
         params = list(getattr(pl_module, "model", pl_module).named_parameters())
         if not params:
             return
-        norms = torch._foreach_norm([p.detach() for _, p in params])
-        if bool(torch.isfinite(torch.stack([n.float() for n in norms]).sum())):  # one host sync
+        if bool(_all_finite([p.detach() for _, p in params])):  # one host sync
             return
         bad = [name for name, p in params if not torch.isfinite(p.detach()).all()]
         step = trainer.global_step
