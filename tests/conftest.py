@@ -56,6 +56,7 @@ TIERS = {
         "test_hf_model.py::test_a_hugging_face_model_goes_through_the_harm_study_unchanged",
         "test_bench_app.py",
         "test_cli.py",
+        "test_sweep_lifecycle.py::test_a_stopped_run_is_one_result_of_its_sweep_the_others_run_and_the_command_exits_1",
         "test_help.py::test_hydra_apps_answer_help_and_config_mistakes_without_torch",
         "test_flash_speed.py::test_compiled_path_matches_frozen_reference",  # inductor checks its C++ compiler in a subprocess when its cache is cold
         "test_attention.py::test_cpu_sdpa_lane_width_follows_the_build_avx2_subprocess",

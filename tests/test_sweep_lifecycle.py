@@ -181,3 +181,19 @@ def test_a_run_waiting_for_its_reference_honours_sigterm(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "failed" and run["error"] == "interrupted by SIGTERM at step 0"
+
+
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=parallel", "hydra.launcher.n_jobs=2"]], ids=["basic", "parallel"])
+def test_a_stopped_run_is_one_result_of_its_sweep_the_others_run_and_the_command_exits_1(launcher, tmp_path):
+    """A learning-rate sweep's diverged run (callbacks.instability.policy=stop) once ended the whole sweep: Hydra's
+    basic launcher stops at the first job that exits non-zero, so every job after it was lost."""
+    sweep = tmp_path / "sweep"
+    result = run_numdev("numdev-train", "-m", "experiment=train_smoke", *launcher, "callbacks.instability.policy=stop",
+                        "optim.optimizer.lr=1e30,1e-3", "trainer.max_steps=4", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    records = {job: json.loads((sweep / job / "run.json").read_text()) for job in ("0", "1")}
+    assert records["0"]["status"] == "stopped" and records["0"]["stop_reason"].startswith("nonfinite_")
+    assert records["1"]["status"] == "finished" and records["1"]["final_step"] == 4
+    assert result.returncode == 1, result.stderr
+    assert error_lines(result.stderr) == [f"numdev-train: error: 1 run(s) of the sweep stopped (callbacks.instability.policy=stop), "
+                                          f"every other job ran: {sweep / '0'} (their run.json say why)"], result.stderr
+    assert f"{sweep / '0'}/run.json says stopped; the sweep goes on" in result.stdout + result.stderr

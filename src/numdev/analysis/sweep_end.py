@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -17,7 +18,8 @@ from numdev.cli import next_steps
 from numdev.cli.commands import tensorboard
 from numdev.cli.errors import fail
 from numdev.runs.atomic import WriteError
-from numdev.runs.layout import SUMMARY
+from numdev.runs.layout import RUN_RECORD, SUMMARY
+from numdev.runs.schemas import RUN, read_json_file
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,35 @@ log = logging.getLogger(__name__)
 class SweepEnd(Callback):
     def __init__(self, study: bool = False, against_truth: bool = True):
         self.study, self.against_truth = study, against_truth
+        self.started = None
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self.started = time.time()
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
         if self.study:
             analyse_study(sweep, self.against_truth)
         log.info("\n".join(next_steps.train_sweep(sweep)))
+        stopped = stopped_runs(sweep, self.started)
+        if stopped:  # each job said so as it ended (numdev.train.app); the sweep ran every other job
+            fail("numdev-train", f"{len(stopped)} run(s) of the sweep stopped (callbacks.instability.policy=stop), every other "
+                 f"job ran: {', '.join(str(r) for r in stopped)} (their run.json say why)", 1)
+
+
+def stopped_runs(sweep: Path, since: float | None) -> list[Path]:
+    """The sweep's runs whose run.json says stopped, written since the sweep started (None: any): an earlier sweep's
+    runs in the same directory do not count. A run.json that cannot be read is left to the tools that read it."""
+    found = []
+    for record in sorted({*sweep.glob(f"*/{RUN_RECORD}"), *sweep.glob(f"*/*/{RUN_RECORD}")}):
+        try:
+            if since is not None and record.stat().st_mtime < since:
+                continue
+            if read_json_file(record, RUN).get("status") == "stopped":
+                found.append(record.parent)
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def analyse_study(study_dir: Path, against_truth: bool = True) -> None:

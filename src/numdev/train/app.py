@@ -51,7 +51,13 @@ def run(cfg: DictConfig) -> None:
             "(callbacks.instability.policy=record only records non-finite values)"
         )
     if run["status"] == "stopped":
-        raise RunFailed(f"run stopped at step {run['final_step']}: {run.get('stop_reason')}; {cfg.run_dir}/run.json says stopped")
+        said = f"run stopped at step {run['final_step']}: {run.get('stop_reason')}; {cfg.run_dir}/run.json says stopped"
+        if not _in_a_sweep():
+            raise RunFailed(said)
+        # a learning-rate sweep's diverged run is one of its results: the sweep goes on, and the command exits 1 when
+        # it ends, naming every stopped run (numdev.analysis.sweep_end.SweepEnd)
+        log.warning("%s; the sweep goes on", said)
+        return
     summary = f"{run['status']} at step {run['final_step']} -> {cfg.run_dir}"
     if run.get("eval", {}).get("scored"):
         e = run["eval"]
@@ -61,6 +67,14 @@ def run(cfg: DictConfig) -> None:
     if run.get("already_finished"):
         summary = f"already finished at step {run['final_step']}: nothing to do -> {cfg.run_dir}"
     log.info(summary)
+
+
+def _in_a_sweep() -> bool:
+    """Whether this run is a job of a sweep (-m), whose other jobs should still run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def main() -> None:
