@@ -97,12 +97,17 @@ class LossSpikeDetector:
         self.ema, self.count = float(state["ema"]), int(state["count"])
 
 
-def _all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Whether every element of every tensor is finite, as one boolean on their device: one fused max-abs per tensor
-    (torch._foreach_norm, ord inf), which is NaN or inf exactly when an element is. An L2 norm is not: it overflows
-    float32 on finite values near 1e19, and its sum over tensors sooner, which once stopped a learning-rate sweep's
-    run for a "nonfinite_gradient" in no parameter."""
-    return torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(tensors, ord=math.inf)])).all()
+def _norms_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Whether every tensor's L2 norm is finite, as one boolean on their device (one fused torch._foreach_norm). A norm
+    is NaN or inf whenever an element is, on every device (its sum propagates both), but also when finite values near
+    1e19 overflow float32's squares. So False means "perhaps": the elements say (_nonfinite). A max-abs norm would
+    not overflow, but a max need not propagate NaN (CUDA's fmaxf drops it)."""
+    return torch.isfinite(torch.stack([n.float() for n in torch._foreach_norm(tensors)])).all()
+
+
+def _nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the tensors that hold a NaN or an inf, element by element (after _norms_finite said perhaps)."""
+    return [name for name, t in named if not torch.isfinite(t).all()]
 
 
 class InstabilityMonitor(pl.Callback):
@@ -179,7 +184,7 @@ class InstabilityMonitor(pl.Callback):
         grads_bad_at = None
         if self.check_gradients and params:
             grads_bad_at = len(flags)
-            flags.append((~_all_finite([p.grad.detach() for _, p in params])).float().reshape(1))
+            flags.append((~_norms_finite([p.grad.detach() for _, p in params])).float().reshape(1))
         attn_at = len(flags)
         if self.check_attention and attention:
             flags.append((~torch.stack([ok for _, ok in attention])).float())
@@ -204,8 +209,8 @@ class InstabilityMonitor(pl.Callback):
                         "step": step, "kind": "loss_spike", "loss": loss,
                         "average": average, "magnitude": magnitude, "factor": self.detector.factor,
                     })
-        if grads_bad_at is not None and values[grads_bad_at]:
-            bad = [n for n, p in params if not torch.isfinite(p.grad).all()]
+        bad = _nonfinite([(n, p.grad) for n, p in params]) if grads_bad_at is not None and values[grads_bad_at] else []
+        if bad:  # an overflowing norm of finite gradients is none (it once stopped a run for a gradient in no parameter)
             event = {"step": step, "kind": "nonfinite_gradient", "parameters": bad[:20], "count": len(bad)}
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             if scaler is not None and scaler.is_enabled():
@@ -257,9 +262,11 @@ class InstabilityMonitor(pl.Callback):
         params = list(getattr(pl_module, "model", pl_module).named_parameters())
         if not params:
             return
-        if bool(_all_finite([p.detach() for _, p in params])):  # one host sync
+        if bool(_norms_finite([p.detach() for _, p in params])):  # one host sync
             return
-        bad = [name for name, p in params if not torch.isfinite(p.detach()).all()]
+        bad = _nonfinite([(name, p.detach()) for name, p in params])
+        if not bad:  # finite weights whose norm overflows float32
+            return
         step = trainer.global_step
         event = {"step": step, "kind": "nonfinite_weights", "parameters": bad[:20], "count": len(bad), "action": "failed"}
         self.events.append(event)
