@@ -18,7 +18,7 @@ from numdev.cli import next_steps
 from numdev.cli.commands import tensorboard
 from numdev.cli.errors import fail
 from numdev.runs.atomic import WriteError
-from numdev.runs.layout import RUN_RECORD, SUMMARY
+from numdev.runs.layout import SUMMARY, sweep_run_records
 from numdev.runs.schemas import RUN, read_json_file
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def stopped_runs(sweep: Path, since: float | None) -> list[Path]:
     """The sweep's runs whose run.json says stopped, written since the sweep started (None: any): an earlier sweep's
     runs in the same directory do not count. A run.json that cannot be read is left to the tools that read it."""
     found = []
-    for record in sorted({*sweep.glob(f"*/{RUN_RECORD}"), *sweep.glob(f"*/*/{RUN_RECORD}")}):
+    for record in sweep_run_records(sweep):
         try:
             if since is not None and record.stat().st_mtime < since:
                 continue

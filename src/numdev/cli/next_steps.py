@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from numdev.cli.commands import command, tensorboard
-from numdev.runs.layout import RESULTS, RUN_RECORD, SUMMARY, TABLE
+from numdev.runs.layout import RESULTS, SUMMARY, TABLE, sweep_run_records
 
 
 def bench_run(run_dir: Path) -> str:
@@ -37,8 +37,7 @@ def bench_sweep(sweep: Path) -> list[str]:
 
 def train_sweep(sweep: Path) -> list[str]:
     """After a numdev-train sweep (a study's analysis, if any, run already)."""
-    # A plain sweep's runs are <sweep>/<job>/; a study's are <sweep>/r<replicate>/<role>/.
-    runs = sorted({p.parent for pattern in (f"*/{RUN_RECORD}", f"*/*/{RUN_RECORD}") for p in sweep.glob(pattern)})
+    runs = sorted({record.parent for record in sweep_run_records(sweep)})
     lines = [f"sweep done: {len(runs)} run(s) in {sweep}"]
     if (sweep / SUMMARY).is_file():  # a study: its analysis printed its own next steps
         return lines

@@ -107,6 +107,13 @@ SHADOW_COLUMNS = {"step": int, "layer": str, "quantity": str, "max_abs": float, 
 SHADOW_ADDED = ("bias", "rel_rms", "diff_rms", "shadow_rms", "count")
 
 
+def sweep_run_records(sweep: str | Path) -> list[Path]:
+    """The run.json of every run of a numdev-train sweep, sorted: a plain sweep's runs are <sweep>/<job>/, a study's
+    <sweep>/r<replicate>/<role>/."""
+    sweep = Path(sweep)
+    return sorted({*sweep.glob(f"*/{RUN_RECORD}"), *sweep.glob(f"*/*/{RUN_RECORD}")})
+
+
 def snapshot_name(step: int) -> str:
     return f"step_{int(step):08d}.safetensors"
 
