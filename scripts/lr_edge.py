@@ -100,6 +100,8 @@ def read_cell(path: Path) -> dict:
     instability = run.read_instability() if run.instability.is_file() else {"events": []}
     kinds = [event.get("kind") for event in instability.get("events", []) if isinstance(event, dict)]
     heldout = run.read_outcome("heldout_loss") if run.heldout.is_file() else None
+    if run.heldout.is_file() and heldout is None:  # numdev writes the file with its loss; without it, it was edited
+        raise ValueError(f"{run.heldout}: field 'heldout_loss' is missing: the outcome record is incomplete or was edited")
     entropy = run.read_outcome("unigram_entropy") if run.heldout.is_file() else None
     final_step, max_steps = record.get("final_step"), record.get("max_steps")
     nonfinite = sum(str(kind).startswith("nonfinite") for kind in kinds)

@@ -84,8 +84,14 @@ def test_a_job_the_sweep_did_not_reach_is_listed_not_read(sweep, tmp_path, capsy
      "optim.optimizer.lr is 'abc'"),
     (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("max_steps: 40", "max_steps: 41")),
      "differs from"),
-    (lambda job: (job / "run.json").write_text(json.dumps({**json.loads((job / "run.json").read_text()), "backend": 3})),
-     "no 'backend'"),
+    *((lambda job, k=key, v=value: (job / "run.json").write_text(json.dumps({**json.loads((job / "run.json").read_text()), k: v})),
+       f"run.json: field '{key}' is {shown}") for key, value, shown in (
+        ("backend", 3, "an integer, not a string"), ("status", "done", "'done', not one of 'running', 'finished'"),
+        ("provenance", [1], "a list, not a mapping"), ("attention", "eager", "a string ('eager'), not a mapping"),
+        ("device", 0, "an integer, not a string"), ("threads", "1", "a string ('1'), not an integer"))),
+    (lambda job: (job / "run.json").write_text(json.dumps({k: v for k, v in json.loads((job / "run.json").read_text()).items()
+                                                           if k != "backend"})), "no 'backend'"),
+    (lambda job: (job / "heldout.json").write_text("{}"), "heldout.json: field 'heldout_loss' is missing"),
     (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("numdev.data.text.TextDataModule",
                                                                                             "numdev.data.shapes.ShapesDataModule")),
      "the fail rule's ln 256 holds for a language model on bytes"),

@@ -8,7 +8,8 @@ naming the file and the field. To describe a new file, add a `FileSchema` here a
 
 A field's type may be a type, a tuple of types, FINITE (a number that is not NaN or infinite), or
 another FileSchema (a mapping checked by it, its messages naming the field's dotted path);
-`each` checks every value of a mapping field (role -> entry). `finite=True` refuses NaN and
+`each` checks every value of a mapping field (role -> entry); `choices` names the values a field may
+take (a run's status). `finite=True` refuses NaN and
 infinities anywhere in the file. Every message is one line naming the file and the field.
 
 Readers for each file numdev reads back are at the end (read_saved_config,
@@ -52,6 +53,7 @@ class FileSchema:
     each: dict | None = None  # for a mapping field: the type or schema of each of its values
     rest: object = None  # the type or schema of every field not named in required or optional
     finite: bool = False  # no NaN or infinity anywhere in the file
+    choices: dict | None = None  # field -> the values it may take (checked when present)
 
     def check(self, path: str | os.PathLike, data, prefix: str = "", outer: str | None = None) -> dict:
         """`data` if it matches; prefix and outer: the dotted path and the file's `what` of a nested mapping."""
@@ -68,6 +70,10 @@ class FileSchema:
         for name, types in self.optional.items():
             if data.get(name) is not None:
                 _check_type(path, prefix + name, data[name], types, what)
+        for name, allowed in (self.choices or {}).items():
+            if name in data and data[name] not in allowed:
+                raise ValueError(f"{path}: field '{prefix}{name}' is {data[name]!r}, not one of {', '.join(map(repr, allowed))}: "
+                                 f"the {what} is corrupt or was edited")
         for name, schema in (self.items or {}).items():
             entries = data.get(name) or []
             if not isinstance(entries, list):
@@ -176,15 +182,19 @@ def read_yaml_file(path: str | os.PathLike, schema: FileSchema) -> dict:
 
 
 # -- the files --------------------------------------------------------------------------------------
+RUN_STATUSES = ("running", "finished", "stopped", "failed")  # numdev.runs.record, numdev.train.run
 RUN = FileSchema(  # <run_dir>/run.json (numdev.runs.record)
     "run record",
     required={"status": str},
     optional={"app": str, "started": str, "finished": str, "final_step": int, "max_steps": int, "resumes": list,
               "eval": dict, "final_loss": NUMBER, "snapshot_write_seconds": dict, "data": dict, "error": str, "seeds": dict,
-              "step_seconds": dict, "optimization": dict},
+              "step_seconds": dict, "optimization": dict, "backend": str, "attention": dict, "attention_tiling": dict,
+              "device": str, "provenance": dict, "precision": str, "precision_gemm": dict, "model": str, "name": str,
+              "threads": int, "world_size": int, "global_rank": int, "torch": str, "lightning": str, "numdev_version": str},
+    choices={"status": RUN_STATUSES},
 )
 RESUME = FileSchema("resume entry", required={"from_step": int})
-RUN_RESUMES = FileSchema(RUN.what, RUN.required, RUN.optional, items={"resumes": RESUME})
+RUN_RESUMES = FileSchema(RUN.what, RUN.required, RUN.optional, items={"resumes": RESUME}, choices=RUN.choices)
 CONFIG = FileSchema(  # <run_dir>/config.yaml (the resolved config)
     "saved config", required={"model": dict, "trainer": dict, "seed": dict}
 )

@@ -7,6 +7,7 @@ config composed in-process.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -283,13 +284,47 @@ def _check_optimizer(cfg: DictConfig) -> None:
     not at the first step."""
     from hydra.errors import InstantiationException
 
+    spec = cfg.optim.optimizer
+    if not isinstance(spec, DictConfig) or not spec.get("_target_"):
+        raise ValueError(f"optim.optimizer ({_shown(spec)}) names no optimizer class (_target_): "
+                         "set optim.optimizer._target_=torch.optim.AdamW (or another torch.optim class) with _partial_=true, "
+                         "or drop the override that replaced it (~optim.optimizer?)")
+    if spec.get("_partial_") is not True:
+        raise ValueError(f"optim.optimizer._partial_={spec.get('_partial_')} must be true: numdev-train gives the optimizer "
+                         "the model's parameters itself; set optim.optimizer._partial_=true")
+    extra = _settings_not_taken(spec)
+    if extra:
+        raise ValueError(f"optim.optimizer ({spec._target_}) has no setting {', '.join(extra)}: delete it "
+                         f"({' '.join('~optim.optimizer.' + k for k in extra)}) or choose an optimizer that takes it")
     try:
-        instantiate(cfg.optim.optimizer)([torch.nn.Parameter(torch.zeros(1))])
+        optimizer = instantiate(spec)([torch.nn.Parameter(torch.zeros(1))])
     except InstantiationException as error:
         cause = error.__cause__ or error
         raise ValueError(f"optim.optimizer: {one_line(cause)}: fix the optimizer's settings (optim.optimizer.*)") from None
     except (ValueError, TypeError, IndexError, KeyError, RuntimeError) as error:
         raise ValueError(f"optim.optimizer: {type(error).__name__}: {one_line(error)}: fix the optimizer's settings (optim.optimizer.*)") from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optim.optimizer._target_={spec._target_} builds an object of class {type(optimizer).__name__}, not a torch.optim.Optimizer: "
+                         "name an optimizer class (torch.optim.AdamW, torch.optim.SGD, ...)")
+
+
+def _settings_not_taken(spec: DictConfig) -> list[str]:
+    """The settings of `spec` that its _target_'s constructor does not take (SGD's betas after
+    optim.optimizer._target_=torch.optim.SGD); none when the class cannot be read or takes any keyword."""
+    try:
+        parameters = inspect.signature(get_class(str(spec._target_))).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return []  # the build below says why
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return []
+    return [str(key) for key in spec if not str(key).startswith("_") and str(key) not in parameters]
+
+
+def _shown(value) -> str:
+    """A config value as one short line: a mapping's keys, or the value itself."""
+    if isinstance(value, DictConfig):
+        return "{" + ", ".join(str(key) for key in value) + "}"
+    return repr(value)
 
 
 def check_backend_for(cfg: DictConfig, backend) -> None:
