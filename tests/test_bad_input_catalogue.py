@@ -1040,6 +1040,10 @@ CATALOGUE += [
     Case("train-sweep-nulls-of-a-key-of-another-option", "numdev-train",
          ["-m", "experiment=train_smoke", "hydra.sweep.dir={tmp}/sweep", "attention=eager", "attention.inner=null,null"],
          "attention.inner=null,null: attention=eager (the attention in use) has no inner, so there is nothing to make null"),
+    # the suggested command once kept the null, which attention=score_scale then refused
+    Case("train-sweep-null-and-a-value-of-a-key-of-another-option", "numdev-train",
+         ["-m", "experiment=train_smoke", "hydra.sweep.dir={tmp}/sweep", "attention=eager", "attention.factor=null,2"],
+         "attention=score_scale attention.factor=2 (the job with null is attention=eager as it is, which has no factor: run it on its own)"),
     Case("train-delete-a-null-it-reads", "numdev-train", [*TRAIN, "~sibling.reference"],
          "~sibling.reference: sibling.reference is null (not set) already, and Hydra deletes no null"),
     Case("train-delete-a-null-its-target-refuses", "numdev-train",

@@ -277,9 +277,13 @@ def override_mistake(app: str, args: list[str]) -> str | None:
             return (f"{o.input_line}: {group}={option} (the {group} in use) has no {top}, so there is nothing to make null: "
                     f"drop it ({top} is a setting of {' or '.join(f'{group}={h}' for h in having)})")
         if having:
-            fix = f"{group}={having[0]}"
+            fix, line, aside = f"{group}={having[0]}", o.input_line.lstrip("+"), ""
+            if o.is_sweep_override() and any(v is None for v in o.sweep_iterator()):  # `attention.factor=null,2`
+                kept = [str(v) for v in o.sweep_string_iterator() if v != "null"]
+                line = f"{name}={','.join(kept)}"
+                aside = f" (the job with null is {group}={option} as it is, which has no {top}: run it on its own)"
             return (f"{group}.{top} is a setting of {' or '.join(f'{group}={h}' for h in having)}, not of {group}={option} "
-                    f"(the {group} in use): choose it too, e.g. {me} {fix} {o.input_line.lstrip('+')}")
+                    f"(the {group} in use): choose it too, e.g. {me} {fix} {line}{aside}")
     if not own_folder:
         unknown = unknown_option(app, overrides)  # a user's own config folder may hold options numdev does not know
         if unknown:
