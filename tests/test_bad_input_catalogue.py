@@ -839,7 +839,7 @@ CATALOGUE += [
     Case("train-optimizer-not-partial", "numdev-train", [*TRAIN, "optim.optimizer._partial_=false"],
          "optim.optimizer._partial_=False must be true: numdev-train gives the optimizer the model's parameters itself"),
     Case("train-optimizer-not-an-optimizer", "numdev-train", [*TRAIN, "optim.optimizer._target_=torch.nn.Identity"],
-         "optim.optimizer._target_=torch.nn.Identity builds an object of class Identity, not a torch.optim.Optimizer"),
+         "optim.optimizer._target_=torch.nn.Identity is not a torch.optim.Optimizer: name an optimizer class"),
     Case("train-optimizer-setting-the-new-one-lacks", "numdev-train", [*TRAIN, "optim.optimizer._target_=torch.optim.SGD"],
          "optim.optimizer (torch.optim.SGD) has no setting betas: delete it (~optim.optimizer.betas)"),
     Case("train-optimizer-eps-negative", "numdev-train", [*TRAIN, "+optim.optimizer.eps=-1"], "optim.optimizer.eps=-1 must be a positive number"),

@@ -292,7 +292,14 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if spec.get("_partial_") is not True:
         raise ValueError(f"optim.optimizer._partial_={spec.get('_partial_')} must be true: numdev-train gives the optimizer "
                          "the model's parameters itself; set optim.optimizer._partial_=true")
-    extra = _settings_not_taken(spec)
+    try:
+        target = get_class(str(spec._target_))
+    except (ImportError, AttributeError, ValueError, TypeError):
+        target = None  # not a class, or not importable: the build below says why
+    if isinstance(target, type) and not issubclass(target, torch.optim.Optimizer):
+        raise ValueError(f"optim.optimizer._target_={spec._target_} is not a torch.optim.Optimizer: "
+                         "name an optimizer class (torch.optim.AdamW, torch.optim.SGD, ...)")
+    extra = _settings_not_taken(spec, target)
     if extra:
         raise ValueError(f"optim.optimizer ({spec._target_}) has no setting {', '.join(extra)}: delete it "
                          f"({' '.join('~optim.optimizer.' + k for k in extra)}) or choose an optimizer that takes it")
@@ -308,12 +315,12 @@ def _check_optimizer(cfg: DictConfig) -> None:
                          "name an optimizer class (torch.optim.AdamW, torch.optim.SGD, ...)")
 
 
-def _settings_not_taken(spec: DictConfig) -> list[str]:
+def _settings_not_taken(spec: DictConfig, target: type | None) -> list[str]:
     """The settings of `spec` that its _target_'s constructor does not take (SGD's betas after
-    optim.optimizer._target_=torch.optim.SGD); none when the class cannot be read or takes any keyword."""
+    optim.optimizer._target_=torch.optim.SGD); none when the class is unknown or takes any keyword."""
     try:
-        parameters = inspect.signature(get_class(str(spec._target_))).parameters
-    except (ImportError, AttributeError, ValueError, TypeError):
+        parameters = inspect.signature(target).parameters
+    except (ValueError, TypeError):
         return []  # the build below says why
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return []
