@@ -86,7 +86,7 @@ def read_cell(path: Path) -> dict:
     record = run.read_record()
     config = read_saved_config(run.config)
     if config_value(config, "data._target_") != BYTE_TEXT:
-        raise ValueError(f"{run.config}: data is {config_value(config, 'data._target_')!r}, not {BYTE_TEXT}: the fail rule's ln 256 "
+        raise ValueError(f"{run.config}: data._target_ is {config_value(config, 'data._target_')!r}, not {BYTE_TEXT}: the fail rule's ln 256 "
                          "holds for a language model on bytes (experiment=lr_edge's runs)")
     lr = config_value(config, "optim.optimizer.lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
