@@ -429,7 +429,7 @@ def _added_key_problem(app: str, parsed, compose) -> str | None:
         known = [str(k) for k in node.keys() if not str(k).startswith("_")]
         target = node.get("_target_") if depth == len(parts) - 1 else None
         if target is not None:
-            takes = _parameters(str(target))
+            takes = keyword_parameters(str(target))
             if takes is None or name in takes:
                 continue  # the constructor takes it (or any keyword)
             known = sorted(set(known) | takes)
@@ -588,7 +588,7 @@ def _open_mapping(target, name: str) -> bool:
     return annotation is dict or (isinstance(annotation, str) and (annotation == "dict" or annotation.startswith("dict[")))
 
 
-def _parameters(target: str) -> set[str] | None:
+def keyword_parameters(target: str) -> set[str] | None:
     """The keyword arguments a `_target_` takes; None when it takes any (**kwargs) or cannot be told."""
     from hydra.utils import get_object
 

@@ -7,7 +7,6 @@ config composed in-process.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from omegaconf import DictConfig
 from numdev.attention.registry import AttentionBackend, BackendUnavailable
 from numdev.cli.errors import Hangup, RunFailed, UserError, one_line
 from numdev.config.objective import objective_of
+from numdev.config.preflight import keyword_parameters
 from numdev.config.schema import TRAIN, validate
 from numdev.models.attention import AttentionCall
 from numdev.models.gpt import BYTE_VOCABULARY
@@ -299,7 +299,8 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if isinstance(target, type) and not issubclass(target, torch.optim.Optimizer):
         raise ValueError(f"optim.optimizer._target_={spec._target_} is not a torch.optim.Optimizer: "
                          "name an optimizer class (torch.optim.AdamW, torch.optim.SGD, ...)")
-    extra = _settings_not_taken(spec, target)
+    takes = keyword_parameters(str(spec._target_)) if target is not None else None  # None: any keyword, or unknown
+    extra = [str(key) for key in spec if not str(key).startswith("_") and takes is not None and str(key) not in takes]
     if extra:
         raise ValueError(f"optim.optimizer ({spec._target_}) has no setting {', '.join(extra)}: delete it "
                          f"({' '.join('~optim.optimizer.' + k for k in extra)}) or choose an optimizer that takes it")
@@ -313,18 +314,6 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(f"optim.optimizer._target_={spec._target_} builds an object of class {type(optimizer).__name__}, not a torch.optim.Optimizer: "
                          "name an optimizer class (torch.optim.AdamW, torch.optim.SGD, ...)")
-
-
-def _settings_not_taken(spec: DictConfig, target: type | None) -> list[str]:
-    """The settings of `spec` that its _target_'s constructor does not take (SGD's betas after
-    optim.optimizer._target_=torch.optim.SGD); none when the class is unknown or takes any keyword."""
-    try:
-        parameters = inspect.signature(target).parameters
-    except (ValueError, TypeError):
-        return []  # the build below says why
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return []
-    return [str(key) for key in spec if not str(key).startswith("_") and str(key) not in parameters]
 
 
 def _shown(value) -> str:
