@@ -120,6 +120,7 @@ def read_cell(path: Path) -> dict:
         "seed": seed, "siblings": {key: _without_seeds(config_value(config, key)) for key in SIBLING_KEYS},
         "machine": machine_line_or_unknown(record.get("provenance"), commit=False), "code": _code(record.get("provenance")),
         "attention": record.get("attention"),
+        "init_perturbation": config_value(config, "init_perturbation"),  # a negative control: eager with weights one ulp apart
         "device": record.get("device"),
     }
 
@@ -253,8 +254,9 @@ def replicated(cells: list[dict], labels: list[str], margin: float, reference: s
 
 def label_backends(cells: list[dict]) -> None:
     """Each cell's backend label: its backend's name, and where runs of one name differ in their settings (eager
-    with and without attention.scores=fp32), the settings that are not null that set them apart: 'eager' beside
-    'eager (scores fp32)'. Settings named seed are left out (replicates may differ there)."""
+    with and without attention.scores=fp32, or init_perturbation=ulp), the settings that are not null that set them
+    apart: 'eager' beside 'eager (scores fp32)' and 'eager (init_perturbation ulp)'. Settings named seed are left out
+    (replicates may differ there)."""
     def flat(node, prefix=""):
         if not isinstance(node, dict):
             return {}
@@ -269,7 +271,7 @@ def label_backends(cells: list[dict]) -> None:
     for cell in cells:
         names.setdefault(cell["backend"], []).append(cell)
     for name, group in names.items():
-        settings = [flat(cell["attention"]) for cell in group]
+        settings = [{**flat(cell["attention"]), **flat({"init_perturbation": cell.get("init_perturbation")})} for cell in group]
         keys = sorted({k for f in settings for k in f})
         apart = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in settings}) > 1]
         for cell, f in zip(group, settings):
@@ -313,7 +315,7 @@ def gather(paths: list[Path], margin: float = MARGIN, reference: str = REFERENCE
         for name, value in cell["siblings"].items():
             if value != cells[0]["siblings"][name]:
                 raise ValueError(f"{cell['run']} differs from {cells[0]['run']} in {name}: the cells of an LR sweep "
-                                 "are sibling runs that differ in attention, optim.optimizer.lr and their seeds only")
+                                 "are sibling runs that differ in attention, init_perturbation, optim.optimizer.lr and their seeds only")
     result = {
         "what": "learning-rate sweep, attention backends against a reference (eager unless --reference names another): where "
                 "each backend starts to fail (issue 37 item 4)",

@@ -297,6 +297,22 @@ def test_runs_of_one_backend_that_differ_in_settings_are_labelled_by_them_and_ju
     assert same["heldout_minus_eager"] == 0  # the edited copy is the same run
 
 
+def test_a_one_ulp_negative_control_is_its_own_label_and_moves_the_loss_by_little(sweep, tmp_path, capsys):
+    """Eager trained from weights one ulp apart (init_perturbation=ulp, the edge study's negative control) is not the
+    same run twice beside eager: it is labelled by the setting, judged against eager of the same seed, and its held-out
+    loss differs from eager's (the perturbation reached the weights) by far less than the margin at a rate that trains."""
+    ulp = tmp_path / "ulp"
+    result = run_numdev("numdev-train", "experiment=lr_edge", *SMALL, "optim.optimizer.lr=1e-2", "attention=eager",
+                        "init_perturbation=ulp", f"hydra.run.dir={ulp}", cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = _read([sweep, ulp], capsys)
+    assert {c["backend"] for c in result["cells"]} == {"eager", "eager (init_perturbation ulp)", "sdpa_flash"}
+    row = next(r for r in result["against_eager"] if r["backend"] == "eager (init_perturbation ulp)")
+    eager = next(c for c in result["cells"] if c["backend"] == "eager" and c["lr"] == 0.01)
+    assert row["lr"] == 0.01 and row["heldout_minus_eager"] != 0
+    assert abs(row["heldout_minus_eager"]) < 0.03 * eager["heldout_loss"]
+
+
 def test_labels_name_only_the_settings_that_differ_and_a_missing_reference_is_said():
     edge = load_script("lr_edge")
     labels = [f"init={r}" for r in range(5)]
