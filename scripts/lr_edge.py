@@ -197,6 +197,32 @@ def _failures(by: dict, backend: str, lr: float, labels: list[str], reference: s
     return {**counts, "fisher_p": p}
 
 
+MOVED_RULE = ("per replicate, a backend's edge 'moved' when it differs from the reference's by any number of grid steps; "
+              "two backends compared on the replicates both have: the exact McNemar test on the replicates where one moved and "
+              "the other did not (scipy.stats.binomtest, p = 1/2, two-sided); 'moves it more often' needs p < 0.05")
+
+
+def edge_moved(against: dict) -> dict:
+    """MOVED_RULE over the backends judged against the reference: how many replicates each one's edge moved in, and each
+    pair's McNemar test (does one backend move the edge in more seeds than the other, e.g. Flash than a one-ulp nudge?)."""
+    from itertools import combinations
+
+    from scipy.stats import binomtest
+
+    moved = {b: {r: e["earlier_by_steps"] != 0 for r, e in a["edge"]["per_replicate"].items()} for b, a in against.items()}
+    pairs = []
+    for a, b in combinations(sorted(moved), 2):
+        common = sorted(set(moved[a]) & set(moved[b]))
+        only_a = sum(moved[a][r] and not moved[b][r] for r in common)
+        only_b = sum(moved[b][r] and not moved[a][r] for r in common)
+        p = float(binomtest(only_a, only_a + only_b, 0.5).pvalue) if only_a + only_b else 1.0
+        pairs.append({"a": a, "b": b, "replicates": len(common), "a_only": only_a, "b_only": only_b,
+                      "both": sum(moved[a][r] and moved[b][r] for r in common), "mcnemar_p": p,
+                      "more_often": (a if only_a > only_b else b) if p < 0.05 else None})
+    return {"rule": MOVED_RULE, "per_backend": {b: {"moved": sum(m.values()), "replicates": len(m)} for b, m in moved.items()},
+            "pairs": pairs}
+
+
 def replicated(cells: list[dict], labels: list[str], margin: float, reference: str = REFERENCE) -> dict:
     """The sweep over replicates: each replicate's per-backend summary, and each backend against the reference's runs of
     the same replicate: the held-out loss at every rate, the LR sensitivity and the edge (EFFECT_RULE,
@@ -249,6 +275,8 @@ def replicated(cells: list[dict], labels: list[str], margin: float, reference: s
                                 "later": sum(v < 0 for v in shifts.values())},
                      "judged": judged({r: float(v) for r, v in shifts.items()}, 0.5)},
         }
+    if result["against_eager"]:
+        result["edge_moved"] = edge_moved(result["against_eager"])
     return result
 
 
@@ -413,6 +441,13 @@ def block_text(result: dict) -> str:
         lines.append(f"| {backend} | edge, steps earlier ({counts['earlier']} earlier, {counts['same']} same, "
                      f"{counts['later']} later) | " + _verdicts(against["edge"]["judged"]) + " | |")
     lines += ["", f"Failed runs: {FAILURES_RULE}."]
+    moved = rep.get("edge_moved")  # results written before MOVED_RULE have none
+    if moved and moved["pairs"]:
+        counts = ", ".join(f"{b} {m['moved']} of {m['replicates']}" for b, m in sorted(moved["per_backend"].items()))
+        tests = "; ".join(f"{p['a']} only {p['a_only']}, {p['b']} only {p['b_only']}, both {p['both']}: McNemar p {p['mcnemar_p']:.2g}"
+                          + (f", {p['more_often']} moves it more often" if p["more_often"] else ", not told apart")
+                          for p in moved["pairs"])
+        lines += ["", f"Seeds whose edge moved against {reference}'s: {counts}. {tests}. Rule: {MOVED_RULE}."]
     return "\n".join(lines)
 
 

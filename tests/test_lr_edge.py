@@ -204,6 +204,35 @@ def test_the_replicated_rules_fail_on_a_backend_built_to_fail_them():
     assert rep["failures"]["worse"]["0.1"] == {"failed": 5, "runs": 5} and rep["failures"]["eager"]["0.1"]["failed"] == 0
 
 
+def test_mcnemar_tells_a_backend_that_moves_every_edge_from_one_that_moves_none_and_not_two_alike():
+    """MOVED_RULE: 'worse' fails one rate earlier than eager in all 8 seeds, 'same' never moves, 'half' moves in seeds
+    0-3 (two earlier, two later) and 'some' in seeds 2-4: worse against same is 8 discordant seeds to 0, McNemar
+    p = 2 / 2^8, 'moves it more often'; half against some is 2 to 1, not told apart."""
+    edge = load_script("lr_edge")
+    grid, labels = (1e-2, 1e-1, 1.0, 2.0), [f"init={r}" for r in range(8)]
+    losses, failed = {}, set()
+    for i, r in enumerate(labels):
+        for lr in grid:
+            ok = {1e-2: 3.0 + 0.01 * i, 1e-1: 2.5 + 0.01 * i, 1.0: 2.9, 2.0: None}[lr]
+            losses["eager", lr, r] = losses["same", lr, r] = ok
+            losses["worse", lr, r] = None if lr >= 1.0 else ok
+            losses["half", lr, r] = (None if lr >= 1.0 else ok) if i < 2 else (ok if lr <= 1.0 or i >= 4 else 2.8)
+            losses["some", lr, r] = None if 2 <= i <= 4 and lr >= 1.0 else ok
+    rep = edge.replicated(_cells(losses, failed), labels, 0.03)
+    assert rep["against_eager"]["half"]["edge"]["counts"] == {"earlier": 2, "same": 4, "later": 2}
+    moved = rep["edge_moved"]
+    assert moved["per_backend"] == {"half": {"moved": 4, "replicates": 8}, "same": {"moved": 0, "replicates": 8},
+                                    "some": {"moved": 3, "replicates": 8}, "worse": {"moved": 8, "replicates": 8}}
+    pairs = {(p["a"], p["b"]): p for p in moved["pairs"]}
+    assert pairs["same", "worse"]["b_only"] == 8 and pairs["same", "worse"]["a_only"] == 0
+    assert pairs["same", "worse"]["mcnemar_p"] == pytest.approx(scipy_stats.binomtest(0, 8, 0.5).pvalue) == pytest.approx(2 / 256)
+    assert pairs["same", "worse"]["more_often"] == "worse"
+    assert (pairs["half", "some"]["a_only"], pairs["half", "some"]["b_only"], pairs["half", "some"]["both"]) == (2, 1, 2)
+    assert pairs["half", "some"]["more_often"] is None and pairs["half", "some"]["mcnemar_p"] == pytest.approx(1.0)
+    text = "\n".join(edge.block_text({"replicated": rep, "cells": [], "command": "x"}).splitlines()[-1:])
+    assert "worse 8 of 8" in text and "worse moves it more often" in text and "half only 2, some only 1" in text
+
+
 @pytest.mark.parametrize("margin", ["0", "-0.1", "1", "nan", "inf"])
 def test_a_margin_outside_0_1_is_one_line(sweep, capsys, margin):
     with pytest.raises(SystemExit) as exit_:
