@@ -838,6 +838,12 @@ CATALOGUE += [
     Case("train-optimizer-null", "numdev-train", [*TRAIN, "optim.optimizer=null"], "optim.optimizer (None) names no optimizer class"),
     Case("train-optimizer-not-partial", "numdev-train", [*TRAIN, "optim.optimizer._partial_=false"],
          "optim.optimizer._partial_=False must be true: numdev-train gives the optimizer the model's parameters itself"),
+    Case("train-optimizer-partial-deleted", "numdev-train", [*TRAIN, "~optim.optimizer._partial_"],
+         "~optim.optimizer._partial_: numdev-train reads optim.optimizer._partial_, which must be true: numdev-train gives the "
+         "optimizer the model's parameters itself; set optim.optimizer._partial_=true instead of deleting it"),
+    Case("train-delete-a-checked-key", "numdev-train", [*TRAIN, "~trainer.max_steps"],
+         "~trainer.max_steps: numdev-train reads trainer.max_steps, which must be a positive integer: the data stream is "
+         "endless: set a value (trainer.max_steps=...) instead of deleting it"),
     Case("train-optimizer-not-an-optimizer", "numdev-train", [*TRAIN, "optim.optimizer._target_=torch.nn.Identity"],
          "optim.optimizer._target_=torch.nn.Identity is not a torch.optim.Optimizer: name an optimizer class"),
     Case("train-optimizer-setting-the-new-one-lacks", "numdev-train", [*TRAIN, "optim.optimizer._target_=torch.optim.SGD"],

@@ -25,6 +25,7 @@ import difflib
 import functools
 import inspect
 import itertools
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -448,8 +449,10 @@ def _deleted_and_read(app: str, message: str, parsed) -> str:
     deletion it is; any other message as it is."""
     for o in parsed:
         if o.is_delete() and message.startswith(f"{o.key_or_group}=None "):
-            return (f"{o.input_line}: numdev-{app} reads {o.key_or_group}, which {message.split(' ', 1)[1]}: set a value "
-                    f"({o.key_or_group}=...) instead of deleting it")
+            said = f"{o.input_line}: numdev-{app} reads {o.key_or_group}, which {message.split(' ', 1)[1]}"
+            if re.search(rf"set {re.escape(o.key_or_group)}=\S+$", message):  # the check already names the value to set
+                return f"{said} instead of deleting it"
+            return f"{said}: set a value ({o.key_or_group}=...) instead of deleting it"
     return message
 
 
