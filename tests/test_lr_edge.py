@@ -78,6 +78,16 @@ def test_a_job_the_sweep_did_not_reach_is_listed_not_read(sweep, tmp_path, capsy
     assert result["per_backend"]["sdpa_flash"]["lrs"] == [0.01]
 
 
+def _provenance_edited(job, key: str, value) -> dict:
+    """run.json with its provenance's dotted `key` set to `value` (a forged sub-field)."""
+    record = json.loads((job / "run.json").read_text())
+    node, *path = record["provenance"], *key.split(".")
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return record
+
+
 @pytest.mark.parametrize("edit, says", [
     (lambda job: (job / "run.json").write_text("{ truncated"), "run.json"),
     (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("lr: 10\n", "lr: abc\n")),
@@ -87,10 +97,20 @@ def test_a_job_the_sweep_did_not_reach_is_listed_not_read(sweep, tmp_path, capsy
     *((lambda job, k=key, v=value: (job / "run.json").write_text(json.dumps({**json.loads((job / "run.json").read_text()), k: v})),
        f"run.json: field '{key}' is {shown}") for key, value, shown in (
         ("backend", 3, "an integer, not a string"), ("status", "done", "'done', not one of 'running', 'finished'"),
-        ("provenance", [1], "a list, not a mapping"), ("attention", "eager", "a string ('eager'), not a mapping"),
+        ("attention", "eager", "a string ('eager'), not a mapping"),
         ("device", 0, "an integer, not a string"), ("threads", "1", "a string ('1'), not an integer"))),
     (lambda job: (job / "run.json").write_text(json.dumps({k: v for k, v in json.loads((job / "run.json").read_text()).items()
                                                            if k != "backend"})), "no 'backend'"),
+    *((lambda job, k=key, v=value: (job / "run.json").write_text(json.dumps(_provenance_edited(job, k, v))),
+       f"run.json: field 'provenance.{key}' {shown}") for key, value, shown in (
+        ("machine", 3, "holds an integer, not a mapping"), ("machine.cpu", [1], "is a list, not a string"),
+        ("git.dirty", "no", "is a string ('no'), not true/false"), ("versions.torch", [2], "is a list"))),
+    (lambda job: (job / "run.json").write_text(json.dumps({**json.loads((job / "run.json").read_text()), "provenance": [1]})),
+     "run.json: field 'provenance' holds a list, not a mapping"),
+    (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("max_steps: 40", "max_steps: [40]")),
+     "config.yaml: field 'trainer.max_steps' is a list, not an integer"),
+    (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("\nprecision:\n", "\nprecision: 3\nunused:\n")),
+     "config.yaml: field 'precision' is an integer, not a mapping or a string"),
     (lambda job: (job / "heldout.json").write_text("{}"), "heldout.json: field 'heldout_loss' is missing"),
     (lambda job: (job / "config.yaml").write_text((job / "config.yaml").read_text().replace("numdev.data.text.TextDataModule",
                                                                                             "numdev.data.shapes.ShapesDataModule")),

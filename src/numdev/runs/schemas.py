@@ -182,6 +182,15 @@ def read_yaml_file(path: str | os.PathLike, schema: FileSchema) -> dict:
 
 
 # -- the files --------------------------------------------------------------------------------------
+PROVENANCE = FileSchema(  # the block numdev.runs.provenance.provenance() writes into run.json and every result
+    "provenance block",
+    optional={"date": str, "seeds": list,
+              "machine": FileSchema("provenance block", optional={
+                  "cpu": str, "cpu_flags": list, "logical_cpus": int, "torch_threads": int, "torch_cpu_capability": str,
+                  "gpu": str, "platform": str, "gpu_capability": str, "gpu_driver": str}),
+              "versions": FileSchema("provenance block", rest=(str, int, type(None))),  # numdev, torch, cuda, cudnn, triton, ...
+              "git": FileSchema("provenance block", optional={"commit": str, "dirty": bool})},
+)
 RUN_STATUSES = ("running", "finished", "stopped", "failed")  # numdev.runs.record, numdev.train.run
 RUN = FileSchema(  # <run_dir>/run.json (numdev.runs.record)
     "run record",
@@ -189,14 +198,17 @@ RUN = FileSchema(  # <run_dir>/run.json (numdev.runs.record)
     optional={"app": str, "started": str, "finished": str, "final_step": int, "max_steps": int, "resumes": list,
               "eval": dict, "final_loss": NUMBER, "snapshot_write_seconds": dict, "data": dict, "error": str, "seeds": dict,
               "step_seconds": dict, "optimization": dict, "backend": str, "attention": dict, "attention_tiling": dict,
-              "device": str, "provenance": dict, "precision": str, "precision_gemm": dict, "model": str, "name": str,
+              "device": str, "provenance": PROVENANCE, "precision": str, "precision_gemm": dict, "model": str, "name": str,
               "threads": int, "world_size": int, "global_rank": int, "torch": str, "lightning": str, "numdev_version": str},
     choices={"status": RUN_STATUSES},
 )
 RESUME = FileSchema("resume entry", required={"from_step": int})
 RUN_RESUMES = FileSchema(RUN.what, RUN.required, RUN.optional, items={"resumes": RESUME}, choices=RUN.choices)
-CONFIG = FileSchema(  # <run_dir>/config.yaml (the resolved config)
-    "saved config", required={"model": dict, "trainer": dict, "seed": dict}
+CONFIG = FileSchema(  # <run_dir>/config.yaml (the resolved config); the sections that readers compare between runs typed
+    "saved config",
+    required={"model": dict, "trainer": FileSchema("saved config", optional={"max_steps": int}), "seed": dict},
+    optional={"data": dict, "precision": (dict, str), "optimization": dict, "attention": dict,
+              "optim": FileSchema("saved config", optional={"warmup_steps": int, "optimizer": dict})},
 )
 INSTABILITY_EVENT = FileSchema("instability event", required={"step": int, "kind": str})
 INSTABILITY = FileSchema(  # <run_dir>/instability.json (numdev.train.callbacks.instability)
@@ -214,7 +226,7 @@ VERDICT = FileSchema("verdict", required={"status": str, "rule": str}, optional=
 FIGURE_SUMMARY = FileSchema(  # <sweep>/<figure>.json (numdev.bench.figure), what the report reads
     "figure summary", required={"figure": str},
     optional={"caption": str, "verdict": str, "verdict_rule": str, "claim_holds": bool, "status": str, "table": str,
-              "provenance": dict, "jobs": int, "sweep": str, "parts": dict, "deciding_rows": list},
+              "provenance": PROVENANCE, "jobs": int, "sweep": str, "parts": dict, "deciding_rows": list},
 )
 ESTIMATE = FileSchema("estimate", required={"value": (FINITE, type(None)), "n": int},
                       optional={"low": FINITE, "high": FINITE})
@@ -232,7 +244,7 @@ STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), wha
               "role_order": list, "replicates": list, "steps": int, "captions": dict, "under_test": str,
               "under_test_backend": str, "reference_backend": str, "precision": str, "model": str, "roles": dict,
               "growth_measure": str},
-    optional={"downstream": dict, "samples": dict, "provenance": dict, "shadow": dict,
+    optional={"downstream": dict, "samples": dict, "provenance": PROVENANCE, "shadow": dict,
               "early": dict, "calibration": dict, "headline": dict, "paper_roles": dict, "missing": list,
               "rejudged": dict},  # verdicts made again from the summary's numbers (numdev.analysis.study.rejudge)
     each={"pairs": dict, "ratios": dict, "captions": str, "downstream": DOWNSTREAM, "samples": SAMPLES},
@@ -264,10 +276,9 @@ CONTINUATIONS = FileSchema(  # <run_dir>/continuations.json (numdev.train.callba
     "continuations", required={"step": int, "decoding": str, "length": int, "samples": list}, optional={"seconds": FINITE})
 BENCH_RECORD = FileSchema(  # one line of <job>/results.jsonl (numdev.bench.app)
     "bench record", required={"kind": str, "method": str},
-    optional={"seed": int, "experiment": str, "shape": dict, "metrics": dict, "provenance": dict, "overrides": list,
+    optional={"seed": int, "experiment": str, "shape": dict, "metrics": dict, "provenance": PROVENANCE, "overrides": list,
               "seconds": FINITE},
 )
-PROVENANCE = FileSchema("provenance block", optional={"machine": (str, dict), "git": (str, dict), "numdev": str})
 
 
 # -- the readers ------------------------------------------------------------------------------------
