@@ -41,6 +41,7 @@ from pathlib import Path
 
 from numdev.analysis.consistency import config_value
 from numdev.cli.script_args import ScriptParser, output_file_problem, run_script
+from numdev.models.perturb import parse_perturbation
 from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.layout import RunDir
 from numdev.runs.provenance import machine_line_or_unknown, provenance
@@ -94,6 +95,11 @@ def read_cell(path: Path) -> dict:
     seed = config_value(config, "seed")
     if not isinstance(seed, dict) or any(isinstance(v, bool) or not isinstance(v, int) for v in seed.values()):
         raise ValueError(f"{run.config}: seed is {seed!r}, not a mapping of integer seeds (seed.init, seed.data, ...)")
+    perturbation = config_value(config, "init_perturbation")
+    try:
+        parse_perturbation(perturbation)
+    except ValueError as error:
+        raise ValueError(f"{run.config}: {error}: the saved config was edited") from None
     backend = record.get("backend")
     if not isinstance(backend, str) or not backend:
         raise ValueError(f"{run.record}: no 'backend' (the attention backend the run used): not a numdev-train run.json")
@@ -120,7 +126,7 @@ def read_cell(path: Path) -> dict:
         "seed": seed, "siblings": {key: _without_seeds(config_value(config, key)) for key in SIBLING_KEYS},
         "machine": machine_line_or_unknown(record.get("provenance"), commit=False), "code": _code(record.get("provenance")),
         "attention": record.get("attention"),
-        "init_perturbation": config_value(config, "init_perturbation"),  # a negative control: eager with weights one ulp apart
+        "init_perturbation": perturbation,  # a negative control: eager with weights one ulp apart
         "device": record.get("device"),
     }
 
@@ -281,10 +287,10 @@ def replicated(cells: list[dict], labels: list[str], margin: float, reference: s
 
 
 def label_backends(cells: list[dict]) -> None:
-    """Each cell's backend label: its backend's name, and where runs of one name differ in their settings (eager
-    with and without attention.scores=fp32, or init_perturbation=ulp), the settings that are not null that set them
-    apart: 'eager' beside 'eager (scores fp32)' and 'eager (init_perturbation ulp)'. Settings named seed are left out
-    (replicates may differ there)."""
+    """Each cell's backend label: its backend's name, and where runs of one name differ in their attention settings
+    (eager with and without attention.scores=fp32), the settings that are not null that set them apart: 'eager' beside
+    'eager (scores fp32)'. Settings named seed are left out (replicates may differ there). A run whose initial weights
+    were perturbed always says so ('eager (init_perturbation ulp)'), even with no unperturbed run beside it."""
     def flat(node, prefix=""):
         if not isinstance(node, dict):
             return {}
@@ -299,11 +305,12 @@ def label_backends(cells: list[dict]) -> None:
     for cell in cells:
         names.setdefault(cell["backend"], []).append(cell)
     for name, group in names.items():
-        settings = [{**flat(cell["attention"]), **flat({"init_perturbation": cell.get("init_perturbation")})} for cell in group]
+        settings = [flat(cell["attention"]) for cell in group]
         keys = sorted({k for f in settings for k in f})
         apart = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in settings}) > 1]
         for cell, f in zip(group, settings):
-            shown = [f"{k} {f[k]}" for k in apart if f.get(k) is not None]
+            perturbed = flat({"init_perturbation": cell.get("init_perturbation")})
+            shown = [f"{k} {f[k]}" for k in apart if f.get(k) is not None] + [f"{k} {v}" for k, v in sorted(perturbed.items()) if v is not None]
             cell["backend"] = f"{name} ({', '.join(shown)})" if shown else name
 
 
@@ -359,6 +366,9 @@ def gather(paths: list[Path], margin: float = MARGIN, reference: str = REFERENCE
         result["per_backend"] = per_backend(cells)
         result["reference"] = reference
         result["against_eager"] = against_eager(cells, reference)
+        if reference not in {c["backend"] for c in cells}:
+            result["note"] = (f"no {reference} runs among these: nothing to judge the backends against (give its sweep too, or "
+                              f"name another reference with --reference: {', '.join(sorted({c['backend'] for c in cells}))})")
     else:
         result["replicates"] = (f"{len(labels)} replicates (seeds {', '.join(labels)}): each backend against {reference}'s run of the "
                                 "same replicate; the sign test and the t test side by side (numdev.stats.equivalence)")

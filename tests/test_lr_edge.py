@@ -360,6 +360,12 @@ def test_a_one_ulp_negative_control_is_its_own_label_and_moves_the_loss_by_littl
     eager = next(c for c in result["cells"] if c["backend"] == "eager" and c["lr"] == 0.01)
     assert row["lr"] == 0.01 and row["heldout_minus_eager"] != 0
     assert abs(row["heldout_minus_eager"]) < 0.03 * eager["heldout_loss"]
+    alone = _read([ulp], capsys)  # a perturbed run is never plain 'eager', even with no eager run beside it
+    assert {c["backend"] for c in alone["cells"]} == {"eager (init_perturbation ulp)"} and "no eager runs" in alone["note"]
+    (ulp / "config.yaml").write_text((ulp / "config.yaml").read_text().replace("init_perturbation: ulp", "init_perturbation: 3"))
+    with pytest.raises(SystemExit):
+        load_script("lr_edge").main([str(ulp)])
+    assert "config.yaml: init_perturbation=3: use null, ulp or" in capsys.readouterr().err
 
 
 def test_labels_name_only_the_settings_that_differ_and_a_missing_reference_is_said():
