@@ -480,8 +480,14 @@ def figure(result: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    against = (result.get("replicated") or {}).get("against_eager") or {}
+    if against:  # beside the sweep: where each seed's edge moved, per backend (MOVED_RULE's counts as a picture)
+        fig, (ax, moved_ax) = plt.subplots(1, 2, figsize=(11.8, 4.2), dpi=110, gridspec_kw={"width_ratios": [1.25, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    colours = {}
     styles = [dict(marker="o", linestyle="-", markersize=7), dict(marker="s", linestyle="--", markersize=5, markerfacecolor="none"),
               dict(marker="^", linestyle=":", markersize=6, markerfacecolor="none")]  # backends that agree stay visible
     replicates = sorted({c.get("replicate", "one seed") for c in result["cells"]})
@@ -492,6 +498,7 @@ def figure(result: dict, path: Path) -> None:
         seeds = len({c.get("replicate") for c in rows})
         label = backend if len(replicates) == 1 else f"{backend} (mean of {seeds} seed{'s' * (seeds > 1)})"
         (line,) = ax.plot(xs, means, label=label, **styles[index % len(styles)])
+        colours[backend] = line.get_color()
         if len(replicates) > 1:  # every replicate's run, faint, beside the mean
             ax.scatter([c["lr"] for c in rows], [_capped(c) for c in rows], s=12, alpha=0.35, color=line.get_color())
         failed = [(c["lr"], _capped(c)) for c in rows if c["failed"]]
@@ -507,6 +514,20 @@ def figure(result: dict, path: Path) -> None:
     ax.set_title("LR sweep, one seed per point (x: failed run)" if len(replicates) == 1 else
                  "LR sweep: the mean over seeds as a line, each run a dot (x: failed run)")
     ax.legend(fontsize=8)
+    if against:
+        shifts = {b: [e["earlier_by_steps"] for e in a["edge"]["per_replicate"].values()] for b, a in sorted(against.items())}
+        seen = [v for values in shifts.values() for v in values]
+        steps = list(range(min(seen, default=0), max(seen, default=0) + 1))
+        width = 0.8 / len(shifts)
+        for index, (backend, values) in enumerate(shifts.items()):
+            moved_ax.bar([x - 0.4 + width * (index + 0.5) for x in steps], [values.count(x) for x in steps], width,
+                         color=colours.get(backend), label=f"{backend} ({sum(v != 0 for v in values)} of {len(values)} moved)")
+        moved_ax.set_xticks(steps)
+        moved_ax.set_xlabel(f"edge against {result['replicated'].get('reference', REFERENCE)}'s, grid steps earlier")
+        moved_ax.set_ylabel("seeds")
+        moved_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        moved_ax.set_title("Where each seed's edge moved (0: the same rate)")
+        moved_ax.legend(fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")

@@ -181,6 +181,12 @@ def test_replicates_are_read_as_such_and_judged_against_eager_of_the_same_seeds(
     assert at[0.01]["sign"]["equivalence"]["status"] == "holds" and at[0.01]["equivalence"]["status"] == "holds"
     assert flash["edge"]["counts"] == {"earlier": 0, "same": 5, "later": 0}
     assert all(e["eager"] == 10.0 and e["sdpa_flash"] == 10.0 for e in flash["edge"]["per_replicate"].values())
+    assert rep["edge_moved"]["per_backend"] == {"sdpa_flash": {"moved": 0, "replicates": 5}} and rep["edge_moved"]["pairs"] == []
+    figure = tmp_path / "replicated.png"  # the sweep beside where each seed's edge moved: two panels, twice as wide
+    edge = load_script("lr_edge")
+    edge.figure(result, figure)
+    png = figure.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") > 1.5 * 6.4 * 110
 
 
 def test_fewer_than_five_replicates_give_ranges_and_no_verdict(sweep, tmp_path, capsys):
