@@ -31,6 +31,8 @@ machine only the thread-CPU-time ratios mean much; rerun on a quiet one for the 
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import os
 import platform

@@ -11,6 +11,8 @@ The two routes run in turn (round-robin, --repeats rounds), so load drifts hit b
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import statistics
 import time

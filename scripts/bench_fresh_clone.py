@@ -15,6 +15,8 @@ the test run <= 15 min with the install, its tests alone (pytest's own time) <= 
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import os
 import re

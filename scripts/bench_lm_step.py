@@ -16,6 +16,8 @@ plain model come from the same run. Threads are pinned and recorded with the mac
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import statistics
 import time

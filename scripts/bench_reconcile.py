@@ -13,6 +13,8 @@ sweep should take <= 5 min on a quiet 2-core machine.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import statistics
 import subprocess

@@ -12,6 +12,8 @@ bad value (checked by building the optimizer and the attention backend) needs to
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import os
 import statistics

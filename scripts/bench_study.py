@@ -19,6 +19,8 @@ gives every role's median run and step time (`per_role`): the study's cost per r
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import datetime
 import json
 import os

@@ -29,6 +29,8 @@ method that failed in every record ends the run with exit 1 and one line each, a
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import datetime
 import json
 import statistics

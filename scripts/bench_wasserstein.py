@@ -38,6 +38,8 @@ Threads are pinned (torch, and the comparison's own pool) and recorded with the 
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import contextlib
 import json
 import shutil

@@ -10,6 +10,8 @@ sentence per group below, next to the code that knows the groups.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 from pathlib import Path
 

@@ -18,6 +18,8 @@ and a `rejudged` note, and fills `gemm-results` from it.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import os
 import resource

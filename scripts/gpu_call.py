@@ -37,6 +37,8 @@ numdev's Triton kernel in Triton's interpreter, and the sweep trains a small mod
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import functools
 import io
 import json

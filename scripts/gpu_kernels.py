@@ -72,6 +72,8 @@ bit for bit (tests/test_gpu_kernels_script.py).
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import contextlib
 import functools
 import hashlib

@@ -17,6 +17,8 @@ every block from the committed JSON.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 from pathlib import Path
 
 from numdev.cli.script_args import ScriptParser, run_script

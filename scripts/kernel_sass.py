@@ -31,6 +31,8 @@ binary: a line each), 2 for a user error (no library, no cuobjdump, no kernel of
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import collections
 import json
 import re

@@ -19,6 +19,8 @@ measurement already in its results.jsonl only once; numdev-gather refuses one me
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import os
 import platform

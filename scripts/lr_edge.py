@@ -33,6 +33,8 @@ reported with its status and kept out of the edge and the sensitivity. Prints JS
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import math
 import shlex

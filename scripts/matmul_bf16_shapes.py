@@ -12,6 +12,8 @@ shapes and the CPU: this says which calls it took here.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import sys
 from pathlib import Path

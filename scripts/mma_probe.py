@@ -20,6 +20,8 @@ output's distance in ulps from the correctly rounded exact sum (int32), from whi
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import functools
 import json
 import sys

@@ -24,6 +24,8 @@ measurement (Triton's interpreter runs no inline PTX).
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import functools
 import json
 import sys

@@ -14,6 +14,8 @@ into docs/workloads.md's `lm-optimizations-table` and `lm-optimizations-ordering
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import os
 from pathlib import Path

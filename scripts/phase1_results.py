@@ -19,6 +19,8 @@ docs/microbenchmark.md. Nothing in those blocks is typed by hand.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import re
 import subprocess

@@ -18,6 +18,8 @@ number is one run's, a range of one with no interval and no verdict symbol.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import math
 import sys

@@ -21,6 +21,8 @@ lies below 1, "hurts" where above, else not told apart.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import subprocess
 import sys

@@ -12,6 +12,8 @@ Debian/Ubuntu.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import shutil
 import subprocess

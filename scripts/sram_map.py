@@ -18,6 +18,8 @@ seed, with its 95% bootstrap interval (numdev.stats.intervals.RULE), the key/val
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import math
 import subprocess

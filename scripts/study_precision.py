@@ -14,6 +14,8 @@ the JSON and, with --write-docs, under the table with the machine they were take
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import statistics
 import sys

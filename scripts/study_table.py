@@ -27,6 +27,8 @@ are not committed. Runs nothing.
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import argparse
 import json
 import os

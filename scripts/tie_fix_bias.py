@@ -20,6 +20,8 @@ lies below 1, increases it when above 1 (numdev.stats.intervals.log_ratio_interv
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import sys
 from pathlib import Path

@@ -11,6 +11,8 @@ output elements that are not bit-identical to the emulator's. The kernel runs wi
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import itertools
 import json
 import sys

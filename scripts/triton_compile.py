@@ -22,6 +22,8 @@ with its error and the others go on; any failure ends the run with one line each
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import itertools
 import json
 import os

@@ -17,6 +17,8 @@ cpublas::brgemm give differently, per K: why a model calling the wrong one misse
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import collections
 import json
 import os

@@ -13,6 +13,8 @@ Two questions, answered by measurement:
 
 from __future__ import annotations
 
+import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
+
 import json
 import logging
 import sys

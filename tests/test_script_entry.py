@@ -34,6 +34,52 @@ def test_every_script_enters_through_run_script(path):
     assert ast.unparse(block.body[-1]) == "run_script(main)" and not block.orelse, ast.unparse(block)
 
 
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_every_script_imports_script_entry_before_anything_else(path):
+    """numdev.cli.script_entry comes first (after `from __future__`), so a Ctrl-C while the other imports load is its one
+    line, not a traceback from inside torch's import."""
+    imports = [node for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    first = next(node for node in imports if not (isinstance(node, ast.ImportFrom) and node.module == "__future__"))
+    assert ast.unparse(first) == "import numdev.cli.script_entry", ast.unparse(first)
+
+
+def _interrupting_script(tmp_path, where: str, after: str):
+    """A script in tmp_path/<where> that imports script_entry, sends itself SIGINT while 'loading' (as a Ctrl-C during
+    torch's import would land), then runs `after` through run_script."""
+    folder = tmp_path / where
+    folder.mkdir()
+    path = folder / "interrupted.py"
+    path.write_text("import numdev.cli.script_entry  # noqa: F401\nimport os\nimport signal\n\n"
+                    "os.kill(os.getpid(), signal.SIGINT)\nfor _ in range(10**7):\n    pass  # the signal lands between bytecodes\n"
+                    "from numdev.cli.script_args import run_script\n\n\ndef main():\n" + textwrap.indent(after, "    ")
+                    + "\n\n\nrun_script(main)\n")
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_ctrl_c_while_a_script_loads_is_one_line_and_exit_130_and_later_the_usual_path(tmp_path):
+    done = _interrupting_script(tmp_path, "scripts", "return 0")
+    assert done.returncode == 130 and done.stderr.splitlines() == [
+        "interrupted.py: error: interrupted (SIGINT) while starting, before anything was written: run the same command again"
+    ], done.stderr[-2000:]
+    # outside a scripts/ directory (a program that merely imports numdev) Python's own handler stays
+    done = _interrupting_script(tmp_path, "elsewhere", "return 0")
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr
+    # once run_script has begun, Ctrl-C is its KeyboardInterrupt path again (files written whole or not at all)
+    path = tmp_path / "scripts" / "later.py"
+    path.write_text("import numdev.cli.script_entry  # noqa: F401\nimport os\nimport signal\n\n"
+                    "from numdev.cli.script_args import run_script\n\n\ndef main():\n    os.kill(os.getpid(), signal.SIGINT)\n"
+                    "    for _ in range(10**7):\n        pass\n\n\nrun_script(main)\n")
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 130 and done.stderr.startswith("later.py: error: interrupted (SIGINT): each file"), done.stderr
+
+
+def test_loading_a_script_as_a_module_leaves_the_sigint_handler_alone():
+    import signal
+
+    load_script("lr_edge")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.mark.parametrize(("content", "found"), [
     ("no markers at all\n", "found 0 begin and 0 end marker(s)"),
     ("<!-- numdev:begin t -->\nx\n", "found 1 begin and 0 end marker(s)"),

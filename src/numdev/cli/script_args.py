@@ -107,12 +107,15 @@ def run_script(main) -> None:
     return value (None: 0). A user error that reaches it - a results file that is missing or not
     valid JSON (numdev.runs.atomic.read_json), a doc block that lost its markers
     (numdev.report.docblocks), an output that cannot be written (WriteError) - is one line on stderr
-    and exit 2, like the apps (numdev.cli.errors.USER_ERRORS); Ctrl-C is one line and exit 130; a closed
+    and exit 2, like the apps (numdev.cli.errors.USER_ERRORS); Ctrl-C is one line and exit 130 (and while the
+    script's imports load, numdev.cli.script_entry's); a closed
     pipe on stdout (`script | head`) is exit 1 without a traceback."""
     import sys
 
+    from numdev.cli import script_entry
     from numdev.cli.errors import USER_ERRORS, fail, interrupted
 
+    script_entry.loaded()  # from here Ctrl-C is KeyboardInterrupt again, caught below
     program = Path(sys.argv[0]).name
     try:
         code = main()
