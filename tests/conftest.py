@@ -69,7 +69,7 @@ TIERS = {
         "test_script_entry.py::test_run_script_turns_user_errors_into_one_line_and_passes_exit_codes_on",
         "test_script_entry.py::test_a_bug_keeps_its_traceback",
         "test_script_entry.py::test_a_reader_that_goes_away_is_no_traceback",
-        "test_script_entry.py::test_ctrl_c_while_a_script_loads_is_one_line_and_exit_130_and_later_the_usual_path",
+        "test_script_entry.py::test_ctrl_c_while_a_program_of_ours_loads_is_one_line_and_exit_130_and_later_the_usual_path",
         "test_gpu_kernels_script.py::test_on_cpu_the_kernel_model_matches_and_real_flash_beats_the_paper_baseline",
         "test_gpu_kernels_script.py::test_workers_give_the_rows_of_the_serial_run_bit_for_bit_in_grid_order",
         "test_gpu_kernels_script.py::test_the_inputs_regenerate_alike_under_avx2_and_avx512_dispatch",

@@ -5,10 +5,12 @@ script in one line before it computes anything, never in a traceback after its m
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from helpers import REPO, load_script
@@ -43,34 +45,60 @@ def test_every_script_imports_script_entry_before_anything_else(path):
     assert ast.unparse(first) == "import numdev.cli.script_entry", ast.unparse(first)
 
 
-def _interrupting_script(tmp_path, where: str, after: str):
-    """A script in tmp_path/<where> that imports script_entry, sends itself SIGINT while 'loading' (as a Ctrl-C during
-    torch's import would land), then runs `after` through run_script."""
-    folder = tmp_path / where
-    folder.mkdir()
-    path = folder / "interrupted.py"
-    path.write_text("import numdev.cli.script_entry  # noqa: F401\nimport os\nimport signal\n\n"
+def _interrupting_program(tmp_path, name: str, main_body: str):
+    """A program file `name` that imports numdev, sends itself SIGINT while 'loading' (as a Ctrl-C during torch's import
+    would land), then runs main_body through run_script."""
+    path = tmp_path / name
+    path.write_text("import os\nimport signal\n\nimport numdev  # noqa: F401\n\n"
                     "os.kill(os.getpid(), signal.SIGINT)\nfor _ in range(10**7):\n    pass  # the signal lands between bytecodes\n"
-                    "from numdev.cli.script_args import run_script\n\n\ndef main():\n" + textwrap.indent(after, "    ")
+                    "from numdev.cli.script_args import run_script\n\n\ndef main():\n" + textwrap.indent(main_body, "    ")
                     + "\n\n\nrun_script(main)\n")
     return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 
-def test_ctrl_c_while_a_script_loads_is_one_line_and_exit_130_and_later_the_usual_path(tmp_path):
-    done = _interrupting_script(tmp_path, "scripts", "return 0")
+def test_ctrl_c_while_a_program_of_ours_loads_is_one_line_and_exit_130_and_later_the_usual_path(tmp_path):
+    done = _interrupting_program(tmp_path, "numdev-study", "return 0")  # an app's console script, by its name
     assert done.returncode == 130 and done.stderr.splitlines() == [
-        "interrupted.py: error: interrupted (SIGINT) while starting, before anything was written: run the same command again"
+        "numdev-study: error: interrupted (SIGINT) while starting, before anything was written: run the same command again"
     ], done.stderr[-2000:]
-    # outside a scripts/ directory (a program that merely imports numdev) Python's own handler stays
-    done = _interrupting_script(tmp_path, "elsewhere", "return 0")
-    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr
-    # once run_script has begun, Ctrl-C is its KeyboardInterrupt path again (files written whole or not at all)
-    path = tmp_path / "scripts" / "later.py"
-    path.write_text("import numdev.cli.script_entry  # noqa: F401\nimport os\nimport signal\n\n"
-                    "from numdev.cli.script_args import run_script\n\n\ndef main():\n    os.kill(os.getpid(), signal.SIGINT)\n"
-                    "    for _ in range(10**7):\n        pass\n\n\nrun_script(main)\n")
+    # another program that imports numdev (numdev-train has its own handling; a user's) keeps Python's handler
+    for name in ("numdev-train", "mine.py"):
+        done = _interrupting_program(tmp_path, name, "return 0")
+        assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, (name, done.stderr[-2000:])
+    # once the entry has begun (run_script here, main() in an app), Ctrl-C is its KeyboardInterrupt path again
+    path = tmp_path / "numdev-report"
+    path.write_text("import os\nimport signal\n\nfrom numdev.cli.script_args import run_script\n\n\ndef main():\n"
+                    "    os.kill(os.getpid(), signal.SIGINT)\n    for _ in range(10**7):\n        pass\n\n\nrun_script(main)\n")
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert done.returncode == 130 and done.stderr.startswith("later.py: error: interrupted (SIGINT): each file"), done.stderr
+    assert done.returncode == 130 and done.stderr.startswith("numdev-report: error: interrupted (SIGINT): each file"), done.stderr
+
+
+def test_the_loading_handler_is_for_numdevs_own_programs_only(monkeypatch, tmp_path):
+    from numdev.cli import script_entry
+
+    main = sys.modules["__main__"]
+    for path, ours in ((REPO / "scripts" / "lr_edge.py", True), (tmp_path / "scripts" / "lr_edge.py", False),
+                       (Path("/venv/bin/numdev-study"), True), (Path("/venv/bin/numdev-demo"), True),
+                       (Path("/venv/bin/numdev-train"), False), (Path("/venv/bin/pytest"), False)):
+        monkeypatch.setattr(main, "__file__", str(path), raising=False)
+        assert script_entry._starting_one_of_ours() is ours, path
+
+
+@pytest.mark.parametrize("app", ["numdev-study", "numdev-compare", "numdev-figure", "numdev-report", "numdev-demo"])
+def test_every_app_the_handler_starts_for_puts_pythons_back_first(app):
+    """An app in script_entry.APPS whose main() did not call loaded() would answer every Ctrl-C of its run as 'while
+    starting': each one's main() calls it before its first statement of work."""
+    from importlib.metadata import entry_points
+
+    from numdev.cli import script_entry
+
+    assert app in script_entry.APPS
+    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == app]
+    module, function = entry.value.split(":")
+    tree = ast.parse(Path(importlib.import_module(module).__file__).read_text(encoding="utf-8"))
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function)
+    calls = [ast.unparse(node) for node in ast.walk(main) if isinstance(node, ast.Call)]
+    assert "script_entry.loaded()" in calls, calls
 
 
 def test_loading_a_script_as_a_module_leaves_the_sigint_handler_alone():

@@ -20,7 +20,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from numdev.cli import logs
+from numdev.cli import logs, script_entry
 from numdev.cli.errors import fail, interrupted
 from numdev.runs.atomic import WriteError, check_regular_target, write_together
 from numdev.runs.layout import (
@@ -110,6 +110,7 @@ def _same_directory(run_a: str | Path, run_b: str | Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    script_entry.loaded()  # the imports are done: from here Ctrl-C is KeyboardInterrupt, caught below
     parser = argparse.ArgumentParser(prog="numdev-compare", description=__doc__.strip().splitlines()[0])
     parser.add_argument("run_a")
     parser.add_argument("run_b")

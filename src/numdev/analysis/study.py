@@ -41,7 +41,7 @@ from numdev.analysis.study_runs import (
     role_of_kind,
     study_curves,
 )
-from numdev.cli import logs
+from numdev.cli import logs, script_entry
 from numdev.cli.errors import fail, interrupted
 from numdev.runs.atomic import WriteError, write_json
 from numdev.runs.layout import (
@@ -542,6 +542,7 @@ def log_step(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    script_entry.loaded()  # the imports are done: from here Ctrl-C is KeyboardInterrupt, caught below
     parser = argparse.ArgumentParser(prog="numdev-study", description="(Re)analyse a finished flash-stability study: summary.json and its figures")
     parser.add_argument("study_dir", help="the multirun directory of numdev-train experiment=flash_stability")
     parser.add_argument("--no-truth", action="store_true", help="compare only the reference with the truth run (as experiment=flash_stability_early does)")

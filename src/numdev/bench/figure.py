@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from numdev.bench.gather import read_sweep
-from numdev.cli import logs
+from numdev.cli import logs, script_entry
 from numdev.cli.errors import fail, interrupted
 from numdev.runs.atomic import WriteError, write_together
 from numdev.runs.layout import TABLE
@@ -85,6 +85,7 @@ def announce(name: str, summary: dict, directory: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     from numdev.figures import FIGURES
 
+    script_entry.loaded()  # the imports are done: from here Ctrl-C is KeyboardInterrupt, caught below
     parser = argparse.ArgumentParser(prog="numdev-figure", description="Make a paper figure from a numdev-bench sweep, or list the figures.")
     parser.add_argument("--list", nargs="?", const="all", choices=("all", "bench", "study"), help="print the figures' names and exit")
     parser.add_argument("figure", nargs="?", choices=sorted(FIGURES))

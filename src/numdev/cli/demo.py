@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from numdev.cli import logs
+from numdev.cli import logs, script_entry
 from numdev.cli.commands import command, tensorboard
-from numdev.cli.errors import fail, one_line
+from numdev.cli.errors import fail, interrupted, one_line
 from numdev.cli.script_args import ScriptParser
 from numdev.figures import BENCH_FIGURES, FIGURES  # noqa: E402  (the one list of figures)
 from numdev.stats.intervals import MIN_CI
@@ -143,6 +143,14 @@ def run_catalogue(output_root: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
+    script_entry.loaded()  # the imports are done: from here Ctrl-C is KeyboardInterrupt, caught below
+    try:
+        demo(argv)
+    except KeyboardInterrupt:  # Ctrl-C reaches the runs too: each stops as its own command does (resumable), and so does this
+        interrupted("numdev-demo")
+
+
+def demo(argv: list[str] | None = None) -> None:
     parser = ScriptParser(prog="numdev-demo", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default="outputs", help="where runs land (default: outputs)")
     parser.add_argument("--skip-bench", action="store_true", help="reuse the latest bench sweeps")

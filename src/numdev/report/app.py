@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from numdev.cli import logs
+from numdev.cli import logs, script_entry
 from numdev.cli.commands import script
 from numdev.cli.errors import fail, interrupted
 from numdev.figures import BENCH_FIGURES, FIGURES
@@ -185,6 +185,7 @@ def build_report(bench_sweeps: list[Path], study_dir: Path | None, out_dir: Path
 
 
 def main(argv: list[str] | None = None) -> None:
+    script_entry.loaded()  # the imports are done: from here Ctrl-C is KeyboardInterrupt, caught below
     parser = argparse.ArgumentParser(prog="numdev-report", description=__doc__.strip().splitlines()[0])
     parser.add_argument("--outputs", default="outputs", help="where runs landed (default: outputs)")
     parser.add_argument("--bench", nargs="*", help="bench sweep directories (default: the latest of each figure)")
