@@ -251,8 +251,8 @@ STUDY_SUMMARY = FileSchema(  # <study>/summary.json (numdev.analysis.study), wha
     finite=True,
 )
 STUDY_BLOCK = FileSchema("study block", required={"role": str}, optional={"replicate": int, "kind": str, "label": str})
-STUDY_CONFIG = FileSchema(  # <study>/r<k>/<role>/config.yaml: a role's saved config, with its study block
-    "saved config", required={"model": dict, "trainer": dict, "seed": dict}, optional={"study": STUDY_BLOCK},
+STUDY_CONFIG = FileSchema(  # <study>/r<k>/<role>/config.yaml: a role's saved config (CONFIG), with its study block
+    CONFIG.what, CONFIG.required, {**CONFIG.optional, "study": STUDY_BLOCK},
 )
 OUTCOME = FileSchema(  # <run_dir>/eval.json (sample scores) and heldout.json (held-out loss)
     "outcome record", optional={"heldout_loss": FINITE, "unigram_entropy": FINITE, "colour_accuracy": FINITE, "shape_accuracy": FINITE,
