@@ -43,7 +43,6 @@ from pathlib import Path
 
 from numdev.analysis.consistency import config_value
 from numdev.cli.script_args import ScriptParser, output_file_problem, run_script
-from numdev.models.perturb import parse_perturbation
 from numdev.runs.atomic import write_bytes, write_text
 from numdev.runs.layout import RunDir
 from numdev.runs.provenance import machine_line_or_unknown, provenance
@@ -97,6 +96,8 @@ def read_cell(path: Path) -> dict:
     seed = config_value(config, "seed")
     if not isinstance(seed, dict) or any(isinstance(v, bool) or not isinstance(v, int) for v in seed.values()):
         raise ValueError(f"{run.config}: seed is {seed!r}, not a mapping of integer seeds (seed.init, seed.data, ...)")
+    from numdev.models.perturb import parse_perturbation  # numdev.models imports every model: not for --help
+
     perturbation = config_value(config, "init_perturbation")
     try:
         parse_perturbation(perturbation)
@@ -231,6 +232,11 @@ def edge_moved(against: dict) -> dict:
             "pairs": pairs}
 
 
+def _no_reference(reference: str, backends) -> str:
+    return (f"no {reference} runs among these: nothing to judge the backends against (give its sweep too, or name another "
+            f"reference with --reference: {', '.join(sorted(backends))})")
+
+
 def replicated(cells: list[dict], labels: list[str], margin: float, reference: str = REFERENCE) -> dict:
     """The sweep over replicates: each replicate's per-backend summary, and each backend against the reference's runs of
     the same replicate: the held-out loss at every rate, the LR sensitivity and the edge (EFFECT_RULE,
@@ -251,8 +257,7 @@ def replicated(cells: list[dict], labels: list[str], margin: float, reference: s
         "against_eager": {},
     }
     if reference not in backends:
-        result["note"] = (f"no {reference} runs among these: nothing to judge the backends against (give its sweep too, "
-                          f"or name another reference with --reference: {', '.join(backends)})")
+        result["note"] = _no_reference(reference, backends)
     for backend in backends if reference in backends else []:
         if backend == reference:
             continue
@@ -369,8 +374,7 @@ def gather(paths: list[Path], margin: float = MARGIN, reference: str = REFERENCE
         result["reference"] = reference
         result["against_eager"] = against_eager(cells, reference)
         if reference not in {c["backend"] for c in cells}:
-            result["note"] = (f"no {reference} runs among these: nothing to judge the backends against (give its sweep too, or "
-                              f"name another reference with --reference: {', '.join(sorted({c['backend'] for c in cells}))})")
+            result["note"] = _no_reference(reference, {c["backend"] for c in cells})
     else:
         result["replicates"] = (f"{len(labels)} replicates (seeds {', '.join(labels)}): each backend against {reference}'s run of the "
                                 "same replicate; the sign test and the t test side by side (numdev.stats.equivalence)")
