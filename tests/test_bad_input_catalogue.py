@@ -839,6 +839,10 @@ CATALOGUE += [
     Case("train-optimizer-replaced-without-target", "numdev-train", [*TRAIN, "~optim.optimizer", "+optim.optimizer.lr=0.1"],
          "optim.optimizer ({{lr}}) names no optimizer class (_target_): set optim.optimizer._target_=torch.optim.AdamW"),
     Case("train-optimizer-null", "numdev-train", [*TRAIN, "optim.optimizer=null"], "optim.optimizer (None) names no optimizer class"),
+    Case("train-optimizer-target-deleted", "numdev-train", [*TRAIN, "~optim.optimizer._target_"],
+         "names no optimizer class (_target_): set optim.optimizer._target_=torch.optim.AdamW (or another torch.optim class) with "
+         "_partial_=true, or drop the override that deleted or replaced it (~optim.optimizer, ~optim.optimizer._target_, "
+         "optim.optimizer=...)"),
     Case("train-optimizer-not-partial", "numdev-train", [*TRAIN, "optim.optimizer._partial_=false"],
          "optim.optimizer._partial_=False must be true: numdev-train gives the optimizer the model's parameters itself"),
     Case("train-optimizer-partial-deleted", "numdev-train", [*TRAIN, "~optim.optimizer._partial_"],

@@ -288,7 +288,8 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if not isinstance(spec, DictConfig) or not spec.get("_target_"):
         raise ValueError(f"optim.optimizer ({_shown(spec)}) names no optimizer class (_target_): "
                          "set optim.optimizer._target_=torch.optim.AdamW (or another torch.optim class) with _partial_=true, "
-                         "or drop the override that replaced it (~optim.optimizer?)")
+                         "or drop the override that deleted or replaced it (~optim.optimizer, ~optim.optimizer._target_, "
+                         "optim.optimizer=...)")
     if spec.get("_partial_") is not True:
         raise ValueError(f"optim.optimizer._partial_={spec.get('_partial_')} must be true: numdev-train gives the optimizer "
                          "the model's parameters itself; set optim.optimizer._partial_=true")
