@@ -8,6 +8,7 @@ changed, fails.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -114,7 +115,7 @@ def test_the_harm_blocks_are_the_scripts_from_the_committed_summaries():
         assert summary.command == f"numdev-train experiment={experiment}", result
         assert read_block(table.DOC, doc_block) == table.results_block(summary, which).strip(), which
         if readme_block is not None:
-            assert read_block(README, readme_block) == table.answer_block(summary, which).strip(), which
+            assert read_block(README, readme_block) == table.readme_text(summary, which).strip(), which
 
 
 def test_no_committed_verdict_rests_on_a_range_of_fewer_than_5_replicates():
@@ -164,3 +165,96 @@ def test_the_lr_edge_tables_are_the_scripts_from_the_committed_summaries():
     results = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(script.RESULTS.glob(script.PATTERN))]
     assert len(results) >= 2 and all(r["replicated"]["n"] >= 5 for r in results)
     assert read_block(script.DOC, script.BLOCK) == script.render(results).strip()
+
+
+def _confirmation(**change):
+    """The committed confirmation's summary as JSON, with `change` applied (dotted paths): a second machine's study."""
+    data = json.loads((REPO / "docs" / "results" / "harm_confirm_summary.json").read_text(encoding="utf-8"))
+    for path, value in change.items():
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return data
+
+
+def test_the_second_cpu_claims_hold_on_the_first_machines_numbers_and_fail_on_cases_built_to_fail():
+    """S1-S3 (docs/harm.md#second-cpu) judged by harm_table.replication_claims: the confirmation's own summary passes
+    all three; each claim fails on a summary built to fail it; from 3 replicates none gets a verdict."""
+    from numdev.runs.harm_summary import from_json
+
+    table = _script("harm_table")
+    claims = {line.split(":")[0]: line for line in
+              table.replication_claims(from_json(_confirmation()), "harm_confirm_zen5").splitlines()[1:]}
+    assert all("✓ holds" in line for line in claims.values()), claims
+    assert "run again on Intel(R) Xeon(R) Processor (AMX)" in table.replication_claims(from_json(_confirmation()), "harm_confirm_zen5")
+    assert "(40x [21, 77] on the Intel(R) Xeon(R) Processor, 40x [21, 77] on the Intel(R) Xeon(R) Processor)" in claims["- S2, Flash's per-call margin to harm has its lower end above 10"]
+    built_to_fail = {
+        "- S1, the answer is given again": {"headline.shown": False},
+        "- S2, Flash's per-call margin to harm has its lower end above 10": {"roles.flash_fa2.margin_per_call.estimate.low": 9.5},
+        "- S3, Flash's held-out effect inside ±10% in every replicate":
+            {"roles.flash_fa2.effects.heldout_loss.sign.counts": {"above": 1, "inside": 4, "below": 0, "negative": 4, "positive": 1}},
+    }
+    for claim, change in built_to_fail.items():
+        lines = table.replication_claims(from_json(_confirmation(**change)), "harm_confirm_zen5").splitlines()[1:]
+        judged = {line.split(":")[0]: line for line in lines}
+        assert "✗ fails" in judged[claim], (claim, judged[claim])
+        assert sum("✓ holds" in line for line in lines) == 2, lines
+    three = from_json(_confirmation(replicates=[5, 6, 7]))
+    assert all("– (range of 3: no verdict)" in line for line in table.replication_claims(three, "harm_confirm_zen5").splitlines()[1:])
+
+
+def test_the_machines_table_gives_each_runs_relative_difference():
+    from numdev.runs.harm_summary import from_json
+
+    table = _script("harm_table")
+    moved = _confirmation(**{"roles.reference.outcomes.heldout_loss.5": 0.0398 * 1.25, "roles.reference.outcomes.heldout_loss.6": math.nan})
+    text = table.machines_table(from_json(moved), "harm_confirm_zen5")
+    row = next(line for line in text.splitlines() if line.startswith("| reference |"))
+    first = json.loads((REPO / "docs" / "results" / "harm_confirm_summary.json").read_text(encoding="utf-8"))
+    expected = 0.0398 * 1.25 / first["roles"]["reference"]["outcomes"]["heldout_loss"]["5"] - 1
+    assert f"({expected:+.1%})" in row.split("|")[2] and row.endswith(f"| {expected:.1%} |"), row
+    assert row.split("|")[3].strip().endswith("→ nan"), row  # a non-finite run: its values, no ratio
+    assert "| ulp | " in text and "-8.8% to +1.5% there" in text
+
+
+ZEN5 = {"provenance.machine.cpu": "AMD EPYC", "provenance.machine.cpu_flags": ["avx2", "avx512_bf16", "avx512f"]}
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({}, "ran on Intel(R) Xeon(R) Processor (AMX), the first study's CPU kind: not a second one"),
+    ({**ZEN5, "workload.steps": 500}, "its workload is {"),
+    ({**ZEN5, "margin.margin": 0.2}, "its margin is 0.2, the first study's 0.1"),
+    ({**ZEN5, "margin.test": "t"}, "its test is 't', the first study's 'sign'"),
+    ({**ZEN5, "replicates": [0, 1, 2, 3, 4]}, "its replicates [0, 1, 2, 3, 4] are not among the first study's [5, 6, 7, 8, 9]"),
+    ({**ZEN5, "provenance.machine": "forged"}, "its provenance names no CPU (provenance.machine.cpu)"),  # cpu_kind never raises
+    ({**ZEN5, "provenance.machine.cpu_flags": "avx2"}, None),  # flags not a list: the CPU's name alone ('AMD EPYC (no AVX2)')
+    ({**ZEN5, "replicates": [5, 6, 7]}, None),  # a study stopped by the clock: its replicates are the first's
+    (ZEN5, None),
+])
+def test_a_second_cpu_summary_must_be_the_same_design_on_another_cpu_kind(change, problem):
+    from numdev.runs.harm_summary import from_json
+
+    found = _script("harm_table").replication_problem(from_json(_confirmation(**change)), "harm_confirm_zen5")
+    assert (found is None) if problem is None else (problem in found), found
+
+
+def test_a_second_cpu_summary_without_flash_is_refused_not_judged():
+    from numdev.runs.harm_summary import from_json
+
+    data = _confirmation(**ZEN5)
+    del data["roles"]["flash_fa2"]
+    data["table"] = []  # the headline table's column was Flash's
+    assert "it has no role flash_fa2" in _script("harm_table").replication_problem(from_json(data), "harm_confirm_zen5")
+
+
+def test_harm_table_refuses_a_second_cpu_summary_of_another_design_in_one_line(tmp_path, monkeypatch, capsys):
+    forged = tmp_path / "summary.json"
+    forged.write_text(json.dumps(_confirmation(**{**ZEN5, "workload.steps": 500})), encoding="utf-8")
+    monkeypatch.setattr("sys.argv", ["harm_table.py", "--which", "harm_confirm_zen5", "--summary", str(forged)])
+    with pytest.raises(SystemExit) as exit_:
+        _script("harm_table").main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert f"{forged}: its workload is" in err and "not the same design run again" in err, err

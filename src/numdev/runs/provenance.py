@@ -147,6 +147,22 @@ def machine_line(block: dict, commit: bool = True) -> str:
     return f"{where}, numdev {versions['numdev']} @ {state}; {block['date']}"
 
 
+UNKNOWN_CPU = "an unknown CPU"
+
+
+def cpu_kind(block: dict) -> str:
+    """The CPU with what decides its bf16 kernels' rounding: 'Intel(R) Xeon(R) Processor (AMX)', 'AMD EPYC (AVX-512-BF16)',
+    'AMD EPYC (AVX2 only)' (numdev's three CPU kinds differ in these; cpu_flags_of_interest records them). A block without
+    them (forged, or older) gives 'an unknown CPU ...', never an error."""
+    machine = block.get("machine") if isinstance(block, dict) else None
+    if not isinstance(machine, dict) or not isinstance(machine.get("cpu"), str):
+        return f"{UNKNOWN_CPU} (no provenance.machine.cpu)"
+    flags = set(f for f in machine.get("cpu_flags") or [] if isinstance(f, str)) if isinstance(machine.get("cpu_flags"), list) else set()
+    isa = ("AMX" if "amx_bf16" in flags else "AVX-512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
+           else "AVX2 only" if "avx2" in flags else "no AVX2")
+    return f"{machine['cpu']} ({isa})"
+
+
 UNKNOWN = "unknown (written before numdev recorded provenance)"
 
 
