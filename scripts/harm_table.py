@@ -26,7 +26,7 @@ import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports b
 import math
 from pathlib import Path
 
-from numdev.cli.script_args import ScriptParser, run_script
+from numdev.cli.script_args import ScriptParser, output_file_problem, run_script
 from numdev.report.docblocks import check_blocks, replace_block
 from numdev.report.harm import calibration_table, controls_table, gate_list, headline_table, replicates_table
 from numdev.runs.atomic import write_bytes
@@ -85,9 +85,12 @@ def answer_block(summary, which: str = "harm_confirm") -> str:
                         headline_table(summary)])
 
 
-def _verdict(ok: bool, n: int) -> str:
+def _verdict(ok: bool | None, n: int) -> str:
+    """A registered claim's verdict; none from fewer than MIN_CI replicates, or where the summary lacks its measure (ok None)."""
     if n < MIN_CI:
         return f"– (range of {n}: no verdict)"
+    if ok is None:
+        return "– (not measured: no verdict)"
     return f"{SYMBOLS[HOLDS]} holds" if ok else f"{SYMBOLS[FAILS]} fails"
 
 
@@ -132,10 +135,10 @@ def replication_claims(summary, which: str) -> str:
         f"- S1, the answer is given again: {_verdict(bool(summary.headline.get('shown')), n)} "
         f"(delta_harm = {summary.harm.get('text', 'not measured')} {on_here}, {first.harm.get('text', 'not measured')} {on_there})",
         f"- S2, Flash's per-call margin to harm has its lower end above {PER_CALL_MARGIN:g}: "
-        f"{_verdict(low is not None and low > PER_CALL_MARGIN, n)} ({margin.get('text', 'not measured')} {on_here}, "
+        f"{_verdict(None if low is None else low > PER_CALL_MARGIN, n)} ({margin.get('text', 'not measured')} {on_here}, "
         f"{(flash_first.margin_per_call or {}).get('text', 'not measured')} {on_there})",
         f"- S3, Flash's held-out effect inside {width} in every replicate: "
-        f"{_verdict(sign is not None and sign['counts']['inside'] == sign['n'], n)} ({counts(summary)} {on_here}; "
+        f"{_verdict(None if sign is None else sign['counts']['inside'] == sign['n'], n)} ({counts(summary)} {on_here}; "
         f"{counts(first)} {on_there}; above is worse)",
     ])
 
@@ -285,6 +288,8 @@ def main() -> None:
     if args.write_docs:
         _, doc_block, readme_block, _, _ = STUDIES[args.which]
         check_blocks((DOC, doc_block), *([(README, readme_block)] if readme_block is not None else []))
+        if args.which in FIGURES and (problem := output_file_problem(FIGURES[args.which])):  # before any block is written
+            parser.error(problem)
     for which in [args.which] if args.which else sorted(STUDIES):
         result, doc_block, readme_block, experiment, _ = STUDIES[which]
         source = args.summary or result

@@ -201,6 +201,9 @@ def test_the_second_cpu_claims_hold_on_the_first_machines_numbers_and_fail_on_ca
         judged = {line.split(":")[0]: line for line in lines}
         assert "✗ fails" in judged[claim], (claim, judged[claim])
         assert sum("✓ holds" in line for line in lines) == 2, lines
+    unmeasured = from_json(_confirmation(**{"roles.flash_fa2.margin_per_call": None, "roles.flash_fa2.effects": {}}))
+    lines = table.replication_claims(unmeasured, "harm_confirm_zen5").splitlines()[1:]
+    assert ["– (not measured: no verdict)" in line for line in lines] == [False, True, True], lines  # S1 judged; S2, S3 not
     three = from_json(_confirmation(replicates=[5, 6, 7]))
     assert all("– (range of 3: no verdict)" in line for line in table.replication_claims(three, "harm_confirm_zen5").splitlines()[1:])
 
@@ -258,3 +261,21 @@ def test_harm_table_refuses_a_second_cpu_summary_of_another_design_in_one_line(t
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     assert f"{forged}: its workload is" in err and "not the same design run again" in err, err
+
+
+def test_a_figure_that_cannot_be_written_stops_the_docs_before_any_block_is_written(tmp_path, monkeypatch, capsys):
+    table = _script("harm_table")
+    doc, readme, figure = tmp_path / "harm.md", tmp_path / "README.md", tmp_path / "machines.png"
+    doc.write_text(table.DOC.read_text(encoding="utf-8").replace("S1, the answer", "S1, an edit: the answer"), encoding="utf-8")
+    readme.write_text(README.read_text(encoding="utf-8").replace("S1, the answer", "S1, an edit: the answer"), encoding="utf-8")
+    figure.mkdir()
+    before = doc.read_bytes(), readme.read_bytes()
+    monkeypatch.setattr(table, "DOC", doc)
+    monkeypatch.setattr(table, "README", readme)
+    monkeypatch.setattr(table, "FIGURES", {"harm_confirm_zen5": figure})
+    monkeypatch.setattr("sys.argv", ["harm_table.py", "--which", "harm_confirm_zen5", "--write-docs"])
+    with pytest.raises(SystemExit) as exit_:
+        table.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"{figure} is a directory" in err and err.count("\n") == 1, err
+    assert (doc.read_bytes(), readme.read_bytes()) == before  # nothing written: the edits are still there

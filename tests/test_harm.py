@@ -302,6 +302,15 @@ def _summary() -> harm_summary.HarmSummary:
     (lambda d: d.pop("headline"), "field 'headline' is missing"),
     (lambda d: d["roles"]["flash"].update(role="other"), "says it is role 'other'"),
     (lambda d: d.update(extra=1), "unknown field"),
+    # deep inside, what the tables format and compare (scripts/harm_table.py crashed on these with a traceback)
+    (lambda d: d["roles"]["flash"].update(outcomes={"heldout_loss": {"0": "a"}}), r"roles.flash.outcomes.heldout_loss must map"),
+    (lambda d: d["roles"]["flash"].update(outcomes={"heldout_loss": [0.1]}), r"roles.flash.outcomes.heldout_loss must map"),
+    (lambda d: d["roles"]["flash"].update(margin_per_call={"estimate": {"low": "x"}}), r"margin_per_call.estimate.low is 'x', not a number"),
+    (lambda d: d["roles"]["flash"].update(effects={"heldout_loss": {"sign": {"counts": {}}}}), r"sign.counts lacks above, below, inside"),
+    (lambda d: d["roles"]["flash"].update(effects={"heldout_loss": {"per_replicate": {"0": True}}}), r"per_replicate must map to numbers"),
+    (lambda d: d["roles"]["flash"].update(effects={"heldout_loss": {"text": 3}}), r"heldout_loss.text is a int, not a text"),
+    (lambda d: d.update(harm={"estimate": {"value": [1]}}), r"harm.estimate.value is \[1\], not a number"),
+    (lambda d: d.update(table=[{"cells": {"flash": {"text": None}}}]), r"table\[0\].cells.flash.text is a NoneType"),
 ])
 def test_the_summary_is_read_back_checked(edit, message, tmp_path):
     data = json.loads(json.dumps(_summary().to_json()))

@@ -106,6 +106,39 @@ def _check(cls, data, where: str) -> dict:
     return out
 
 
+NUMBERS = ("low", "high", "value", "mean", "sd", "se", "margin", "estimate_value")  # a number (or null) wherever these keys occur
+NUMBER_MAPS = ("per_replicate", "counts")  # a mapping of numbers (or nulls) wherever these keys occur
+TEXTS = ("text",)
+SIGN_COUNTS = ("above", "inside", "below")  # every "counts" is the sign test's (numdev.stats.equivalence)
+
+
+def _is_number(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _check_deep(value, where: str) -> None:
+    """The numbers the readers format and compare, wherever they sit in a role (estimates' low/high/value, per-replicate
+    values, the sign test's counts, texts): of their type, so an edited summary is refused in one line, not half-rendered."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_deep(item, f"{where}[{index}]")
+        return
+    if not isinstance(value, dict):
+        return
+    for key, item in value.items():
+        at = f"{where}.{key}"
+        if key in NUMBERS and not isinstance(item, dict) and not _is_number(item):
+            raise ValueError(f"{at} is {item!r}, not a number")
+        if key in NUMBER_MAPS and (not isinstance(item, dict) or not all(_is_number(v) for v in item.values())):
+            raise ValueError(f"{at} must map to numbers, not {item!r}"[:300])
+        if key == "counts" and not set(SIGN_COUNTS) <= set(item):
+            raise ValueError(f"{at} lacks {', '.join(sorted(set(SIGN_COUNTS) - set(item)))}: the sign test's counts are "
+                             f"{', '.join(SIGN_COUNTS)}")
+        if key in TEXTS and not isinstance(item, str):
+            raise ValueError(f"{at} is a {type(item).__name__}, not a text")
+        _check_deep(item, at)
+
+
 def from_json(data, where: str = "summary.json") -> HarmSummary:
     """A HarmSummary from parsed JSON, every field checked (ValueError naming `where` and the field)."""
     if not isinstance(data, dict):
@@ -119,10 +152,16 @@ def from_json(data, where: str = "summary.json") -> HarmSummary:
     roles = {}
     for name, block in top["roles"].items():
         role = RoleSummary(**_check(RoleSummary, block, f"{where}: roles.{name}"))
+        for outcome, values in role.outcomes.items():  # outcome -> {replicate: value}
+            if not isinstance(values, dict) or not all(_is_number(v) for v in values.values()):
+                raise ValueError(f"{where}: roles.{name}.outcomes.{outcome} must map replicates to numbers, not {values!r}"[:300])
+        _check_deep(block, f"{where}: roles.{name}")
         if role.role != name:
             raise ValueError(f"{where}: roles.{name} says it is role {role.role!r}")
         roles[name] = role
     top["roles"] = roles
+    for name in ("harm", "headline", "table", "calibration"):
+        _check_deep(top[name], f"{where}: {name}")
     return HarmSummary(**top)
 
 
