@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numdev.cli.script_entry  # noqa: F401  (first: Ctrl-C while the imports below load exits 130 in one line)
 
+import functools
 import math
 from pathlib import Path
 
@@ -85,6 +86,12 @@ def answer_block(summary, which: str = "harm_confirm") -> str:
                         headline_table(summary)])
 
 
+@functools.cache
+def _first(which: str):
+    """The committed summary of the study that `which` ran again on another CPU kind (read and checked once)."""
+    return read_harm_summary(STUDIES[REPLICATIONS[which]][0])
+
+
 def _verdict(ok: bool | None, n: int) -> str:
     """A registered claim's verdict; none from fewer than MIN_CI replicates, or where the summary lacks its measure (ok None)."""
     if n < MIN_CI:
@@ -97,7 +104,7 @@ def _verdict(ok: bool | None, n: int) -> str:
 def replication_problem(summary, which: str) -> str | None:
     """Why `summary` is not the first study's design run again on another CPU kind (None when it is): the same workload,
     margin and test, replicates among the first's, and a different CPU kind."""
-    first = read_harm_summary(STUDIES[REPLICATIONS[which]][0])
+    first = _first(which)
     for what, here, there in (("workload", summary.workload, first.workload),
                               ("margin", summary.margin.get("margin"), first.margin.get("margin")),
                               ("test", summary.margin.get("test"), first.margin.get("test"))):
@@ -117,7 +124,7 @@ def replication_problem(summary, which: str) -> str | None:
 def replication_claims(summary, which: str) -> str:
     """The registered claims S1-S3 of a study run again on another CPU kind, judged on its summary; the first machine's
     numbers beside them (docs/harm.md#second-cpu)."""
-    first = read_harm_summary(STUDIES[REPLICATIONS[which]][0])
+    first = _first(which)
     n, here, there = len(summary.replicates), cpu_kind(summary.provenance), cpu_kind(first.provenance)
     on_here, on_there = (f"on the {(s.provenance.get('machine') or {}).get('cpu')}" for s in (summary, first))
     flash, flash_first = summary.roles.get(UNDER_TEST), first.roles[UNDER_TEST]
@@ -146,7 +153,7 @@ def replication_claims(summary, which: str) -> str:
 def machines_table(summary, which: str) -> str:
     """Each run's held-out loss on both CPU kinds (same role, same seeds) and their relative difference: the machine as a
     perturbation, beside the one-ulp control's own effects on each."""
-    first = read_harm_summary(STUDIES[REPLICATIONS[which]][0])
+    first = _first(which)
     here, there = cpu_kind(summary.provenance), cpu_kind(first.provenance)
     reps = [str(r) for r in summary.replicates if r in first.replicates]  # outcomes are keyed by the replicate's name
     lines = ["| role | " + " | ".join(f"r{r}" for r in reps) + " | largest \\|difference\\| |",
@@ -186,7 +193,7 @@ def machines_figure(summary, which: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter, PercentFormatter
 
-    first = read_harm_summary(STUDIES[REPLICATIONS[which]][0])
+    first = _first(which)
     here, there = cpu_kind(summary.provenance), cpu_kind(first.provenance)
     margin = summary.margin["margin"]
     fig, (ax, strip) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110, gridspec_kw={"width_ratios": [1, 1.2]})
