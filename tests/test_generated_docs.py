@@ -232,7 +232,7 @@ ZEN5 = {"provenance.machine.cpu": "AMD EPYC", "provenance.machine.cpu_flags": ["
     ({**ZEN5, "margin.test": "t"}, "its test is 't', the first study's 'sign'"),
     ({**ZEN5, "replicates": [0, 1, 2, 3, 4]}, "its replicates [0, 1, 2, 3, 4] are not among the first study's [5, 6, 7, 8, 9]"),
     ({**ZEN5, "provenance.machine": "forged"}, "its provenance names no CPU (provenance.machine.cpu)"),  # cpu_kind never raises
-    ({**ZEN5, "provenance.machine.cpu_flags": "avx2"}, None),  # flags not a list: the CPU's name alone ('AMD EPYC (no AVX2)')
+    ({**ZEN5, "provenance.machine.cpu_flags": "avx2"}, None),  # flags not a list: 'AMD EPYC (its instruction sets not recorded)'
     ({**ZEN5, "replicates": [5, 6, 7]}, None),  # a study stopped by the clock: its replicates are the first's
     (ZEN5, None),
 ])

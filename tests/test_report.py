@@ -299,3 +299,21 @@ def test_no_markdown_is_shown_literally_and_the_answer_comes_first(tmp_path):
     assert "`" not in body and "**" not in body
     assert "<code>numdev-study</code>" in body and "<b>measured</b>" in body
     assert body.index(f"id='{ANSWER}'") < body.index(f"id='{LEGEND}'") < body.index("id='provenance'") < body.index("id='contents'")
+
+
+@pytest.mark.parametrize("machine, kind", [
+    ({"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"]},
+     "Intel(R) Xeon(R) Processor (AMX)"),
+    ({"cpu": "AMD EPYC", "cpu_flags": ["avx2", "avx512_bf16", "avx512f"]}, "AMD EPYC (AVX-512-BF16)"),
+    ({"cpu": "AMD EPYC", "cpu_flags": ["avx2"]}, "AMD EPYC (AVX2 only)"),
+    ({"cpu": "AMD EPYC", "cpu_flags": "avx2"}, "AMD EPYC (its instruction sets not recorded)"),
+    ({"cpu": 3}, "an unknown CPU (no provenance.machine.cpu)"),
+    ("forged", "an unknown CPU (no provenance.machine.cpu)"),
+])
+def test_the_cpu_kind_names_what_decides_bf16_rounding(machine, kind):
+    """numdev's three CPU kinds round bf16 products differently (AMX tiles, AVX-512-BF16, AVX2 emulation): cpu_kind
+    tells them apart from a provenance block, and never raises on a forged one."""
+    from numdev.runs.provenance import cpu_kind
+
+    assert cpu_kind({"machine": machine}) == kind
+    assert cpu_kind(provenance()).startswith(provenance()["machine"]["cpu"])  # this machine's own block

@@ -157,7 +157,9 @@ def cpu_kind(block: dict) -> str:
     machine = block.get("machine") if isinstance(block, dict) else None
     if not isinstance(machine, dict) or not isinstance(machine.get("cpu"), str):
         return f"{UNKNOWN_CPU} (no provenance.machine.cpu)"
-    flags = set(f for f in machine.get("cpu_flags") or [] if isinstance(f, str)) if isinstance(machine.get("cpu_flags"), list) else set()
+    if not isinstance(machine.get("cpu_flags"), list):
+        return f"{machine['cpu']} (its instruction sets not recorded)"
+    flags = {f for f in machine["cpu_flags"] if isinstance(f, str)}
     isa = ("AMX" if "amx_bf16" in flags else "AVX-512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
            else "AVX2 only" if "avx2" in flags else "no AVX2")
     return f"{machine['cpu']} ({isa})"
